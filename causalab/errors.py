@@ -1,0 +1,66 @@
+"""The one error family: every refusal carries the JSON path at fault as data.
+
+A path is a tuple of keys and list indices; the message prints as
+``steps.fit.objective.1.0: <message>``. Library exceptions (pydantic, nnsight,
+safetensors) are translated into these at one boundary each, so the CLI can print
+one line and exit non-zero without a traceback.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+PathPart = str | int
+Path = tuple[PathPart, ...]
+
+
+def format_path(path: Iterable[PathPart]) -> str:
+    """``("steps", "fit", "objective", 1, 0)`` -> ``"steps.fit.objective.1.0"``."""
+    parts = [str(p) for p in path]
+    return ".".join(parts) if parts else "<root>"
+
+
+class CausalabError(Exception):
+    """Base of every error causalab raises on purpose. ``path`` is where it is."""
+
+    stage = "run"
+
+    def __init__(self, path: Iterable[PathPart], message: str):
+        self.path: Path = tuple(path)
+        self.message = message
+        super().__init__(f"{format_path(self.path)}: {message}")
+
+
+class DocumentError(CausalabError):
+    """Refused offline: schema, sweeps, names and references (FORMAT §14.1)."""
+
+    stage = "validate"
+
+
+class CompileError(CausalabError):
+    """Refused against config, tokenizer and data, before any weight (FORMAT §14.2)."""
+
+    stage = "compile"
+
+
+class RunError(CausalabError):
+    """Refused while running, with weights and activations (FORMAT §14.3)."""
+
+    stage = "run"
+
+
+class ModelError(CausalabError):
+    """A model key that cannot be resolved, a revision mismatch, an unreachable hub."""
+
+    stage = "compile"
+
+
+class TrackingError(CausalabError):
+    """MLflow could not be reached or an artifact URI could not be resolved."""
+
+    stage = "run"
+
+
+class UsageError(CausalabError):
+    """Bad command-line use; exits with status 2."""
+
+    stage = "usage"
