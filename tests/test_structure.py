@@ -1,0 +1,188 @@
+"""Architecture is a test: the rooms, the one seam, plain-data plans, file sizes, no pickle.
+
+Every check here parses the package's source; each one fails if it found nothing to check,
+so an emptied package cannot pass by vacuity.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "causalab"
+
+# room -> top-level modules it must never import (STYLE.md, "The shape")
+FORBIDDEN = {
+    "document": {"torch", "transformers", "nnsight", "nnterp", "mlflow", "hydra", "omegaconf",
+                 "safetensors", "causalab.compile", "causalab.engine", "causalab.models",
+                 "causalab.tracking"},
+    "compile": {"nnsight", "nnterp", "mlflow", "hydra", "omegaconf", "causalab.engine",
+                "causalab.tracking"},
+    "engine": {"mlflow", "hydra", "omegaconf", "causalab.cli", "causalab.tracking",
+               "causalab.render", "causalab.run"},
+    "models": {"mlflow", "hydra", "nnsight", "causalab.engine", "causalab.tracking",
+               "causalab.cli"},
+}
+MAX_LINES = 800
+
+
+def _sources() -> list[Path]:
+    files = sorted(PACKAGE.rglob("*.py"))
+    assert files, "no package source found"
+    return files
+
+
+def _imports(tree: ast.AST) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _room(path: Path) -> str | None:
+    parts = path.relative_to(PACKAGE).parts
+    return parts[0] if len(parts) > 1 and parts[0] in FORBIDDEN else None
+
+
+def test_no_room_imports_what_its_row_forbids():
+    checked = 0
+    for path in _sources():
+        room = _room(path)
+        if room is None:
+            continue
+        checked += 1
+        for name in _imports(ast.parse(path.read_text())):
+            for banned in FORBIDDEN[room]:
+                assert not (name == banned or name.startswith(banned + ".")), (
+                    f"{path.relative_to(PACKAGE)} ({room}) imports {name}")
+    assert checked > 10
+
+
+def test_importing_the_document_room_leaves_torch_out():
+    code = ("import sys, causalab.document, causalab.document.vocab; "
+            "bad = [m for m in ('torch', 'transformers', 'nnsight', 'mlflow') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_nobody_writes_from_causalab_import_compile():
+    offenders = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "causalab":
+                if any(alias.name == "compile" for alias in node.names):
+                    offenders.append(str(path))
+    assert not offenders
+    assert not (PACKAGE / "hydra.py").exists()
+
+
+def test_plan_nodes_are_frozen_plain_data_without_behaviour():
+    plan = importlib.import_module("causalab.compile.plan")
+    nodes = [obj for obj in vars(plan).values()
+             if isinstance(obj, type) and dataclasses.is_dataclass(obj)
+             and obj.__module__ == plan.__name__]
+    assert len(nodes) >= 10
+    for node in nodes:
+        assert node.__dataclass_params__.frozen, node.__name__
+        assert not hasattr(node, "run") and not hasattr(node, "execute"), node.__name__
+
+
+def _defs(name: str) -> list[Path]:
+    found = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                found.append(path)
+    return found
+
+
+@pytest.mark.parametrize("name", ["gather", "apply_write", "scatter"])
+def test_the_seam_is_defined_exactly_once(name):
+    found = _defs(name)
+    assert [p.relative_to(PACKAGE).as_posix() for p in found] == ["engine/seam.py"]
+
+
+def test_only_the_seam_calls_scatter():
+    callers = set()
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name == "scatter":
+                    callers.add(path.relative_to(PACKAGE).as_posix())
+    assert callers == {"engine/seam.py"}
+
+
+def _trace_blocks() -> list[tuple[Path, ast.With]]:
+    blocks = []
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.With):
+                for item in node.items:
+                    call = item.context_expr
+                    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                            and call.func.attr in {"trace", "generate", "session"}):
+                        blocks.append((path, node))
+    return blocks
+
+
+def test_only_the_walk_opens_a_tracing_context():
+    blocks = _trace_blocks()
+    assert blocks, "no tracing context found to check"
+    assert {p.relative_to(PACKAGE).as_posix() for p, _ in blocks} == {"engine/walk.py"}
+
+
+def test_no_trace_body_names_a_client_side_object():
+    client_side = {"document", "tokenizer", "self", "plan", "raw"}
+    blocks = _trace_blocks()
+    assert blocks
+    for path, block in blocks:
+        for statement in block.body:
+            for node in ast.walk(statement):
+                if isinstance(node, ast.Name):
+                    assert node.id not in client_side, f"{path.name}:{node.lineno} names {node.id}"
+
+
+def test_every_file_stays_under_the_hard_line_limit():
+    sizes = {p.relative_to(PACKAGE).as_posix(): len(p.read_text().splitlines()) for p in _sources()}
+    assert sizes
+    too_long = {p: n for p, n in sizes.items() if n > MAX_LINES}
+    assert not too_long
+
+
+def test_nothing_pickles():
+    hits = []
+    for path in _sources():
+        text = path.read_text()
+        for needle in ("import pickle", "torch.save(", "torch.load(", "cloudpickle", "joblib.dump"):
+            if needle in text:
+                hits.append(f"{path.name}: {needle}")
+    assert not hits
+
+
+def test_engine_tables_have_the_vocabulary_keys():
+    vocab = importlib.import_module("causalab.document.vocab")
+    mechanisms = importlib.import_module("causalab.engine.mechanisms")
+    metrics = importlib.import_module("causalab.engine.metrics")
+    featurizers = importlib.import_module("causalab.engine.featurizers")
+    assert set(mechanisms.MECHANISMS) == set(vocab.MECHANISMS)
+    assert set(metrics.METRICS) == set(vocab.METRIC_KINDS)
+    assert set(featurizers.FEATURIZERS) == set(vocab.FEATURIZER_KINDS) | {"identity"}
+
+
+def test_every_featurizer_kind_lives_in_its_own_module():
+    featurizers = importlib.import_module("causalab.engine.featurizers")
+    assert featurizers.FEATURIZERS
+    for kind, cls in featurizers.FEATURIZERS.items():
+        assert cls.__module__ == f"causalab.engine.featurizers.{kind}"
