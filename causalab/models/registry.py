@@ -1,0 +1,37 @@
+"""The table of built-in models: name -> family, shape, seed, kind and pinned revision.
+
+One dict literal, read by ``build`` and ``resolve``; nothing registers itself. A ``tiny`` entry is
+built here from its seed (random weights, for mechanism tests); a ``weekday`` entry is a directory
+shipped under ``causalab/models/weights/`` (trained by ``scripts/train_builtin.py``). ``revision``
+is the SHA-256 digest of the tensors (see ``digest.py``), pinned here so a cached build is found
+without rebuilding; a document that pins it refuses a build that gives anything else.
+"""
+from __future__ import annotations
+
+SCHEME = "causalab:"
+
+BUILTINS: dict[str, dict] = {
+    "tiny-llama": {
+        "family": "llama", "kind": "tiny", "seed": 0,
+        "config": {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 4, "head_dim": 4, "intermediate_size": 64},
+        "revision": "be08ef05e1674822837a7b433397e96017028a2e9921501c6386d2371282d479",
+    },
+    "tiny-gpt2": {
+        "family": "gpt2", "kind": "tiny", "seed": 0,
+        "config": {"n_embd": 16, "n_layer": 2, "n_head": 4, "n_inner": 64},
+        "revision": "6a6df956baccd1ba9728fba5cf78193c0bf958a47b91043ab827c2e8ba9b5d95",
+    },
+    "tiny-gemma2": {
+        "family": "gemma2", "kind": "tiny", "seed": 0,
+        "config": {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "head_dim": 4, "intermediate_size": 64},
+        "revision": "cb0c83e8b392dac765f2032a182799cd91e0185cc6e06495dc584c8369f69858",
+    },
+    "tiny-qwen2": {
+        "family": "qwen2", "kind": "tiny", "seed": 0,
+        "config": {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "intermediate_size": 64},
+        "revision": "bbd38eef7162beec6e06054afb4bd4d320055282cf7ff5315794f2936af671af",
+    },
+}

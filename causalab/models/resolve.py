@@ -1,0 +1,151 @@
+"""Model keys -> local directories: built-ins, local directories and hub ids from the local cache.
+
+It never reaches the network. A built-in (``causalab:<name>``) is built once into
+``$CAUSALAB_HOME/models/<name>-<revision[:12]>`` (``CAUSALAB_HOME`` defaults to
+``~/.cache/causalab``), through a temporary directory renamed into place, so parallel processes
+never see half a directory; a shipped ``weekday-*`` built-in resolves to its directory in the
+package. A built-in's revision is its tensor digest; asking for another is refused.
+
+A local directory's revision is checked only when it is a 64-digit tensor digest; anything else
+(``main``, a commit id) is passed through unchecked, because a bare directory has no history.
+A hub id resolves only when a snapshot is already in the local Hugging Face cache.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from causalab.errors import ModelError
+from causalab.models.digest import directory_digest, looks_like_digest
+from causalab.models.registry import BUILTINS, SCHEME
+
+_KEY = ("model", "key")
+_REVISION = ("model", "revision")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_FLOATING = (None, "", "main")
+WEIGHTS = Path(__file__).parent / "weights"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Where a model key lives on disk. ``revision`` is the digest for a built-in."""
+
+    key: str
+    path: str
+    revision: str
+    builtin: bool
+
+
+def models_home(home: str | None = None) -> Path:
+    """The cache folder for built-ins: ``home``, else ``$CAUSALAB_HOME``, else ~/.cache/causalab."""
+    root = home or os.environ.get("CAUSALAB_HOME") or Path.home() / ".cache" / "causalab"
+    return Path(root) / "models"
+
+
+def resolve(key: str, revision: str | None = None, *, home: str | None = None) -> Resolved:
+    """Resolve ``key`` at ``revision`` (``None`` or ``"main"``: whatever the key gives now).
+
+    >>> resolve("causalab:tiny-llama").builtin
+    True
+    """
+    if key.startswith(SCHEME):
+        return _builtin(key, revision, home)
+    if Path(key).is_dir():
+        return _directory(key, revision)
+    if _HUB_ID.match(key):
+        return _hub(key, revision)
+    raise ModelError(_KEY, f"{key!r} is not a directory, a hub id or a built-in "
+                           f"({_builtin_names()})")
+
+
+def _builtin_names() -> str:
+    return ", ".join(SCHEME + name for name in BUILTINS)
+
+
+def _builtin(key: str, revision: str | None, home: str | None) -> Resolved:
+    name = key[len(SCHEME):]
+    entry = BUILTINS.get(name)
+    if entry is None:
+        raise ModelError(_KEY, f"unknown built-in {key!r}; built-ins are {_builtin_names()}")
+    if entry["kind"] == "weekday":
+        path = WEIGHTS / name
+        actual = directory_digest(path)
+    else:
+        path, actual = _materialise(name, entry, revision, home)
+    if revision not in _FLOATING and revision != actual:
+        raise ModelError(_REVISION, f"{key} has revision {actual}, the document pins {revision}")
+    return Resolved(key=key, path=str(path), revision=actual, builtin=True)
+
+
+def _materialise(name: str, entry: dict, revision: str | None, home: str | None):
+    """(directory, revision) of a tiny built-in, building it into the cache when absent."""
+    wanted = entry["revision"] if revision in _FLOATING else revision
+    root = models_home(home)
+    if wanted:
+        cached = root / f"{name}-{wanted[:12]}"
+        if (cached / "config.json").is_file() and (cached / "tokenizer.json").is_file():
+            return cached, wanted
+    from causalab.models.build import build
+
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    try:
+        build(entry, staging)
+        actual = directory_digest(staging)
+        final = root / f"{name}-{actual[:12]}"
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if not (final / "tokenizer.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final, actual
+
+
+def _directory(key: str, revision: str | None) -> Resolved:
+    path = str(Path(key).resolve())
+    if looks_like_digest(revision):
+        actual = directory_digest(path)
+        if actual != revision:
+            raise ModelError(_REVISION, f"{key} has tensor digest {actual}, "
+                                        f"the document pins {revision}")
+    return Resolved(key=key, path=path, revision=revision or "main", builtin=False)
+
+
+def _hub(key: str, revision: str | None) -> Resolved:
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(repo_id=key, revision=revision or "main", local_files_only=True)
+    except Exception as error:
+        raise ModelError(_KEY, f"cannot reach the hub for {key!r} and it is not in the local "
+                               f"cache ({type(error).__name__}); use causalab:tiny-llama or "
+                               f"causalab:weekday-llama") from None
+    return Resolved(key=key, path=path, revision=Path(path).name, builtin=False)
+
+
+def load_tokenizer(path: str):
+    """The tokenizer of a model directory: fast, left padding, a pad token always set.
+
+    ``PreTrainedTokenizerFast`` rather than ``AutoTokenizer``: for a Qwen2 config the latter
+    swaps in Qwen2's own tokenizer class and mangles a custom vocabulary silently.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_config(path: str):
+    """The transformers config of a model directory (no weights are read)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path)
