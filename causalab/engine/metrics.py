@@ -1,0 +1,119 @@
+"""Metric kinds: one number per row from vocabulary-shaped logits, and the table rows they make.
+
+Every kind is ``fn(logits (rows, vocab), *ids (rows,)) -> (rows,)`` with its id arguments in
+the column order of ``causalab.document.vocab.METRIC_KINDS``; each stays differentiable
+(``match`` aside, which is a step function) so a fit can minimise it. Eligibility is the
+compiler's column half intersected with the read's position half, applied by indexing:
+there are no masks and no NaN-aware means here. Nothing here knows a tokenizer or a model.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from causalab.compile.plan import MetricOp
+from causalab.errors import RunError
+
+
+def _wide(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits are scored in float32; a softmax over a vocabulary needs it."""
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+def _pick(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return logits.gather(-1, ids.to(logits.device, torch.long)[:, None])[:, 0]
+
+
+def match(logits: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """1.0 where the argmax is the expected token, else 0.0."""
+    logits = _wide(logits)
+    return (logits.argmax(-1) == expected.to(logits.device)).to(logits.dtype)
+
+
+def logit_diff(logits: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``logit[a] − logit[b]``."""
+    logits = _wide(logits)
+    return _pick(logits, a) - _pick(logits, b)
+
+
+def cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``−log softmax(logits)[target]``, in nats."""
+    return -_pick(torch.log_softmax(_wide(logits), dim=-1), target)
+
+
+def token_logit(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """The raw logit of the token."""
+    return _pick(_wide(logits), token)
+
+
+def token_prob(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """``softmax(logits)[token]``."""
+    return torch.exp(_pick(torch.log_softmax(_wide(logits), dim=-1), token))
+
+
+METRICS = {
+    "match": match,
+    "logit_diff": logit_diff,
+    "cross_entropy": cross_entropy,
+    "token_logit": token_logit,
+    "token_prob": token_prob,
+}
+
+
+def score(metric: MetricOp, logits_rows: torch.Tensor, placed_rows: Sequence[int]
+          ) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """Score the eligible rows: ``(values (eligible,), eligible row indices)``.
+
+    ``logits_rows`` is the metric's read, ``(n, 1, vocab)`` rectangular or ``(n, vocab)``
+    flat, and ``placed_rows[i]`` is the pass row its entry ``i`` belongs to (the rows whose
+    window is non-empty, in the read's order). The scored rows are those placed rows that
+    also pass the compiler's column half, in read order. Values keep their graph.
+    """
+    logits = logits_rows[:, 0] if logits_rows.dim() == 3 else logits_rows
+    if logits_rows.dim() == 3 and logits_rows.shape[1] != 1:
+        raise RunError((metric.name,), f"read {metric.of!r} is {logits_rows.shape[1]} positions wide")
+    if logits.shape[0] != len(placed_rows):
+        raise RunError((metric.name,), f"{logits.shape[0]} logits rows for {len(placed_rows)} placed rows")
+    column_half = set(metric.eligible)
+    local = [i for i, row in enumerate(placed_rows) if int(row) in column_half]
+    if not local:
+        raise RunError((metric.name,), "no row passes both eligibility halves (columns and positions)")
+    rows = tuple(int(placed_rows[i]) for i in local)
+    ids = [torch.tensor([column[row] for row in rows], dtype=torch.long, device=logits.device)
+           for column in metric.token_ids]
+    index = torch.tensor(local, dtype=torch.long, device=logits.device)
+    return METRICS[metric.kind](logits.index_select(0, index), *ids), rows
+
+
+def metric_table(metric: MetricOp, values: torch.Tensor | Sequence[float], eligible: Sequence[int],
+                 positions: Sequence[Sequence[int]] | None, reasons: Sequence[str] | None,
+                 example_ids: Sequence[str], produced_by: str, *, name: str | None = None
+                 ) -> list[dict]:
+    """The on-disk table (FORMAT §13): one object per row of the step, excluded ones too.
+
+    ``values[j]`` belongs to row ``eligible[j]``. ``positions`` is each row's window of the
+    metric's read, or None when the pass had no dynamic position; ``reasons`` each row's
+    position reason (None: every row placed). ``name`` overrides the saved value's name.
+    """
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().tolist()
+    by_row = dict(zip((int(row) for row in eligible), values))
+    table = []
+    for row, example_id in enumerate(example_ids):
+        value = by_row.get(row)
+        if value is not None and not math.isfinite(value):
+            value = None
+        table.append({
+            "example_id": str(example_id),
+            "metric": metric.name if name is None else name,
+            "value": None if value is None else float(value),
+            "eligible": row in by_row,
+            "positions": None if positions is None else [int(p) for p in positions[row]],
+            "reason": "" if reasons is None else reasons[row],
+            "unit": metric.unit,
+            "estimand_version": metric.estimand_version,
+            "produced_by": produced_by,
+        })
+    return table

@@ -1,0 +1,222 @@
+"""The write seam: the one ``gather``, the one ``apply_write``, and the ``scatter`` only they use.
+
+Pure tensor work on the activation an address holds; it never opens a trace, never sees a
+document or a tokenizer, and never decides raggedness (the plan's positions did that). The
+walk calls these functions inside the trace on the module tensors, one gathered index per
+batch: nothing here loops over rows at write time.
+
+Layouts, named by ``address.seq_axis`` and the tensor's rank:
+
+* module boundary ``(batch, seq, d)``, sequence axis 1;
+* attention interior ``(batch, heads, seq, head_dim)``, sequence axis 2; features come back
+  head-major, ``heads * head_dim`` wide;
+* key-axis components (``attention_scores``/``attention_probs``) ``(batch, heads, q, keys)``:
+  ``pos`` selects the query axis and features come back ``heads * keys`` wide, each head's
+  keys side by side;
+* ``input_ids`` ``(batch, seq)``: no feature axis, gathered ``(rows, w)``.
+
+A ``heads``/``units`` selection regroups the flat feature axis as ``(groups, per_group)`` and
+keeps the named groups only: ``(…, len(take) * per_group)``. ``scatter`` restores the model's
+own layout with only those groups replaced.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from causalab.compile.plan import Address, WriteOp
+from causalab.engine.mechanisms import MECHANISMS, NEEDS_F0
+from causalab.errors import RunError
+
+
+@dataclass(frozen=True)
+class Window:
+    """Where a read or write lands in one batch: one gathered index over all its rows.
+
+    ``batch_rows`` and ``positions`` are ``(total,)`` integer tensors, row-major (every
+    position of row 0, then row 1, …). ``counts`` holds each row's window width. ``width``
+    is ``w`` when the value is rectangular ``(rows, w, …)`` and ``None`` when it is flat
+    ``(total, …)``.
+
+    >>> Window.from_windows([(3, 4), (5, 6)]).width
+    2
+    """
+
+    batch_rows: torch.Tensor
+    positions: torch.Tensor
+    width: int | None
+    counts: tuple[int, ...]
+
+    @classmethod
+    def from_windows(cls, windows: Sequence[Sequence[int]], *, ragged: bool = False) -> "Window":
+        """Build the gathered index for batch rows ``0 … len(windows) − 1``.
+
+        ``ragged`` is the compiler's decision over the whole pass; a ragged selection stays
+        flat even when this batch happens to look rectangular.
+        """
+        counts = tuple(len(window) for window in windows)
+        rows = [row for row, count in enumerate(counts) for _ in range(count)]
+        flat = [int(p) for window in windows for p in window]
+        same = len(set(counts)) == 1 and counts[0] > 0
+        width = counts[0] if same and not ragged else None
+        # An empty index would default to float; index tensors must be integers.
+        return cls(torch.tensor(rows, dtype=torch.long), torch.tensor(flat, dtype=torch.long),
+                   width, counts)
+
+    @property
+    def rows(self) -> int:
+        return len(self.counts)
+
+    @property
+    def total(self) -> int:
+        return int(self.batch_rows.shape[0])
+
+    def to(self, device: torch.device | str) -> "Window":
+        return Window(self.batch_rows.to(device), self.positions.to(device), self.width,
+                      self.counts)
+
+
+def _feature_shape(activation: torch.Tensor, address: Address) -> tuple[int, ...]:
+    """Shape of one position's features in the model's layout: ``(d,)``, ``(heads, X)`` or ``()``."""
+    if address.seq_axis == 2:
+        return (activation.shape[1], activation.shape[3])
+    return tuple(activation.shape[2:])
+
+
+def _sequence_last(activation: torch.Tensor, address: Address) -> torch.Tensor:
+    """A view with batch and sequence leading: ``(batch, seq, …)``, no copy."""
+    return activation.transpose(1, 2) if address.seq_axis == 2 else activation
+
+
+def _columns(activation: torch.Tensor, address: Address) -> torch.Tensor | None:
+    """Flat feature indices a heads/units selection keeps, or None for the whole site."""
+    take = address.heads if address.heads is not None else address.units
+    if take is None:
+        return None
+    shape = _feature_shape(activation, address)
+    full = 1
+    for size in shape:
+        full *= size
+    groups = address.groups
+    if groups is None:
+        groups = shape[0] if address.heads is not None else full
+    if full % groups:
+        raise RunError((address.component,), f"{full} features do not split into {groups} groups")
+    per_group = full // groups
+    take_t = torch.tensor(take, dtype=torch.long, device=activation.device)
+    offsets = torch.arange(per_group, dtype=torch.long, device=activation.device)
+    return (take_t[:, None] * per_group + offsets[None, :]).reshape(-1)
+
+
+def _indices(activation: torch.Tensor, address: Address, window: Window) -> tuple[torch.Tensor, ...]:
+    """One advanced index into ``_sequence_last(activation)``: ``(total,)`` or ``(total, cols)``."""
+    rows = window.batch_rows.to(activation.device)
+    positions = window.positions.to(activation.device)
+    cols = _columns(activation, address)
+    if cols is None:
+        return rows, positions
+    if address.seq_axis == 2:
+        per_head = activation.shape[3]
+        return rows[:, None], positions[:, None], (cols // per_head)[None, :], (cols % per_head)[None, :]
+    return rows[:, None], positions[:, None], cols[None, :]
+
+
+def gather(activation: torch.Tensor, address: Address, window: Window) -> torch.Tensor:
+    """The value at ``address`` over ``window``: ``(rows, w, width)`` or flat ``(total, width)``.
+
+    ``width`` is the site's (after any heads/units selection); ``input_ids`` gathers
+    ``(rows, w)`` / ``(total,)`` integers. The result is in the activation's dtype.
+    """
+    picked = _sequence_last(activation, address)[_indices(activation, address, window)]
+    flat = picked.flatten(1) if activation.dim() > 2 else picked
+    if window.width is None:
+        return flat
+    return flat.reshape(window.rows, window.width, *flat.shape[1:])
+
+
+def scatter(activation: torch.Tensor, address: Address, window: Window,
+            value: torch.Tensor) -> torch.Tensor:
+    """A new tensor: ``activation`` with ``value`` (shaped as :func:`gather` returns) put back.
+
+    Never in place, so it is safe under autograd; gradients reach both the untouched part of
+    ``activation`` and ``value``. Only the site's selected groups are replaced.
+    """
+    index = _indices(activation, address, window)
+    if activation.dim() == 2:
+        shape: tuple[int, ...] = (window.total,)
+    elif len(index) == 2:
+        shape = (window.total, *_feature_shape(activation, address))
+    else:
+        shape = (window.total, index[-1].shape[-1])
+    flat = value.to(activation.dtype).reshape(shape)
+    placed = _sequence_last(activation, address).index_put(index, flat)
+    return placed.transpose(1, 2) if address.seq_axis == 2 else placed
+
+
+def _no_autocast(device: torch.device):
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
+def express(featurizer: Any, x: torch.Tensor) -> torch.Tensor:
+    """A gathered value in ``featurizer``'s space, in float32 with autocast off (what a read
+    with a featurizer yields). ``featurizer=None`` means identity."""
+    with _no_autocast(x.device):
+        x32 = x.float()
+        return x32 if featurizer is None else featurizer.featurize(x32)[0]
+
+
+def _operand(operand: Any, f: torch.Tensor, full: int, features: torch.Tensor | None) -> Any:
+    """Move a tensor operand to f's device in float32, align its layout, cut it to ``features``."""
+    if operand is None or isinstance(operand, (int, float)):
+        return operand
+    op = operand.to(device=f.device, dtype=torch.float32)
+    if op.dim() == 3 and f.dim() == 2 and op.shape[0] * op.shape[1] == f.shape[0]:
+        op = op.reshape(f.shape[0], op.shape[2])
+    elif op.dim() == 2 and f.dim() == 3 and op.shape[0] == f.shape[0] * f.shape[1]:
+        op = op.reshape(f.shape[0], f.shape[1], op.shape[1])
+    if features is not None and op.dim() > 0 and op.shape[-1] == full:
+        op = op.index_select(-1, features)
+    return op
+
+
+def apply_write(activation: torch.Tensor, write: WriteOp, window: Window, featurizer: Any,
+                operand: Any, original: torch.Tensor | None = None) -> torch.Tensor:
+    """``write = inverse(do(featurize(x)), err, x)`` at ``write.address`` over ``window``.
+
+    ``activation`` is the address's tensor as the previous write left it; ``original`` is
+    the same tensor before any write of this forward (needed by ``renormalize`` for f₀).
+    ``operand`` is a number, ``None``, or a tensor in the featurizer's space shaped like f
+    (``(rows, w, k)`` / ``(total, k)``) or broadcastable to it (a mean: ``(w, k)``/``(k,)``).
+    ``featurizer=None`` means identity. Featurizer arithmetic runs in float32 with autocast
+    off on the activation's device; the result goes back in the activation's dtype.
+
+    >>> import torch
+    >>> from causalab.compile.plan import Address, Operand, PositionSpec, WriteOp
+    >>> address = Address("block_output", 0, "layers_output", (0, 60), 1, 4, 4)
+    >>> write = WriteOp("zero", "s", address, PositionSpec(index=-1), "swap", Operand("literal", value=0.0))
+    >>> out = apply_write(torch.ones(1, 3, 4), write, Window.from_windows([(2,)]), None, 0.0)
+    >>> out[0, :, 0].tolist()
+    [1.0, 1.0, 0.0]
+    """
+    address = write.address
+    with _no_autocast(activation.device):
+        x = gather(activation, address, window).float()
+        f, err = (x, None) if featurizer is None else featurizer.featurize(x)
+        f0 = None
+        if write.mechanism in NEEDS_F0:
+            if original is None:
+                raise RunError((write.name,), f"{write.mechanism} needs the pre-write value")
+            f0 = express(featurizer, gather(original, address, window))
+        features = None
+        if write.features is not None:
+            features = torch.tensor(write.features, dtype=torch.long, device=f.device)
+        op = _operand(operand, f, f.shape[-1], features)
+        touched = f if features is None else f.index_select(-1, features)
+        if f0 is not None and features is not None:
+            f0 = f0.index_select(-1, features)
+        done = MECHANISMS[write.mechanism](touched, op, f0=f0, **write.params)
+        f_new = done if features is None else f.index_copy(-1, features, done)
+        x_new = f_new if featurizer is None else featurizer.inverse(f_new, err, x)
+    return scatter(activation, address, window, x_new.to(activation.dtype))
