@@ -1,0 +1,213 @@
+"""Passes: one intervention over one step's rows, as reads, writes, forwards, batches and metrics.
+
+Reads the raw lowered point (FORMAT field names, defaults applied here) and the data tables;
+knows nothing about weights. Model anatomy comes from ``addresses``, order from ``schedule``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from causalab.compile import schedule
+from causalab.compile.addresses import Facts
+from causalab.compile.plan import Address, MetricOp, Pass, PromptBatch, ReadOp, WriteOp
+from causalab.compile.positions import position_spec
+from causalab.compile.prompts import prompt_batch, single_token
+from causalab.compile.rows import Table, anchor_values, column_cells, load_rows, role_values
+from causalab.document import vocab
+from causalab.errors import CompileError
+
+
+@dataclass
+class Context:
+    """What every pass of one point compiles against."""
+
+    document: dict
+    config: Any
+    tokenizer: Any
+    data_root: str
+    facts: Facts
+    addresses: dict[str, Address]
+    featurizers: dict[str, Any] = field(default_factory=dict)
+    # Output name -> {reduce, rows, width, k}: what earlier steps published (C10, C19).
+    published: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One intervention a step runs: its registered name, body and JSON path."""
+
+    name: str
+    body: dict
+    path: tuple
+
+
+def entries(document: dict, step: str, spelled: Any) -> list[Entry]:
+    """The step's ``interventions`` field as entries (§9.1): name, inline or a list."""
+    def one(value: Any, inline_name: str, path: tuple) -> Entry:
+        if isinstance(value, str):
+            return Entry(value, document["interventions"][value], ("interventions", value))
+        return Entry(inline_name, value, path)
+
+    base = ("steps", step, "interventions")
+    if isinstance(spelled, list):
+        return [one(v, f"{step}[{i}]", base + (i,)) for i, v in enumerate(spelled)]
+    return [one(spelled, step, base)]
+
+
+def _read_ops(entry: Entry, ctx: Context) -> dict[str, ReadOp]:
+    reads = {}
+    for name, r in entry.body["reads"].items():
+        reads[name] = ReadOp(
+            name=name, site=r["site"], address=ctx.addresses[r["site"]],
+            pos=position_spec(r["pos"]), input=r["input"], model=r.get("model", "original"),
+            featurizer=r.get("featurizer", "identity"), view=r.get("view", "raw"))
+    return reads
+
+
+def _write_ops(entry: Entry, ctx: Context) -> dict[str, WriteOp]:
+    writes = {}
+    for name, w in entry.body.get("writes", {}).items():
+        features = tuple(w["features"]) if w.get("features") is not None else None
+        writes[name] = WriteOp(
+            name=name, site=w["site"], address=ctx.addresses[w["site"]],
+            pos=position_spec(w["pos"]), mechanism=w["mechanism"],
+            operand=schedule.operand_of(w.get("operand")),
+            featurizer=w.get("featurizer", "identity"), features=features,
+            params={k: v for k, v in (w.get("params") or {}).items()})
+    return writes
+
+
+def _tables(rows: dict, roles: list[str], path: tuple, ctx: Context) -> dict[str, Table]:
+    """Each used role's rows; every role must give the same number of rows (C1)."""
+    tables: dict[str, Table] = {}
+    for role in roles:
+        if role not in rows:
+            raise CompileError(path, f"no rows for role {role!r}, which a forward runs on")
+        tables[role] = load_rows(rows[role], ctx.data_root, path + (role,))
+    counts = {role: len(t.rows) for role, t in tables.items()}
+    for role, count in counts.items():
+        if count != counts[roles[0]]:
+            raise CompileError(path + (role,), f"roles resolve to different row counts: {counts}")
+    return tables
+
+
+def _batches(forwards, tables: dict[str, Table], entry: Entry, rows_path: tuple,
+             ctx: Context) -> dict[str, PromptBatch]:
+    """Tokenize each role once; anchor values for every variable an op on it names (C14)."""
+    batches = {}
+    for role, table in tables.items():
+        field_path = ctx.document["roles"][role]["field"]
+        variables: dict[str, tuple] = {}
+        for fw in forwards:
+            if fw.input != role:
+                continue
+            for kind, op in [("reads", r) for r in fw.reads] + [("writes", w) for w in fw.writes]:
+                var = op.pos.variable
+                if var and var not in variables:
+                    where = entry.path + (kind, op.name, "pos", "scope", "variable")
+                    variables[var] = anchor_values(table, field_path, var, where)
+        values = role_values(table, field_path, rows_path + (role,))
+        batches[role] = prompt_batch(role, field_path, values, ctx.tokenizer, variables,
+                                     rows_path + (role,))
+    return batches
+
+
+def _check_segments(forwards, ctx: Context, entry: Entry) -> None:
+    """C15: a chat segment on a checkpoint without a chat template."""
+    if getattr(ctx.tokenizer, "chat_template", None):
+        return
+    for fw in forwards:
+        for kind, op in [("reads", r) for r in fw.reads] + [("writes", w) for w in fw.writes]:
+            if op.pos.segment and op.pos.segment != "eos":
+                raise CompileError(entry.path + (kind, op.name, "pos", "scope", "segment"),
+                                   "chat segments need a chat template; this checkpoint has none")
+
+
+def _metric_ops(entry: Entry, reads: dict[str, ReadOp], tables: dict[str, Table],
+                ctx: Context) -> tuple[MetricOp, ...]:
+    """Column token ids and the column-eligible rows of every metric (C17)."""
+    ops = []
+    for name, m in entry.body.get("metrics", {}).items():
+        kind = _kind(m["kind"])
+        read = reads[m["of"]]
+        table = tables[read.input]
+        ids, eligible = [], set(range(len(table.rows)))
+        for column_field in kind["columns"]:
+            path = entry.path + ("metrics", name, column_field)
+            cells = column_cells(table, m[column_field], path)
+            column_ids = []
+            for row, cell in enumerate(cells):
+                if cell is None or cell == "":
+                    eligible.discard(row)
+                    column_ids.append(-1)
+                    continue
+                token = single_token(ctx.tokenizer, str(cell))
+                if token is None:
+                    raise CompileError(path, f"row {row}: {cell!r} is not exactly one token")
+                column_ids.append(token)
+            ids.append(tuple(column_ids))
+        if not eligible:
+            raise CompileError(entry.path + ("metrics", name, kind["columns"][0]),
+                               "no row has every column this metric names: a mean of no rows")
+        ops.append(MetricOp(
+            name=name, kind=m["kind"], of=m["of"], model=read.model, input=read.input,
+            columns=tuple(m[c] for c in kind["columns"]), token_ids=tuple(ids),
+            eligible=tuple(sorted(eligible)), unit=kind["unit"],
+            estimand_version=kind["estimand_version"]))
+    return tuple(ops)
+
+
+def _kind(kind: str) -> dict:
+    """A metric kind's row of the vocabulary: ordered column fields, unit, estimand version."""
+    row = vocab.METRIC_KINDS[kind]
+    row = row if isinstance(row, dict) else vars(row)
+    return {"columns": tuple(row["columns"]), "unit": row["unit"],
+            "estimand_version": row.get("estimand_version", f"{kind}/v1")}
+
+
+def _static_checks(forwards, reads, batches, rows: int, entry: Entry, ctx: Context) -> None:
+    decode = entry.body.get("decode", 0)
+    for fw in forwards:
+        batch = batches[fw.input]
+        for read in fw.reads:
+            schedule.check_fixed_cuts(read.name, read.pos, batch,
+                                      entry.path + ("reads", read.name, "pos"))
+            width = ctx.facts.vocab if read.view == "logits" else (
+                read.address.width or read.address.full_width)
+            schedule.check_stacked(read, width, decode, rows,
+                                   entry.path + ("reads", read.name, "pos"))
+        for write in fw.writes:
+            wpath = entry.path + ("writes", write.name)
+            schedule.check_fixed_cuts(write.name, write.pos, batch, wpath + ("pos",))
+            space = schedule.featurizer_space(write.featurizer, ctx.featurizers, write.address.width)
+            schedule.check_features(write, space, wpath + ("features",))
+            schedule.check_ref_operand(write, ctx.published, rows, wpath + ("operand",))
+            if write.operand.kind == "read":
+                source = reads[write.operand.name]
+                schedule.check_pattern_operand(write, source, batches[source.input], batch,
+                                               wpath + ("operand",))
+
+
+def build_pass(entry: Entry, rows: dict, rows_path: tuple, ctx: Context) -> Pass:
+    """Compile one intervention over one ``rows`` mapping into a :class:`Pass`."""
+    reads, writes = _read_ops(entry, ctx), _write_ops(entry, ctx)
+    models = {m: list(spec.get("writes", [])) for m, spec in entry.body.get("models", {}).items()}
+    forwards = schedule.build_forwards(reads, writes, models, entry.body.get("decode", 0),
+                                       entry.path)
+    roles = [role for role in ctx.document["roles"] if any(fw.input == role for fw in forwards)]
+    tables = _tables(rows, roles, rows_path, ctx)
+    _check_segments(forwards, ctx, entry)
+    batches = _batches(forwards, tables, entry, rows_path, ctx)
+    count = len(next(iter(tables.values())).rows) if tables else 0
+    _static_checks(forwards, reads, batches, count, entry, ctx)
+    metrics = _metric_ops(entry, reads, tables, ctx)
+    dynamic = any(op.pos.dynamic for fw in forwards for op in fw.reads + fw.writes)
+    example_ids = tables[roles[0]].example_ids if roles else ()
+    return Pass(intervention=entry.name, rows=count, example_ids=example_ids,
+                inputs=batches, forwards=forwards, metrics=metrics, dynamic=dynamic)
+
+
+def pass_tables(rows: dict, ctx: Context, path: tuple) -> dict[str, Table]:
+    """The tables a rows mapping selects, for checks that compare two mappings (C18)."""
+    return {role: load_rows(ref, ctx.data_root, path + (role,)) for role, ref in rows.items()}

@@ -1,0 +1,73 @@
+"""Compile a document: lower its sweeps, validate each point, build each point's plan tree.
+
+Loads the checkpoint's config and tokenizer, never its weights (``causalab.models.resolve``
+only returns a directory). Every refusal here is a :class:`CompileError` with its JSON path.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from causalab.compile.addresses import facts, resolve_address
+from causalab.compile.featurizers import featurizers_node
+from causalab.compile.passes import Context
+from causalab.compile.plan import ModelRef, Plan
+from causalab.compile.steps import step_nodes
+from causalab.document import digest as digests
+from causalab.document import validate
+
+
+def model_ref(model: dict) -> ModelRef:
+    """Resolve the document's ``model`` to a local directory (no weights are read)."""
+    from causalab.models import resolve
+
+    found = resolve(model["key"], model.get("revision"))
+    return ModelRef(key=model["key"], revision=model["revision"], dtype=model["dtype"],
+                    attn_implementation=model.get("attn_implementation"), path=found.path)
+
+
+def addresses(document: dict, config: Any) -> dict:
+    """Every declared site resolved against the config (C2–C5 at ``sites.<t>``)."""
+    attn = document["model"].get("attn_implementation")
+    out = {}
+    for name, site in document["sites"].items():
+        layers = site.get("layers")
+        out[name] = resolve_address(site["component"], layers[0] if layers else None,
+                                    site.get("heads"), site.get("units"), config, attn,
+                                    ("sites", name))
+    return out
+
+
+def compile_point(point, document, *, model: ModelRef, config: Any, tokenizer: Any,
+                  data_root: str) -> Plan:
+    """One point's plan: the featurizers node (when declared), then its steps in order.
+
+    ``document`` is the validated schema object; the plan is built from ``point.document``,
+    the lowered dict, whose field names are FORMAT's own.
+    """
+    raw = point.document
+    digest = digests.digest(raw)
+    sites = addresses(raw, config)
+    node = featurizers_node(raw, sites, model, digest)
+    ctx = Context(document=raw, config=config, tokenizer=tokenizer, data_root=data_root,
+                  facts=facts(config), addresses=sites,
+                  featurizers={s.name: s for s in node.featurizers} if node else {})
+    children = [node] if node else []
+    for name, step in raw["steps"].items():
+        children.extend(step_nodes(name, step, ctx, point.label))
+    return Plan(name=point.label or "<root>", directory=point.label, children=tuple(children),
+                model=model, digest=digest, document=raw, coordinates=dict(point.coordinates))
+
+
+def compile_document(raw: dict, *, data_root: str) -> Plan:
+    """The plan tree of a raw document: the root holds its steps, or one Plan per sweep point."""
+    from causalab.models import load_config, load_tokenizer
+
+    checked = validate(raw)
+    points = [point for point, _ in checked]
+    ref = model_ref(points[0].document["model"])
+    config, tokenizer = load_config(ref.path), load_tokenizer(ref.path)
+    plans = [compile_point(p, doc, model=ref, config=config, tokenizer=tokenizer,
+                           data_root=data_root) for p, doc in checked]
+    if len(plans) == 1 and not points[0].label:
+        return plans[0]
+    return Plan(name="<root>", directory="", children=tuple(plans), model=ref)

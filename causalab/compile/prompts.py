@@ -1,0 +1,62 @@
+"""Prompt batches: one role's prompts tokenized once per pass and left-padded to one width.
+
+Uses only the tokenizer's encode and chat template; it never decodes to check itself (FORMAT
+§6.4: re-encoding is not a test). Special tokens are added as the model's own call adds them,
+so ``prefix`` (the empty string's length) is what a run skips before index 0.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from causalab.compile.plan import PromptBatch
+from causalab.compile.positions import CHAT_ANCHOR
+from causalab.compile.rows import is_chat
+from causalab.errors import CompileError
+
+
+def prefix_length(tokenizer) -> int:
+    """Tokens the tokenizer puts before every prompt: BOS on Llama-like, 0 on GPT-2-like."""
+    return len(tokenizer("")["input_ids"])
+
+
+def pad_id(tokenizer) -> int:
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
+def render(value: Any, tokenizer, path: tuple) -> str:
+    """A row's prompt text: the string itself, or chat messages through the chat template."""
+    if not is_chat(value):
+        return value
+    if not getattr(tokenizer, "chat_template", None):
+        raise CompileError(path, "chat rows need a chat template and this checkpoint has none")
+    messages = [{"role": m["role"], "content": m["content"]} for m in value]
+    return tokenizer.apply_chat_template(messages, tokenize=False)
+
+
+def prompt_batch(role: str, field: str, values: tuple, tokenizer, anchors: dict,
+                 path: tuple) -> PromptBatch:
+    """Tokenize every row of one role and left-pad to the longest; mask marks the content."""
+    prompts = tuple(render(v, tokenizer, path) for v in values)
+    encoded = [list(tokenizer(p)["input_ids"]) for p in prompts]
+    width = max((len(ids) for ids in encoded), default=0)
+    pad = pad_id(tokenizer)
+    input_ids = tuple(tuple([pad] * (width - len(ids)) + ids) for ids in encoded)
+    mask = tuple(tuple([0] * (width - len(ids)) + [1] * len(ids)) for ids in encoded)
+    anchors = dict(anchors)
+    if any(is_chat(v) for v in values):
+        anchors[CHAT_ANCHOR] = tuple(
+            json.dumps([[m["role"], m["content"]] for m in v]) if is_chat(v) else None
+            for v in values)
+    return PromptBatch(role=role, field=field, prompts=prompts, input_ids=input_ids,
+                       attention_mask=mask, prefix=prefix_length(tokenizer), pad_id=pad,
+                       anchors=anchors)
+
+
+def single_token(tokenizer, text: str) -> int | None:
+    """The id of ``text`` tokenized without special tokens, or None when it is not one token."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return int(ids[0]) if len(ids) == 1 else None

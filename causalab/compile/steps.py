@@ -1,0 +1,166 @@
+"""Steps: observe, fit and weights steps as plan nodes, with outputs, saves and fit batches.
+
+Consumes passes from ``passes``; knows nothing about tensors. A fit's update batches are
+shuffled here, on the client, from the fit's ``seed`` (FORMAT §9.5, pitfall 14).
+"""
+from __future__ import annotations
+
+import math
+import random
+
+from causalab.compile import schedule
+from causalab.compile.passes import Context, Entry, build_pass, entries, pass_tables
+from causalab.compile.plan import Fit, Observe, OutputOp, Pass, Plan, SaveOp, Weights
+from causalab.compile.rows import shared_rows
+from causalab.errors import CompileError
+
+
+def save_ops(saves: list[dict] | None) -> tuple[SaveOp, ...]:
+    """``.json`` saves are metric tables; anything else is a tensor."""
+    return tuple(SaveOp(value=s["value"], file_path=s["file_path"],
+                        kind="table" if s["file_path"].endswith(".json") else "tensor")
+                 for s in saves or [])
+
+
+def _outputs(step: str, raw: dict, pass_: Pass, ctx: Context) -> tuple[OutputOp, ...]:
+    """Outputs as plan ops; publishes each so later operands can be checked (C10, C19)."""
+    ops = []
+    reads = {r.name: (r, fw) for fw in pass_.forwards for r in fw.reads}
+    for name, out in (raw.get("outputs") or {}).items():
+        out = {"read": out} if isinstance(out, str) else out
+        op = OutputOp(name=name, read=out["read"], reduce=out.get("reduce", "none"),
+                      k=out.get("k"))
+        read, fw = reads[op.read]
+        if op.reduce == "pca":
+            count = schedule.vector_count(read, pass_.inputs[fw.input])
+            if count is not None and count < op.k:
+                raise CompileError(("steps", step, "outputs", name, "k"),
+                                   f"pca of rank {op.k} needs at least {op.k} vectors; "
+                                   f"{op.read!r} yields {count}")
+        ctx.published[name] = {"reduce": op.reduce, "rows": pass_.rows, "width": read.pos.width,
+                               "k": op.k}
+        ops.append(op)
+    return tuple(ops)
+
+
+def observe(step: str, raw: dict, entry: Entry, ctx: Context) -> Observe:
+    pass_ = build_pass(entry, raw["rows"], ("steps", step, "rows"), ctx)
+    return Observe(name=step, pass_=pass_, outputs=_outputs(step, raw, pass_, ctx),
+                   saves=save_ops(raw.get("saves")))
+
+
+def update_batches(rows: int, pairs: int, epochs: int, seed: int) -> tuple:
+    """``batches[epoch][update]``: row indices, reshuffled each epoch by one seeded generator."""
+    rng = random.Random(seed)
+    epochs_out = []
+    for _ in range(epochs):
+        order = list(range(rows))
+        rng.shuffle(order)
+        epochs_out.append(tuple(tuple(order[i:i + pairs]) for i in range(0, rows, pairs)))
+    return tuple(epochs_out)
+
+
+def _check_batches(train: Pass, batches: tuple, entry: Entry) -> None:
+    """C17 per update: every metric keeps a column-eligible row in every batch."""
+    for metric in train.metrics:
+        eligible = set(metric.eligible)
+        for epoch, updates in enumerate(batches):
+            for update, rows in enumerate(updates):
+                if not eligible.intersection(rows):
+                    field = _first_column_field(entry, metric.name)
+                    raise CompileError(entry.path + ("metrics", metric.name, field),
+                                       f"epoch {epoch} update {update} (rows {list(rows)}) has "
+                                       "no row with every column this metric names")
+
+
+def _first_column_field(entry: Entry, metric: str) -> str:
+    body = entry.body["metrics"][metric]
+    return next((k for k in body if k not in ("kind", "of", "token_form")), "of")
+
+
+def _check_disjoint(step: str, raw: dict, ctx: Context) -> None:
+    """C18: fit and eval rows that are different refs must share no row."""
+    path = ("steps", step, "eval", "rows")
+    train = pass_tables(raw["rows"], ctx, ("steps", step, "rows"))
+    held = pass_tables(raw["eval"]["rows"], ctx, path)
+    for role, table in held.items():
+        other = train.get(role)
+        if other is None or other.ref == table.ref:
+            continue
+        shared = shared_rows(other, table)
+        if shared:
+            raise CompileError(path + (role,), f"fit rows {other.ref!r} and eval rows "
+                                               f"{table.ref!r} share {shared} rows")
+
+
+def fit(step: str, raw: dict, entry: Entry, ctx: Context) -> Fit:
+    _check_disjoint(step, raw, ctx)
+    train = build_pass(entry, raw["rows"], ("steps", step, "rows"), ctx)
+    held = build_pass(entry, raw["eval"]["rows"], ("steps", step, "eval", "rows"), ctx)
+    seed = raw.get("seed", 0)
+    batches = update_batches(train.rows, raw["pairs"], raw["epochs"], seed)
+    _check_batches(train, batches, entry)
+    optimizer, stop = raw["optimizer"], raw["early_stop"]
+    return Fit(
+        name=step, train=train, batches=batches, eval=held, params=tuple(raw["params"]),
+        objective=tuple((float(w), term) for w, term in raw["objective"]),
+        epochs=raw["epochs"], pairs=raw["pairs"], seed=seed, lr=float(optimizer["lr"]),
+        weight_decay=float(optimizer.get("weight_decay", 0.0)),
+        early_stop_metric=stop["metric"], early_stop_mode=stop.get("mode", "max"),
+        patience=stop["patience"],
+        anneal={g: (float(a["start"]), float(a["end"])) for g, a in (raw.get("anneal") or {}).items()},
+        saves=save_ops(raw.get("saves")), eval_saves=save_ops(raw["eval"].get("saves")))
+
+
+def weights(step: str, raw: dict) -> Weights:
+    return Weights(name=step, names=tuple(raw["names"]), saves=save_ops(raw.get("saves")))
+
+
+def step_nodes(step: str, raw: dict, ctx: Context, directory: str) -> tuple:
+    """One step as plan nodes: a node, or one nested Plan per entry of a list intervention."""
+    if raw["kind"] == "weights":
+        return (weights(step, raw),)
+    build = observe if raw["kind"] == "observe" else fit
+    found = entries(ctx.document, step, raw["interventions"])
+    if not isinstance(raw["interventions"], list):
+        return (build(step, raw, found[0], ctx),)
+    nested = []
+    names = [e.name for e in found]
+    for entry in found:
+        # A list entry sees what earlier steps published, never a sibling's outputs.
+        before = dict(ctx.published)
+        own = dict(raw, saves=_entry_saves(raw.get("saves"), entry, names, raw))
+        if raw["kind"] == "fit":
+            own["eval"] = dict(raw["eval"], saves=_entry_saves(raw["eval"].get("saves"), entry,
+                                                               names, raw))
+        node = build(step, own, entry, ctx)
+        ctx.published = before
+        where = f"{directory}/{step}/{entry.name}" if directory else f"{step}/{entry.name}"
+        nested.append(Plan(name=entry.name, directory=where, children=(node,)))
+    return tuple(nested)
+
+
+def produces(entry: Entry, raw: dict) -> set[str]:
+    """Result names one entry of a step produces (§9.2, §9.5)."""
+    body = entry.body
+    names = set(body.get("metrics", {})) | set(raw.get("outputs") or {})
+    if body.get("decode", 0):
+        names |= {f"{r['model']}.generated" for r in body["reads"].values() if "model" in r}
+        names |= {f"{r.get('model', 'original')}.{r['input']}.generated"
+                  for r in body["reads"].values()}
+    if raw["kind"] == "fit":
+        names |= {"train/loss", "train/eval"}
+    return names
+
+
+def _entry_saves(saves: list | None, entry: Entry, names: list[str], raw: dict) -> list:
+    """The saves of a list step that belong to this entry: qualified, or bare and produced."""
+    mine = []
+    for save in saves or []:
+        head, _, rest = save["value"].partition("/")
+        if rest and head in names:
+            if head == entry.name:
+                mine.append(dict(save, value=rest))
+        elif save["value"] in produces(entry, raw):
+            mine.append(save)
+    return mine
