@@ -1,0 +1,186 @@
+"""The fit loop (FORMAT §9.5): AdamW on featurizer parameters through pre-batched passes.
+
+The compiler has already fixed every update batch, the eval pass and the objective; this
+module only runs them. It never opens a trace: each pass goes through the ``run_pass``
+callable the walk hands in, which returns ``{"metrics": {name: (values, rows)}, ...}`` with
+one value per eligible row. The model stays frozen; only the featurizers named in
+``params`` are stepped. Parameters are left as the last update made them (no rollback).
+The progress bar goes to stderr and only on a terminal, never with ``CAUSALAB_QUIET=1``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import Tensor
+
+from causalab.errors import RunError
+
+if TYPE_CHECKING:  # the plan type only annotates; importing it pulls in the compiler
+    from causalab.compile.plan import Fit
+
+MASK_SUFFIX = ".mask"
+
+
+def anneal_temperature(start: float, end: float, update: int, updates: int) -> float:
+    """T at 0-based ``update`` of ``updates``: geometric from ``start`` to ``end``.
+
+    >>> round(anneal_temperature(1.0, 0.05, 4, 20), 3)
+    0.532
+    """
+    return start * (end / start) ** (update / max(updates - 1, 1))
+
+
+def _metric_values(result: dict, name: str) -> Tensor:
+    value = result["metrics"][name]
+    return value[0] if isinstance(value, (tuple, list)) else value
+
+
+def _mean(values: Tensor, at: tuple) -> Tensor:
+    if values.numel() == 0:
+        raise RunError(at, "no eligible row to score in this pass; a mean over zero rows does not exist")
+    return values.float().mean()
+
+
+def objective_loss(fit: Fit, result: dict, featurizers: dict) -> Tensor:
+    """Σ wᵢ·mean(termᵢ): a term is a metric of the pass or ``<gate>.mask`` (soft-mask mean)."""
+    total = None
+    for index, (weight, term) in enumerate(fit.objective):
+        gate = term[: -len(MASK_SUFFIX)] if term.endswith(MASK_SUFFIX) else None
+        if gate is not None and gate in fit.params and term not in result["metrics"]:
+            value = featurizers[gate].mask_mean()
+        else:
+            value = _mean(_metric_values(result, term), ("steps", fit.name, "objective", index, 1))
+        total = weight * value if total is None else total + weight * value
+    return total
+
+
+def _detached(result: dict) -> dict:
+    """A pass result with metric values detached, so a stored update holds no graph."""
+    metrics = {}
+    for name, value in result.get("metrics", {}).items():
+        if isinstance(value, (tuple, list)):
+            metrics[name] = (value[0].detach(), *value[1:])
+        else:
+            metrics[name] = value.detach()
+    return {**result, "metrics": metrics}
+
+
+def _gates(fit: Fit, featurizers: dict) -> list[str]:
+    return [name for name in fit.params if featurizers[name].kind == "gate"]
+
+
+def _improved(value: float, best: float | None, mode: str) -> bool:
+    if math.isnan(value):
+        return False
+    if best is None:
+        return True
+    return value > best if mode == "max" else value < best
+
+
+class _FitProgress:
+    """A rich bar over the fit's epochs on stderr; silent off a terminal or when quiet."""
+
+    def __init__(self, name: str, epochs: int):
+        self._bar = None
+        if os.environ.get("CAUSALAB_QUIET") == "1" or not sys.stderr.isatty():
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self._bar = Progress(TextColumn("fit {task.description}"), BarColumn(), MofNCompleteColumn(),
+                             TextColumn("{task.fields[status]}"),
+                             console=Console(stderr=True), transient=True)
+        self._task = self._bar.add_task(name, total=epochs, status="")
+        self._bar.start()
+
+    def update(self, *, advance: int = 0, status: str) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, advance=advance, status=status)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _train_epoch(fit: Fit, model, featurizers: dict, state, batches, context: dict) -> None:
+    """One epoch of updates; appends losses and per-update results into ``context``."""
+    for name in fit.params:
+        featurizers[name].training = True
+    for batch in batches:
+        update = len(context["losses"])
+        for gate, (start, end) in fit.anneal.items():
+            featurizers[gate].T = anneal_temperature(start, end, update, context["updates"])
+        result = context["run_pass"](model, fit.train, state, rows=batch, grad=True)
+        loss = objective_loss(fit, result, featurizers)
+        if loss.requires_grad:
+            torch.autograd.backward(loss)
+        context["optimizer"].step()
+        context["optimizer"].zero_grad(set_to_none=True)
+        value = float(loss.detach())
+        context["losses"].append(value)
+        context["passes"].append(_detached(result))
+        context["events"].fit_update(context["point"], fit.name, update, value)
+        context["progress"].update(status=f"update {update + 1} loss {value:.4g}")
+    for name in fit.params:
+        featurizers[name].training = False
+
+
+def _eval_epoch(fit: Fit, model, featurizers: dict, state, context: dict) -> list[float]:
+    with torch.no_grad():
+        result = context["run_pass"](model, fit.eval, state, grad=False)
+    context["evals"].append(result)
+    watched = float(_mean(_metric_values(result, fit.early_stop_metric),
+                          ("steps", fit.name, "early_stop", "metric")))
+    return [watched] + [featurizers[gate].kept() for gate in _gates(fit, featurizers)]
+
+
+def run_fit(fit: Fit, model, featurizers: dict, state: Any, *, run_pass: Callable, events,
+            point: Any = None) -> dict:
+    """Run a fit step and return its results.
+
+    ``featurizers`` maps names to live featurizer objects (shared with the walk);
+    ``run_pass(model, pass_, state, rows=None, grad=False)`` runs one pass. Returns
+    ``{"train/loss": (updates,), "train/eval": (epochs_run, 1 + gates), "updates": [...],
+    "evals": [...], "eval": <last eval pass result>}``.
+    """
+    params = [p for name in fit.params for p in featurizers[name].parameters()]
+    for parameter in params:
+        parameter.requires_grad_(True)
+    context = {
+        "optimizer": torch.optim.AdamW(params, lr=fit.lr, weight_decay=fit.weight_decay),
+        "updates": sum(len(epoch) for epoch in fit.batches[: fit.epochs]),
+        "run_pass": run_pass, "events": events, "point": point,
+        "losses": [], "passes": [], "evals": [],
+        "progress": _FitProgress(fit.name, fit.epochs),
+    }
+    rows, best, stale = [], None, 0
+    try:
+        for epoch in range(fit.epochs):
+            _train_epoch(fit, model, featurizers, state, fit.batches[epoch], context)
+            row = _eval_epoch(fit, model, featurizers, state, context)
+            rows.append(row)
+            events.fit_epoch(point, fit.name, epoch, row[0], row[1] if len(row) > 1 else None)
+            context["progress"].update(advance=1, status=f"eval {fit.early_stop_metric} {row[0]:.4g}")
+            if _improved(row[0], best, fit.early_stop_mode):
+                best, stale = row[0], 0
+            else:
+                stale += 1
+                if stale >= fit.patience:
+                    break
+    finally:
+        context["progress"].close()
+        for name in fit.params:
+            featurizers[name].training = False
+        for parameter in params:
+            parameter.requires_grad_(False)
+    return {
+        "train/loss": torch.tensor(context["losses"], dtype=torch.float32),
+        "train/eval": torch.tensor(rows, dtype=torch.float32).reshape(len(rows), 1 + len(_gates(fit, featurizers))),
+        "updates": context["passes"],
+        "evals": context["evals"],
+        "eval": context["evals"][-1] if context["evals"] else None,
+    }
