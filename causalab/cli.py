@@ -1,0 +1,380 @@
+"""The ``causalab`` command: schema | vocab | model | tokens | data | validate | explain | run |
+render | fetch | runs, each printing text or, with ``--json``, the whole result object.
+
+Every verb is a function from parsed arguments to a dict with a ``text`` key and prints nothing
+itself; ``main`` prints only after the verb returned, so a refusal leaves nothing half-written on
+stdout. Heavy libraries (torch, transformers, nnterp, mlflow, hydra) are imported inside the verbs
+that need them: ``schema``, ``vocab`` and ``validate`` import none of them. One boundary turns a
+:class:`~causalab.errors.CausalabError` into one line, ``error: <path>: <message>``, on stderr
+and exit status 1 (2 for a :class:`~causalab.errors.UsageError` or bad arguments); a traceback
+is shown only with ``--debug``.
+
+    >>> main(["vocab"])  # doctest: +SKIP
+    0
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from causalab.errors import CausalabError, UsageError, format_path
+from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+_SAMPLE_CHARS = 200
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so bad arguments meet the one error boundary."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError((), f"{message} (see '{self.prog} --help')")
+
+
+def _read_document(path: str) -> dict:
+    """The document at ``path`` as raw JSON (duplicate keys and non-finite numbers refused)."""
+    from causalab.document import load_json
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise UsageError((), f"cannot read document {path!r}: {err.strerror or err}") from None
+    return load_json(text)
+
+
+# --- verbs that need no model -------------------------------------------------------------
+
+def verb_schema(args: argparse.Namespace) -> dict:
+    """The JSON Schema of the document format (FORMAT §15)."""
+    from causalab.document.schema import Document
+
+    schema = Document.model_json_schema()
+    return {"text": json.dumps(schema, indent=2), "schema": schema}
+
+
+def verb_vocab(args: argparse.Namespace) -> dict:
+    """Every closed vocabulary: components, mechanisms, featurizer and metric kinds, positions."""
+    from causalab.document import vocab
+
+    return {"text": vocab.render_vocab(), **vocab.vocab_payload()}
+
+
+def verb_validate(args: argparse.Namespace) -> dict:
+    """Lower every sweep point and check it offline; refusals name the JSON path."""
+    from causalab.document import validate
+
+    points = validate(_read_document(args.document))
+    labels = [point.label for point, _ in points]
+    return {"text": f"ok: {args.document} is a valid document", "ok": True,
+            "points": len(points), "labels": labels}
+
+
+def verb_data(args: argparse.Namespace) -> dict:
+    """A dataset reference's rows: count, columns, columns with empty cells, splits, a sample."""
+    from causalab.compile.rows import load_rows
+
+    table = load_rows(args.ref, args.data_root, (args.ref,))
+    columns: list[str] = []
+    for row in table.rows:
+        columns += [name for name in row if name not in columns]
+    empty = [name for name in columns
+             if any(row.get(name) in (None, "", []) for row in table.rows)]
+    splits: dict[str, int] = {}
+    for row in table.rows:
+        split = str(row.get("split", ""))
+        splits[split] = splits.get(split, 0) + 1
+    sample = table.rows[0]
+    sample_text = json.dumps(sample, ensure_ascii=False)
+    if len(sample_text) > _SAMPLE_CHARS:
+        sample_text = sample_text[:_SAMPLE_CHARS] + "…"
+    text = "\n".join([
+        f"{args.ref}: {len(table.rows)} rows from {table.file}",
+        f"columns: {', '.join(columns)}",
+        f"empty cells in: {', '.join(empty) if empty else '(none)'}",
+        "splits: " + ", ".join(f"{name or '(none)'}={n}" for name, n in splits.items()),
+        f"sample ({table.example_ids[0]}): {sample_text}",
+    ])
+    return {"text": text, "ref": args.ref, "file": table.file, "rows": len(table.rows),
+            "columns": columns, "empty_columns": empty, "splits": splits,
+            "example_ids": list(table.example_ids), "sample": sample}
+
+
+# --- verbs that need a tokenizer or a config ---------------------------------------------
+
+def verb_model(args: argparse.Namespace) -> dict:
+    """A checkpoint's facts without its weights: path, shape, padding, every component's place."""
+    from causalab.compile.addresses import component_table, facts
+    from causalab.models import load_config, load_tokenizer, resolve
+
+    resolved = resolve(args.key, args.revision)
+    config = load_config(resolved.path)
+    tokenizer = load_tokenizer(resolved.path)
+    found = facts(config)
+    table = component_table(config, args.attn_implementation)
+    payload = {
+        "key": resolved.key, "path": resolved.path, "revision": resolved.revision,
+        "builtin": resolved.builtin, "dtype": args.dtype,
+        "attn_implementation": args.attn_implementation,
+        "num_layers": found.layers, "hidden_size": found.hidden, "num_heads": found.q_heads,
+        "num_kv_heads": found.kv_heads, "head_dim": found.head_dim,
+        "intermediate_size": found.intermediate, "vocab_size": found.vocab,
+        "padding_side": tokenizer.padding_side, "components": table,
+    }
+    lines = [
+        f"{resolved.key}  revision={resolved.revision}",
+        f"path: {resolved.path}",
+        f"layers={found.layers} hidden={found.hidden} heads={found.q_heads} "
+        f"kv_heads={found.kv_heads} head_dim={found.head_dim} "
+        f"intermediate={found.intermediate} vocab={found.vocab} "
+        f"padding_side={tokenizer.padding_side}",
+        "components at layer 0:",
+    ]
+    for name, row in table.items():
+        if row["resolves"]:
+            width = f"width={row['width']}" if row["width"] is not None else "no width"
+            lines.append(f"  {name:<22} ok {width:<12} {row['op']}")
+        else:
+            lines.append(f"  {name:<22} -- {row['why']}")
+    return {"text": "\n".join(lines), **payload}
+
+
+def verb_tokens(args: argparse.Namespace) -> dict:
+    """Each string's token count on a checkpoint's tokenizer; a metric column needs exactly 1."""
+    from causalab.models import load_tokenizer, resolve
+
+    tokenizer = load_tokenizer(resolve(args.key, args.revision).path)
+    found, lines = [], []
+    for string in args.strings:
+        ids = tokenizer(string, add_special_tokens=False)["input_ids"]
+        pieces = [tokenizer.decode([i]) for i in ids]
+        single = len(ids) == 1
+        found.append({"string": string, "count": len(ids), "ids": ids, "pieces": pieces,
+                      "single": single})
+        flag = "" if single else "  <- not one token: cannot be a metric column"
+        noun = "token" if len(ids) == 1 else "tokens"
+        lines.append(f"{string!r:<16} {len(ids)} {noun} {pieces!r}{flag}")
+    return {"text": "\n".join(lines), "key": args.key, "tokens": found,
+            "all_single": all(t["single"] for t in found)}
+
+
+def verb_explain(args: argparse.Namespace) -> dict:
+    """The compiled plan tree, against config, tokenizer and data; no weights."""
+    import causalab.compile
+
+    raw = _read_document(args.document)
+    plan = causalab.compile.compile_document(raw, data_root=args.data_root)
+    return causalab.compile.explain_payload(plan)
+
+
+# --- verbs that run or reach the tracking store ------------------------------------------
+
+def _tracking_events(args: argparse.Namespace) -> Any:
+    """The MLflow listener for a run, or None with ``--no-track`` or without tracking."""
+    if args.no_track:
+        return None
+    try:
+        tracking = importlib.import_module("causalab.tracking")
+    except ModuleNotFoundError as err:
+        if err.name and err.name.startswith("causalab"):
+            return None
+        raise
+    listener = getattr(tracking, "TrackingEvents", None)
+    if listener is None:
+        return None
+    return listener(tracking_uri=args.tracking_uri, rerun=args.rerun,
+                    argv=list(sys.argv[1:]))
+
+
+def verb_run(args: argparse.Namespace) -> dict:
+    """Run a document and list the files written, in order; nothing else is printed."""
+    from causalab.pipeline import run_document
+
+    raw = _read_document(args.document)
+    written = run_document(raw, out=args.out, batch_size=args.batch_size,
+                           device_map=args.device_map, data_root=args.data_root,
+                           events=_tracking_events(args))
+    written = [str(p) for p in written]
+    return {"text": "\n".join(written), "written": written, "out": args.out}
+
+
+def verb_render(args: argparse.Namespace) -> dict:
+    """The canonical document a Hydra composition renders to (PLATFORM §4)."""
+    from causalab.render import render_document
+
+    document = render_document(list(args.overrides), config_dir=args.config_dir)
+    return {"text": json.dumps(document, indent=2, ensure_ascii=False), "document": document}
+
+
+def verb_fetch(args: argparse.Namespace) -> dict:
+    """Download one tracked artifact (``runs:/<run_id>/<path>``) to a local path."""
+    from causalab.tracking import fetch
+
+    path = str(fetch(args.uri, args.output, tracking_uri=args.tracking_uri))
+    return {"text": path, "path": path, "uri": args.uri}
+
+
+def verb_runs(args: argparse.Namespace) -> dict:
+    """Tracked runs, newest first, optionally only those of one point digest."""
+    from causalab.tracking import list_runs
+
+    runs = list_runs(produced_by=args.produced_by, tracking_uri=args.tracking_uri)
+    lines = [f"{r['run_id']}  {r['status']:<9} {(r.get('name') or ''):<24} "
+             f"{(r.get('produced_by') or '')[:12]}" for r in runs]
+    return {"text": "\n".join(lines) if lines else "(no runs)", "runs": runs}
+
+
+# --- the parser ---------------------------------------------------------------------------
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """``--json`` and ``--debug`` before or after the verb (after: only set when given)."""
+    default = False if top else argparse.SUPPRESS
+    parser.add_argument("--json", action="store_true", default=default,
+                        help="print the whole result object as JSON")
+    parser.add_argument("--debug", action="store_true", default=default,
+                        help="show a traceback on error")
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("key", help="built-in (causalab:tiny-llama), local directory or hub id")
+    parser.add_argument("--revision", default="main", help="commit, tag or tensor digest")
+
+
+def _run_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("document")
+    parser.add_argument("--out", default=DEFAULT_OUT, help="output directory (default: out)")
+    parser.add_argument("--device-map", default="auto",
+                        help="accelerate device map (default: auto; use cpu without a GPU)")
+    parser.add_argument("--batch-size", type=_positive_int, default=None,
+                        help="rows per forward window (default: the whole pass)")
+    parser.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
+    parser.add_argument("--no-track", action="store_true", help="skip MLflow tracking")
+    parser.add_argument("--tracking-uri", default=None)
+    parser.add_argument("--rerun", action="store_true",
+                        help="run points even when a finished run with their digest exists")
+
+
+VERBS: dict[str, tuple[Callable[[argparse.Namespace], dict], str]] = {
+    "schema": (verb_schema, "print the document JSON Schema"),
+    "vocab": (verb_vocab, "print every closed vocabulary"),
+    "model": (verb_model, "a checkpoint's shape and components, without weights"),
+    "tokens": (verb_tokens, "token counts of strings on a checkpoint's tokenizer"),
+    "data": (verb_data, "rows, columns and splits of a dataset reference"),
+    "validate": (verb_validate, "check a document offline"),
+    "explain": (verb_explain, "compile a document and print the plan"),
+    "run": (verb_run, "run a document and print the written paths"),
+    "render": (verb_render, "render Hydra overrides to a canonical document"),
+    "fetch": (verb_fetch, "download a tracked artifact"),
+    "runs": (verb_runs, "list tracked runs"),
+}
+
+
+def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
+    if name in ("model", "tokens"):
+        _model_args(parser)
+    if name == "model":
+        parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+        parser.add_argument("--attn-implementation", choices=("eager", "sdpa"), default=None)
+    elif name == "tokens":
+        parser.add_argument("strings", nargs="+", help="candidate metric cells, e.g. ' Friday'")
+    elif name == "data":
+        parser.add_argument("ref", help="dataset reference, e.g. weekdays/data#train")
+        parser.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
+    elif name in ("validate", "explain"):
+        parser.add_argument("document")
+        parser.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
+    elif name == "run":
+        _run_args(parser)
+    elif name == "render":
+        parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. experiment=das")
+        parser.add_argument("--config-dir", default=None, help="default: the shipped conf/")
+    elif name == "fetch":
+        parser.add_argument("uri", help="runs:/<run_id>/<artifact path>")
+        parser.add_argument("-o", "--output", default=None, help="where to write it")
+        parser.add_argument("--tracking-uri", default=None)
+    elif name == "runs":
+        parser.add_argument("--produced-by", default=None, help="a point digest")
+        parser.add_argument("--tracking-uri", default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="causalab", description=__doc__.splitlines()[0])
+    _common(parser, top=True)
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    for name, (function, help_text) in VERBS.items():
+        sub = verbs.add_parser(name, help=help_text, description=function.__doc__)
+        _verb_args(name, sub)
+        _common(sub, top=False)
+    return parser
+
+
+# --- the one error boundary ---------------------------------------------------------------
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s*\n\s*", " ", text).strip()
+
+
+def _error_line(err: BaseException) -> str:
+    if isinstance(err, UsageError) and not err.path:
+        return f"error: {_one_line(err.message)}"
+    if isinstance(err, CausalabError):
+        return f"error: {format_path(err.path)}: {_one_line(err.message)}"
+    return f"error: {type(err).__name__}: {_one_line(str(err))}"
+
+
+def _wants(argv: Sequence[str], flag: str) -> bool:
+    """Whether ``flag`` was given, even when parsing itself failed."""
+    return flag in argv
+
+
+def _print(result: dict, as_json: bool) -> None:
+    if as_json:
+        text = json.dumps(result, indent=2, ensure_ascii=False, default=str)
+    else:
+        text = result.get("text") or ""
+    if not text:
+        return
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader left (``causalab vocab | head``): not an error, and nothing to say.
+        sys.stdout = open(os.devnull, "w")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one verb; returns the exit status (0 ok, 1 refused, 2 usage, 130 interrupted)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = _wants(argv, "--debug")
+    try:
+        try:
+            args = build_parser().parse_args(argv)
+        except SystemExit as stop:  # --help and --version print and stop
+            return int(stop.code or 0)
+        result = VERBS[args.verb][0](args)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:  # the one boundary: everything becomes one line
+        if debug:
+            traceback.print_exc(file=sys.stderr)
+        print(_error_line(err), file=sys.stderr)
+        return EXIT_USAGE if isinstance(err, UsageError) else EXIT_REFUSED
+    _print(result, args.json)
+    return EXIT_OK
