@@ -398,3 +398,17 @@ def test_gradients_reach_the_rotation_and_the_operand_through_a_write():
     torch.autograd.backward(out.pow(2).sum())
     assert operand.grad is not None and operand.grad.abs().sum() > 0
     assert q_param.grad is not None and q_param.grad.abs().sum() > 0
+
+
+def test_renormalize_on_features_measures_norms_over_those_coordinates_only():
+    original = torch.randn(BATCH, SEQ, HIDDEN)
+    window = Window.from_windows(WIN)
+    steered = apply_write(original, _write("add_scaled", features=(0, 5, 6)), window, None, 3.0)
+    restored = apply_write(steered, _write("renormalize", features=(0, 5, 6), operand=Operand("none")),
+                           window, None, None, original)
+    for row, (position,) in enumerate(WIN):
+        cut = [0, 5, 6]
+        target = original[row, position, cut].norm()
+        expected = steered[row, position].clone()
+        expected[cut] = steered[row, position, cut] * target / steered[row, position, cut].norm()
+        assert torch.allclose(restored[row, position], expected, rtol=1e-6)
