@@ -1,0 +1,32 @@
+"""The strict, closed base every schema node derives from, and the shared scalar types.
+
+Strict means no coercion: ``true`` is not an int, ``"1"`` is not a number, ``1.0`` is not
+an int; the one allowance is an int where a number is expected. Every object is closed and
+non-finite numbers are refused. Knows no vocabulary and no cross-node rule.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Union
+
+from pydantic import AllowInfNan, BaseModel, ConfigDict, Strict, StrictInt
+from pydantic_core import PydanticCustomError
+
+FiniteFloat = Annotated[float, Strict(), AllowInfNan(False)]
+# An int stays an int (a gaussian seed must be one); a float is any finite float.
+Number = Union[StrictInt, FiniteFloat]
+
+
+class Node(BaseModel):
+    """Closed, strict, frozen: the rules of FORMAT §0 for every object."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False,
+                              hide_input_in_errors=True)
+
+
+def refuse(message: str, *at: str | int) -> PydanticCustomError:
+    """An error for a validator to raise, placed ``at`` below the node it checks.
+
+    The boundary in ``check.py`` appends ``at`` to pydantic's location, so a rule checked
+    on a write can still name ``….writes.<w>.params``.
+    """
+    return PydanticCustomError("causalab", "{message}", {"message": message, "at": tuple(at)})

@@ -1,0 +1,247 @@
+"""Rules between nodes of one point (FORMAT §14.1): names, operands, orders, metrics, fits.
+
+Everything here is decidable offline, from the validated ``Document`` alone: no tokenizer,
+config, rows or weights (those rules live in ``causalab.compile``). Single-node rules live in
+the schema. Each refusal is a ``DocumentError`` at the path of FORMAT's table; step-level
+rules (outputs, refs, saves, fits) are in ``step_references.py``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from causalab.document.interventions import Intervention, Ref, Write
+from causalab.document.positions import Position
+from causalab.document.schema import Document, Fit, Observe
+from causalab.document.steps import step_interventions
+from causalab.document.vocab import (COMPONENTS, IDENTITY, MECHANISMS, ORIGINAL,
+                                     VOCABULARY_COMPONENTS, is_reserved_result)
+from causalab.errors import DocumentError, Path
+
+RESIDUAL = tuple(name for name, row in COMPONENTS.items() if row["residual"])
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One intervention a step runs: its registered name, body and JSON path."""
+
+    name: str
+    body: Intervention
+    path: Path
+
+
+def check_references(doc: Document) -> dict[str, list[Entry]]:
+    """Refuse the first cross-node violation; return each step's entries for the step rules."""
+    for name, body in doc.interventions.items():
+        check_intervention(doc, body, ("interventions", name))
+    entries = step_entries(doc)
+    for step_entries_ in entries.values():
+        for entry in step_entries_:
+            if entry.path[0] == "steps":
+                check_intervention(doc, entry.body, entry.path)
+    _check_featurizer_sites(doc, entries)
+    return entries
+
+
+def step_entries(doc: Document) -> dict[str, list[Entry]]:
+    """Each observe/fit step's interventions, inline ones registered (V7, V8, V9)."""
+    out: dict[str, list[Entry]] = {}
+    for s, step in doc.steps.items():
+        if not isinstance(step, (Observe, Fit)):
+            continue
+        at = ("steps", s)
+        if step.interventions is None:
+            declared = ", ".join(doc.interventions) or "none"
+            raise DocumentError(at, f"{step.kind} needs interventions: a declared name "
+                                f"({declared}), an inline intervention object, or a list")
+        out[s] = [_entry(doc, s, value, at + sub) for value, sub in step_interventions(step)]
+    return out
+
+
+def _entry(doc: Document, step: str, value: str | Intervention, at: Path) -> Entry:
+    if isinstance(value, str):
+        if value not in doc.interventions:
+            declared = ", ".join(doc.interventions) or "none"
+            raise DocumentError(at, f"no intervention named {value!r} (declared: {declared}); "
+                                "an intervention may also be written inline")
+        return Entry(value, doc.interventions[value], ("interventions", value))
+    name = step if len(at) == 3 else f"{step}[{at[3]}]"
+    if name in doc.interventions:
+        raise DocumentError(("steps", step, "interventions"),
+                            f"inline intervention registers as {name!r}, which is declared")
+    return Entry(name, value, at)
+
+
+def check_intervention(doc: Document, body: Intervention, at: Path) -> None:
+    """Names, sites, views, operands, write order and metrics inside one intervention."""
+    for r, read in body.reads.items():
+        _check_read(doc, body, r, at + ("reads", r))
+    for w, write in body.writes.items():
+        _check_write(doc, body, write, at + ("writes", w))
+    for m, model in body.models.items():
+        here = at + ("models", m)
+        if m == ORIGINAL:
+            raise DocumentError(here, f'"{ORIGINAL}" is the un-intervened model; rename it')
+        _declared(model.input, doc.roles, "role", here + ("input",))
+        for j, name in enumerate(model.writes):
+            _declared(name, body.writes, "write of this intervention", here + ("writes", j))
+        _check_write_order(doc, [body.writes[n] for n in model.writes], here + ("writes",))
+    for k, metric in body.metrics.items():
+        _check_metric(doc, body, metric.of, at + ("metrics", k))
+
+
+def _declared(name: str, table: dict, what: str, at: Path) -> None:
+    if name not in table:
+        known = ", ".join(table) or "none"
+        raise DocumentError(at, f"no {what} named {name!r} (declared: {known})")
+
+
+def _featurizer(doc: Document, name: str, at: Path) -> None:
+    if name != IDENTITY:
+        _declared(name, doc.featurizers, f"featurizer (or '{IDENTITY}')", at)
+
+
+def _reserved(name: str, at: Path) -> None:
+    if is_reserved_result(name):
+        raise DocumentError(at, f"{name!r} is a result name the run produces itself "
+                            "(*.generated, <gate>.mask, train/loss, train/eval)")
+
+
+def _check_read(doc: Document, body: Intervention, r: str, at: Path) -> None:
+    read = body.reads[r]
+    _reserved(r, at)
+    _declared(read.site, doc.sites, "site", at + ("site",))
+    _declared(read.input, doc.roles, "role", at + ("input",))
+    if read.model != ORIGINAL:
+        _declared(read.model, body.models, f"model of this intervention (or '{ORIGINAL}')",
+                  at + ("model",))
+    _featurizer(doc, read.featurizer, at + ("featurizer",))
+    component = doc.sites[read.site].component
+    if read.view == "logits" and component not in RESIDUAL:
+        raise DocumentError(at + ("view",), f'view "logits" is for the residual stream '
+                            f"({', '.join(RESIDUAL)}), not {component}")
+    _check_decode(body, read.pos, at + ("pos",))
+    if (component == "lm_head" and body.decode > 0 and read.pos.frame == "prompt"
+            and read.pos.width != 1):
+        raise DocumentError(at + ("pos",), "under decode lm_head keeps only the last "
+                            "position: read one position there")
+
+
+def _check_decode(body: Intervention, pos: Position, at: Path) -> None:
+    if pos.frame != "generated":
+        return
+    if body.decode <= 0:
+        raise DocumentError(at, 'the generated frame needs "decode" > 0 on the intervention')
+    if pos.index is not None and pos.index >= body.decode:
+        raise DocumentError(at, f"generated index {pos.index} is past the last decode step "
+                            f"({body.decode - 1})")
+
+
+def _check_write(doc: Document, body: Intervention, write: Write, at: Path) -> None:
+    _declared(write.site, doc.sites, "site", at + ("site",))
+    component = doc.sites[write.site].component
+    if COMPONENTS.get(component, {}).get("read_only"):
+        raise DocumentError(at + ("site",), f"{component} is read-only: it can be read, "
+                            "never written")
+    _featurizer(doc, write.featurizer, at + ("featurizer",))
+    _check_decode(body, write.pos, at + ("pos",))
+    if not isinstance(write.operand, str):
+        return
+    if write.operand not in body.reads:
+        raise DocumentError(at + ("operand",), f"{write.operand!r} is not a read of this "
+                            f'intervention; a value published by an earlier step is '
+                            f'{{"ref": "{write.operand}"}}')
+    source = body.reads[write.operand]
+    if source.view == "logits":
+        raise DocumentError(at + ("operand",), f"{write.operand!r} is a logits view and "
+                            "cannot be a write operand")
+    if None not in (write.pos.width, source.pos.width) and write.pos.width != source.pos.width:
+        raise DocumentError(at + ("pos",), f"the write is {write.pos.width} positions wide "
+                            f"but its operand {write.operand!r} is {source.pos.width}")
+
+
+def _check_write_order(doc: Document, writes: list[Write], at: Path) -> None:
+    """Within one model's list: no second absolute write over the same positions of one
+    site, and a renormalize only after another write at its site and last there."""
+    for j, write in enumerate(writes):
+        kind = MECHANISMS[write.mechanism]["class"]
+        before = [w for w in writes[:j] if w.site == write.site]
+        after = [w for w in writes[j + 1:] if w.site == write.site]
+        if kind == "restoring" and (not before or after):
+            where = "after another write" if not before else "last"
+            raise DocumentError(at, f"{write.mechanism} at site {write.site!r} must come "
+                                f"{where} at that site")
+        clash = [w for w in before if MECHANISMS[w.mechanism]["class"] == "absolute"
+                 and _may_overlap(w.pos, write.pos)]
+        if kind == "absolute" and clash:
+            raise DocumentError(at, f"two absolute writes ({clash[0].mechanism}, "
+                                f"{write.mechanism}) at site {write.site!r} over overlapping "
+                                "positions: the second would silently discard the first")
+
+
+def _static_indices(pos: Position) -> set[int] | None:
+    if pos.index is not None:
+        return {pos.index}
+    if pos.last is not None:
+        return set(range(-pos.last, 0))
+    if pos.width is not None and pos.span is not None:
+        return set(range(*pos.span))
+    return None
+
+
+def _may_overlap(p: Position, q: Position) -> bool:
+    """False only when the two cuts are provably disjoint without knowing any row."""
+    if p.frame != q.frame or p.scope != q.scope:
+        return True
+    a, b = _static_indices(p), _static_indices(q)
+    if a is None or b is None:
+        return True
+    same_side = all(i < 0 for i in a | b) or all(i >= 0 for i in a | b)
+    return not same_side or bool(a & b)
+
+
+def _check_metric(doc: Document, body: Intervention, of: str, at: Path) -> None:
+    _reserved(at[-1], at)
+    if of not in body.reads:
+        raise DocumentError(at + ("of",), f"metric reads {of!r}, which is not a read of this "
+                            f"intervention (reads: {', '.join(body.reads) or 'none'})")
+    read = body.reads[of]
+    if read.pos.width != 1:
+        found = "unknown (ragged)" if read.pos.width is None else str(read.pos.width)
+        raise DocumentError(at + ("of",), f"a metric scores one position per row; read {of!r} "
+                            f"is {found} positions wide")
+    site = doc.sites[read.site]
+    shaped = read.view == "logits" or site.component in VOCABULARY_COMPONENTS
+    sliced = site.heads is not None or site.units is not None
+    if not shaped or sliced or read.featurizer != IDENTITY:
+        raise DocumentError(at + ("of",), f"read {of!r} is not vocabulary-shaped: a metric "
+                            f"needs {' or '.join(VOCABULARY_COMPONENTS)} or a "
+                            'view: "logits" read, without heads, units or a featurizer')
+
+
+def _check_featurizer_sites(doc: Document, entries: dict[str, list[Entry]]) -> None:
+    bodies = {("interventions", n): b for n, b in doc.interventions.items()}
+    bodies.update({e.path: e.body for es in entries.values() for e in es})
+    sites: dict[str, list[str]] = {}
+    for body in bodies.values():
+        for node in list(body.reads.values()) + list(body.writes.values()):
+            if node.featurizer != IDENTITY and node.site not in sites.setdefault(
+                    node.featurizer, []):
+                sites[node.featurizer].append(node.site)
+    for name, found in sites.items():
+        if len(found) > 1:
+            raise DocumentError(("featurizers", name), f"one featurizer is one parameter set "
+                                f"at one site; {name!r} is used at {' and '.join(found)}")
+
+
+def operand_refs(body: Intervention) -> list[tuple[str, str]]:
+    """``(write name, ref)`` for every write whose operand is ``{"ref": …}``."""
+    return [(w, write.operand.ref) for w, write in body.writes.items()
+            if isinstance(write.operand, Ref)]
+
+
+def roles_used(body: Intervention) -> set[str]:
+    """Roles some forward of this intervention runs on: reads' inputs and their models'."""
+    used = {read.input for read in body.reads.values()}
+    used |= {body.models[read.model].input for read in body.reads.values()
+             if read.model in body.models}
+    return used

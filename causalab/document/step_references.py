@@ -1,0 +1,230 @@
+"""Rules between a step and the rest of its point: rows, outputs, refs, saves, fits, order.
+
+Decided offline from the validated ``Document`` and the step entries ``references.py``
+registered. What each step *produces* (metrics, outputs, generated ids, fit traces, weights)
+is computed here once and read by the save rules. No file is opened: containment and
+collisions are checked on the path strings.
+"""
+from __future__ import annotations
+
+import posixpath
+
+from causalab.document.references import Entry, operand_refs, roles_used
+from causalab.document.schema import Document, Fit, Observe, Save, Weights
+from causalab.document.vocab import FEATURIZER_KINDS, IDENTITY, is_reserved_result
+from causalab.errors import DocumentError, Path
+from causalab.files import RESERVED, TABLE_SUFFIX, TENSOR_SUFFIX
+
+TABLE, TENSOR = "table", "tensor"
+
+
+def check_steps(doc: Document, entries: dict[str, list[Entry]]) -> None:
+    """Walk the steps in written order, publishing outputs as each one finishes."""
+    published: dict[str, str] = {}
+    files: dict[tuple[str, str], Path] = {}
+    for s, step in doc.steps.items():
+        at = ("steps", s)
+        mine = entries.get(s, [])
+        nested = isinstance(getattr(step, "interventions", None), list)
+        if isinstance(step, (Observe, Fit)):
+            _check_rows(doc, step.rows, mine, at + ("rows",))
+            _check_refs(mine, published)
+        if isinstance(step, Observe):
+            _check_outputs(step, mine, published, at)
+            produced = {e.name: _observed(e, step) for e in mine}
+            _check_saves(step.saves, produced, at, files, nested)
+        elif isinstance(step, Fit):
+            _check_fit(doc, step, mine, at)
+            _check_rows(doc, step.eval.rows, mine, at + ("eval", "rows"))
+            evaluated = {e.name: _observed(e, None) for e in mine}
+            _check_saves(step.eval.saves, evaluated, at + ("eval",), files, nested)
+            _check_saves(step.saves, {e.name: _fitted(doc, step) for e in mine}, at, files,
+                         nested)
+        else:
+            _check_weights(doc, step, at)
+            _check_saves(step.saves, {"": {n: TENSOR for n in step.names}}, at, files)
+    _check_training_order(doc, entries)
+
+
+def _check_rows(doc: Document, rows: dict[str, str], mine: list[Entry], at: Path) -> None:
+    for role in rows:
+        if role not in doc.roles:
+            raise DocumentError(at + (role,), f"no role named {role!r} "
+                                f"(declared: {', '.join(doc.roles)})")
+    needed = sorted(set().union(*(roles_used(e.body) for e in mine)) - set(rows))
+    if needed:
+        raise DocumentError(at, f"no rows for role {', '.join(needed)}, which this step's "
+                            "intervention runs a forward on")
+
+
+def _check_refs(mine: list[Entry], published: dict[str, str]) -> None:
+    for entry in mine:
+        for w, ref in operand_refs(entry.body):
+            if ref not in published:
+                so_far = ", ".join(published) or "nothing yet"
+                raise DocumentError(entry.path + ("writes", w, "operand"),
+                                    f'{{"ref": "{ref}"}} names no output of an earlier step '
+                                    f"(published so far: {so_far})")
+
+
+def _check_outputs(step: Observe, mine: list[Entry], published: dict[str, str],
+                   at: Path) -> None:
+    reads = set().union(*(e.body.reads for e in mine))
+    for o, output in step.outputs.items():
+        here = at + ("outputs", o)
+        if is_reserved_result(o):
+            raise DocumentError(here, f"{o!r} is a result name the run produces itself")
+        if output.read not in reads:
+            raise DocumentError(here, f"output reads {output.read!r}, which is not a read of "
+                                f"this step's intervention (reads: {', '.join(sorted(reads))})")
+        if o in reads:
+            raise DocumentError(here, f"output {o!r} shares its name with a read; an operand "
+                                "names one or the other")
+        if o in published:
+            raise DocumentError(here, f"{o!r} is already published by step {published[o]!r}")
+    # A list step's entries keep their outputs inside their own nested plans.
+    if isinstance(step.interventions, list):
+        return
+    published.update({o: at[1] for o in step.outputs})
+
+
+def _generated(entry: Entry) -> set[str]:
+    body = entry.body
+    if body.decode <= 0:
+        return set()
+    inputs: dict[str, set[str]] = {}
+    for read in body.reads.values():
+        inputs.setdefault(read.model, set()).add(read.input)
+    names = set()
+    for model, roles in inputs.items():
+        names |= {f"{model}.generated"} if len(roles) == 1 else {
+            f"{model}.{role}.generated" for role in roles}
+    return names
+
+
+def _observed(entry: Entry, step: Observe | None) -> dict[str, str]:
+    out = {k: TABLE for k in entry.body.metrics}
+    out.update({g: TENSOR for g in _generated(entry)})
+    if step is not None:
+        out.update({o: TENSOR for o, output in step.outputs.items()
+                    if output.read in entry.body.reads})
+    return out
+
+
+def _fitted(doc: Document, step: Fit) -> dict[str, str]:
+    out = {"train/loss": TENSOR, "train/eval": TENSOR}
+    out.update({f"{g}.mask": TENSOR for g in step.params
+                if doc.featurizers.get(g) is not None and doc.featurizers[g].kind == "gate"})
+    return out
+
+
+def _resolve(value: str, produced: dict[str, dict[str, str]], at: Path) -> tuple[str, str]:
+    """``(entry, kind)`` a save's value names; a list step may qualify it ``<entry>/<value>``."""
+    owners = [e for e, names in produced.items() if value in names]
+    if len(owners) == 1:
+        return owners[0], produced[owners[0]][value]
+    if len(owners) > 1:
+        choices = ", ".join(f"{e}/{value}" for e in owners)
+        raise DocumentError(at, f"{value!r} is produced by several entries; qualify it: "
+                            f"{choices}")
+    for entry, names in produced.items():
+        rest = value[len(entry) + 1:]
+        if entry and value.startswith(entry + "/") and rest in names:
+            return entry, names[rest]
+    every = sorted({(f"{e}/{n}" if len(produced) > 1 else n)
+                    for e, names in produced.items() for n in names})
+    raise DocumentError(at, f"this step does not produce {value!r}; it produces: "
+                        f"{', '.join(every) or 'nothing'}")
+
+
+def _check_saves(saves: list[Save], produced: dict[str, dict[str, str]], at: Path,
+                 files: dict[tuple[str, str], Path], nested: bool = False) -> None:
+    """Value produced here, extension, containment, collisions; ``nested``: a list step,
+    whose saves land in ``<step>/<entry>/``."""
+    for j, save in enumerate(saves):
+        here = at + ("saves", j)
+        entry, kind = _resolve(save.value, produced, here + ("value",))
+        suffix = TABLE_SUFFIX if kind == TABLE else TENSOR_SUFFIX
+        what = "a metric saves as a JSON table" if kind == TABLE else "a tensor saves as"
+        if not save.file_path.endswith(suffix):
+            raise DocumentError(here + ("file_path",), f"{what} {suffix} file "
+                                f"({save.value!r} is a {kind})")
+        name = _contained(save.file_path, here + ("file_path",))
+        directory = f"{at[1]}/{entry}" if nested else ""
+        if not directory and name in RESERVED:
+            raise DocumentError(here + ("file_path",), f"{name} is written by the run itself")
+        if (directory, name) in files:
+            first = ".".join(str(p) for p in files[(directory, name)])
+            raise DocumentError(here + ("file_path",), f"{name} is already written by {first}")
+        files[(directory, name)] = here
+
+
+def _contained(file_path: str, at: Path) -> str:
+    if posixpath.isabs(file_path) or file_path.startswith("\\") or ":" in file_path[:2]:
+        raise DocumentError(at, f"{file_path!r} is absolute; paths are relative to the "
+                            "output directory")
+    name = posixpath.normpath(file_path)
+    if name == ".." or name.startswith("../"):
+        raise DocumentError(at, f"{file_path!r} escapes the output directory")
+    return name
+
+
+def _check_fit(doc: Document, step: Fit, mine: list[Entry], at: Path) -> None:
+    for j, name in enumerate(step.params):
+        here = at + ("params", j)
+        _featurizer(doc, name, here)
+        if not FEATURIZER_KINDS[doc.featurizers[name].kind]["trainable"]:
+            raise DocumentError(here, f"{name!r} is a {doc.featurizers[name].kind} featurizer, "
+                                "which is loaded and never trained")
+    gates = {g for g in step.params if doc.featurizers[g].kind == "gate"}
+    metrics = set.intersection(*(set(e.body.metrics) for e in mine)) if mine else set()
+    for j, (_, term) in enumerate(step.objective):
+        if term not in metrics and term not in {f"{g}.mask" for g in gates}:
+            raise DocumentError(at + ("objective", j, 1), f"objective term {term!r} is neither "
+                                f"a metric ({', '.join(sorted(metrics)) or 'none'}) nor "
+                                "<gate>.mask for a gate this fit trains")
+    for g in step.anneal:
+        _featurizer(doc, g, at + ("anneal", g))
+        if g not in gates:
+            raise DocumentError(at + ("anneal", g), f"anneal is for a gate this fit trains; "
+                                f"{g!r} is not one (trained gates: {', '.join(sorted(gates)) or 'none'})")
+    if step.early_stop.metric not in metrics:
+        raise DocumentError(at + ("early_stop", "metric"), f"early_stop watches "
+                            f"{step.early_stop.metric!r}, which is not a metric "
+                            f"({', '.join(sorted(metrics)) or 'none'})")
+
+
+def _featurizer(doc: Document, name: str, at: Path) -> None:
+    if name not in doc.featurizers:
+        known = ", ".join(doc.featurizers) or "none"
+        hint = f" ('{IDENTITY}' has no parameters)" if name == IDENTITY else ""
+        raise DocumentError(at, f"no featurizer named {name!r} (declared: {known}){hint}")
+
+
+def _check_weights(doc: Document, step: Weights, at: Path) -> None:
+    for j, name in enumerate(step.names):
+        _featurizer(doc, name, at + ("names", j))
+        kind = doc.featurizers[name].kind
+        if not FEATURIZER_KINDS[kind]["exportable"]:
+            raise DocumentError(at + ("names", j), f"{name!r} is a {kind} featurizer, which "
+                                "has no fitted weight to export")
+
+
+def _uses(entries: list[Entry]) -> set[str]:
+    return {node.featurizer for e in entries
+            for node in list(e.body.reads.values()) + list(e.body.writes.values())
+            if node.featurizer != IDENTITY}
+
+
+def _check_training_order(doc: Document, entries: dict[str, list[Entry]]) -> None:
+    """A step may not run a featurizer that only a later fit trains (V24)."""
+    names = list(doc.steps)
+    trains = [set(step.params) if isinstance(step, Fit) else set() for step in doc.steps.values()]
+    for i, s in enumerate(names):
+        trained_so_far = set().union(*trains[:i + 1])
+        for name in sorted(_uses(entries.get(s, [])) - trained_so_far):
+            later = [names[j] for j in range(i + 1, len(names)) if name in trains[j]]
+            if later:
+                raise DocumentError(("steps", s), f"step uses featurizer {name!r} before fit "
+                                    f"{later[0]!r} trains it; move the step after the fit or "
+                                    "declare a separate featurizer for an untrained baseline")

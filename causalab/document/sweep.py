@@ -1,0 +1,166 @@
+"""Sweep lowering (FORMAT §10): one raw document with ``{"sweep": …}`` wrappers -> points.
+
+Runs on the raw JSON, before any schema check, and knows nothing of what the swept values
+mean. Each point is an ordinary document; nothing after this module knows a sweep happened.
+The point count is computed from the axis lengths before a single point is built.
+
+>>> [p.label for p in lower({"model": {}, "sites": {"t": {"layers": {"sweep": [[0], [1]]}}}})]
+['layers=0', 'layers=1']
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from causalab.document.vocab import MAX_POINTS
+from causalab.errors import DocumentError, Path
+
+WRAPPER_KEYS = frozenset({"sweep", "as"})
+UNSWEEPABLE = ("model", "header")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One lowered document. ``label`` is ``""`` and ``coordinates`` empty when unswept."""
+
+    label: str
+    coordinates: dict = field(default_factory=dict)
+    document: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Axis:
+    name: str
+    named: bool
+    length: int
+    wrappers: list[tuple[Path, Any]]  # (path, values: a list or a range)
+
+
+def is_wrapper(value: Any) -> bool:
+    """An object whose keys are a subset of {"sweep", "as"} and that contains "sweep"."""
+    return isinstance(value, dict) and "sweep" in value and set(value) <= WRAPPER_KEYS
+
+
+def find_wrappers(node: Any, path: Path = ()) -> Iterator[tuple[Path, dict]]:
+    """Every wrapper in reading order (object keys as written, list items in order)."""
+    if is_wrapper(node):
+        yield path, node
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from find_wrappers(value, path + (key,))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from find_wrappers(value, path + (index,))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _values(path: Path, wrapper: dict) -> list | range:
+    spec = wrapper["sweep"]
+    if "as" in wrapper and not (isinstance(wrapper["as"], str) and wrapper["as"]):
+        raise DocumentError(path, '"as" names an axis and must be a non-empty string')
+    if isinstance(spec, list):
+        values = spec
+    elif isinstance(spec, dict) and set(spec) == {"range"}:
+        bounds = spec["range"]
+        if not (isinstance(bounds, list) and len(bounds) in (2, 3) and all(map(_is_int, bounds))):
+            raise DocumentError(path, "range takes [start, stop] or [start, stop, step], "
+                                f"all integers; got {json.dumps(bounds)}")
+        if len(bounds) == 3 and bounds[2] == 0:
+            raise DocumentError(path, "range step must not be 0")
+        values = range(*bounds)
+    else:
+        raise DocumentError(path, 'a sweep is {"sweep": [values…]} or '
+                            '{"sweep": {"range": [start, stop, step?]}}, optionally with '
+                            f'"as": <axis name>; got {json.dumps(spec)[:80]}')
+    if len(values) == 0:
+        raise DocumentError(path, "empty sweep: it would give no point at all")
+    return values
+
+
+def _label_name(path: Path) -> str:
+    """The nearest string key above the wrapper: objective.1.0 -> objective."""
+    for part in reversed(path):
+        if isinstance(part, str):
+            return part
+    raise DocumentError(path, "a sweep must sit under a key")
+
+
+def _axes(raw: dict) -> list[_Axis]:
+    axes: list[_Axis] = []
+    named: dict[str, _Axis] = {}
+    for path, wrapper in find_wrappers(raw):
+        if not path or path[0] in UNSWEEPABLE:
+            raise DocumentError(path, f"{path[0] if path else 'the document'} defines what is "
+                                "run and cannot be swept")
+        values = _values(path, wrapper)
+        name = wrapper.get("as")
+        if name is None:
+            axes.append(_Axis(_label_name(path), False, len(values), [(path, values)]))
+            continue
+        if name not in named:
+            named[name] = _Axis(name, True, len(values), [])
+            axes.append(named[name])
+        axis = named[name]
+        if len(values) != axis.length:
+            first = ".".join(map(str, axis.wrappers[0][0]))
+            raise DocumentError(path, f'axis "{name}" has {axis.length} values at {first} '
+                                f"but {len(values)} here at {'.'.join(map(str, path))}")
+        axis.wrappers.append((path, values))
+    return axes
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _place(document: dict, path: Path, value: Any) -> None:
+    node = document
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = copy.deepcopy(value)
+
+
+def lower(raw: dict) -> list[Point]:
+    """The points of a raw document, in Cartesian order (first-appearing axis outermost).
+
+    An unswept document is one point with label ``""``. Refusals (V6) carry the wrapper's
+    path.
+    """
+    if not isinstance(raw, dict):
+        raise DocumentError((), "a document is one JSON object")
+    axes = _axes(raw)
+    if not axes:
+        return [Point(label="", coordinates={}, document=copy.deepcopy(raw))]
+    count = math.prod(axis.length for axis in axes)
+    if count > MAX_POINTS:
+        raise DocumentError(axes[0].wrappers[0][0], f"the sweep has {count} points, more than "
+                            f"MAX_POINTS = {MAX_POINTS} "
+                            f"({' x '.join(str(a.length) for a in axes)})")
+    points = []
+    for combo in itertools.product(*(range(axis.length) for axis in axes)):
+        document = copy.deepcopy(raw)
+        parts, coordinates = [], {}
+        for axis, i in zip(axes, combo):
+            for path, values in axis.wrappers:
+                _place(document, path, values[i])
+            shown = axis.wrappers[0][1][i]
+            coordinates[axis.name] = copy.deepcopy(shown)
+            parts.append(f"{axis.name}={_shown(shown)}")
+        label = ",".join(parts).replace("/", "_")
+        points.append(Point(label=label, coordinates=coordinates, document=document))
+    distinct = len({p.label for p in points})
+    if distinct != len(points):
+        raise DocumentError(axes[0].wrappers[0][0], f"sweep labels collide: {len(points)} "
+                            f"points but {distinct} distinct labels; name the axes with \"as\"")
+    return points

@@ -1,0 +1,288 @@
+"""The closed vocabularies of the document format: every table, once, as a dict literal.
+
+The schema builds its ``Literal``s from these keys, the reference rules read them, the
+engine's tables are tested against them and ``causalab vocab`` prints them. Nothing here
+knows a checkpoint: widths are the *names* of config facts (``hidden_size``), resolved by
+the compiler. No torch, no pydantic, no import-time work beyond the literals.
+"""
+from __future__ import annotations
+
+MAX_POINTS = 1000
+
+ORIGINAL = "original"  # the un-intervened model; a model of this name cannot be declared
+IDENTITY = "identity"  # the implicit featurizer; never declared
+FEATURIZERS_NODE = "featurizers"  # the compiler's node ahead of the steps; no step may take it
+
+DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+STEP_KINDS = ("observe", "fit", "weights")
+VIEWS = ("raw", "logits")
+TOKEN_FORMS = ("space_prefixed",)
+PARAMETRIZATIONS = ("cayley",)
+OPTIMIZERS = ("adamw",)
+EARLY_STOP_MODES = ("max", "min")
+
+# FORMAT §5.2. order: forward-order sort key (layer, n): -1 before the stack, "layer" for
+# the addressed layer, "L" (the layer count) after it. accessor: nnterp's standardized name, or "interior" for a tensor inside the
+# attention call. width: the config attribute naming the feature width; q_width =
+# qk_head_dim x query heads, k_width = qk_head_dim x kv heads, z_width = head_dim x query
+# heads; None where the last axis is not features (ids, the key axis).
+COMPONENTS = {
+    "input_ids": {"order": (-1, -2), "accessor": "embeddings_input", "per_head": False,
+                  "key_axis": False, "read_only": True, "whole_model": True,
+                  "residual": False, "width": None, "seq_axis": 1, "eager_only": False},
+    "embeddings": {"order": (-1, -1), "accessor": "embeddings_output", "per_head": False,
+                   "key_axis": False, "read_only": False, "whole_model": True,
+                   "residual": True, "width": "hidden_size", "seq_axis": 1,
+                   "eager_only": False},
+    "block_input": {"order": ("layer", 0), "accessor": "layers_input", "per_head": False,
+                    "key_axis": False, "read_only": False, "whole_model": False,
+                    "residual": True, "width": "hidden_size", "seq_axis": 1,
+                    "eager_only": False},
+    "attention_input_norm": {"order": ("layer", 5), "accessor": "attentions_norm_output",
+                             "per_head": False, "key_axis": False, "read_only": False,
+                             "whole_model": False, "residual": False,
+                             "width": "hidden_size", "seq_axis": 1, "eager_only": False},
+    "attention_query": {"order": ("layer", 11), "accessor": "interior", "per_head": True,
+                        "key_axis": False, "read_only": False, "whole_model": False,
+                        "residual": False, "width": "q_width", "seq_axis": 2,
+                        "eager_only": False},
+    "attention_key": {"order": ("layer", 12), "accessor": "interior", "per_head": True,
+                      "key_axis": False, "read_only": False, "whole_model": False,
+                      "residual": False, "width": "k_width", "seq_axis": 2,
+                      "eager_only": False},
+    "attention_scores": {"order": ("layer", 15), "accessor": "interior", "per_head": True,
+                         "key_axis": True, "read_only": False, "whole_model": False,
+                         "residual": False, "width": None, "seq_axis": 2,
+                         "eager_only": True},
+    "attention_probs": {"order": ("layer", 20), "accessor": "attention_probabilities",
+                        "per_head": True, "key_axis": True, "read_only": False,
+                        "whole_model": False, "residual": False, "width": None,
+                        "seq_axis": 2, "eager_only": True},
+    "attention_z": {"order": ("layer", 22), "accessor": "interior", "per_head": True,
+                    "key_axis": False, "read_only": False, "whole_model": False,
+                    "residual": False, "width": "z_width", "seq_axis": 2,
+                    "eager_only": False},
+    "attention_premix": {"order": ("layer", 25), "accessor": "attentions_premix",
+                         "per_head": True, "key_axis": False, "read_only": False,
+                         "whole_model": False, "residual": False, "width": "z_width",
+                         "seq_axis": 1, "eager_only": False},
+    "attention_output": {"order": ("layer", 30), "accessor": "attentions_output",
+                         "per_head": False, "key_axis": False, "read_only": False,
+                         "whole_model": False, "residual": False, "width": "hidden_size",
+                         "seq_axis": 1, "eager_only": False},
+    "block_mid": {"order": ("layer", 33), "accessor": "layers_mid", "per_head": False,
+                  "key_axis": False, "read_only": False, "whole_model": False,
+                  "residual": False, "width": "hidden_size", "seq_axis": 1,
+                  "eager_only": False},
+    "mlp_input_norm": {"order": ("layer", 36), "accessor": "mlps_norm_output",
+                       "per_head": False, "key_axis": False, "read_only": False,
+                       "whole_model": False, "residual": False, "width": "hidden_size",
+                       "seq_axis": 1, "eager_only": False},
+    "mlp_input": {"order": ("layer", 40), "accessor": "mlps_input", "per_head": False,
+                  "key_axis": False, "read_only": False, "whole_model": False,
+                  "residual": False, "width": "hidden_size", "seq_axis": 1,
+                  "eager_only": False},
+    "mlp_activation": {"order": ("layer", 44), "accessor": "mlps_activation", "per_head": False,
+                       "key_axis": False, "read_only": False, "whole_model": False,
+                       "residual": False, "width": "intermediate_size", "seq_axis": 1,
+                       "eager_only": False},
+    "mlp_neuron_output": {"order": ("layer", 47), "accessor": "mlps_neurons", "per_head": False,
+                          "key_axis": False, "read_only": False, "whole_model": False,
+                          "residual": False, "width": "intermediate_size", "seq_axis": 1,
+                          "eager_only": False},
+    "mlp_output": {"order": ("layer", 50), "accessor": "mlps_output", "per_head": False,
+                   "key_axis": False, "read_only": False, "whole_model": False,
+                   "residual": False, "width": "hidden_size", "seq_axis": 1,
+                   "eager_only": False},
+    "block_output": {"order": ("layer", 60), "accessor": "layers_output", "per_head": False,
+                     "key_axis": False, "read_only": False, "whole_model": False,
+                     "residual": True, "width": "hidden_size", "seq_axis": 1,
+                     "eager_only": False},
+    "ln_final": {"order": ("L", 1000), "accessor": "ln_final_output", "per_head": False,
+                 "key_axis": False, "read_only": False, "whole_model": True,
+                 "residual": True, "width": "hidden_size", "seq_axis": 1,
+                 "eager_only": False},
+    "lm_head": {"order": ("L", 1001), "accessor": "lm_head_output", "per_head": False,
+                "key_axis": False, "read_only": False, "whole_model": True,
+                "residual": False, "width": "vocab_size", "seq_axis": 1,
+                "eager_only": False},
+    "logits": {"order": ("L", 1002), "accessor": "logits", "per_head": False,
+               "key_axis": False, "read_only": False, "whole_model": True,
+               "residual": False, "width": "vocab_size", "seq_axis": 1,
+               "eager_only": False},
+}
+
+# Components whose value is vocabulary-shaped without a logits view (a metric's `of`).
+VOCABULARY_COMPONENTS = ("lm_head", "logits")
+
+# FORMAT §7.4. class: absolute writes replace, additive compose, bounding clip, restoring
+# measures against f0. A param with "required": False and no default is an open bound.
+MECHANISMS = {
+    "swap": {"class": "absolute", "operand": "required", "params": {},
+             "formula": "operand"},
+    "add_scaled": {"class": "additive", "operand": "required",
+                   "params": {"scale": {"type": "number", "required": False, "default": 1.0}},
+                   "formula": "f + scale*operand"},
+    "lerp": {"class": "absolute", "operand": "required",
+             "params": {"t": {"type": "number", "required": True, "default": None}},
+             "formula": "(1 - t)*f + t*operand"},
+    "gaussian": {"class": "additive", "operand": "forbidden",
+                 "params": {"seed": {"type": "int", "required": True, "default": None},
+                            "scale": {"type": "number", "required": False, "default": 1.0}},
+                 "formula": "f + scale*N(0, 1)"},
+    "clamp": {"class": "bounding", "operand": "forbidden",
+              "params": {"lo": {"type": "number", "required": False, "default": None},
+                         "hi": {"type": "number", "required": False, "default": None}},
+              "at_least_one": ("lo", "hi"),
+              "formula": "min(max(f, lo), hi)"},
+    "renormalize": {"class": "restoring", "operand": "forbidden", "params": {},
+                    "formula": "f * |f0| / |f|"},
+}
+
+# FORMAT §8. k / file_path: "required", "forbidden" or "optional". seedable: a `seed` may
+# be authored (never on a loaded featurizer, whatever the kind). identity is implicit.
+FEATURIZER_KINDS = {
+    "identity": {"declarable": False, "k": "forbidden", "file_path": "forbidden",
+                 "trainable": False, "seedable": False, "exportable": False,
+                 "tensors": ()},
+    "subspace": {"declarable": True, "k": "required", "file_path": "optional",
+                 "trainable": True, "seedable": True, "exportable": True,
+                 "tensors": ("weight",)},
+    "pca": {"declarable": True, "k": "required", "file_path": "required",
+            "trainable": False, "seedable": False, "exportable": True,
+            "tensors": ("weight",)},
+    "gate": {"declarable": True, "k": "forbidden", "file_path": "optional",
+             "trainable": True, "seedable": False, "exportable": True,
+             "tensors": ("weight",)},
+    "sae": {"declarable": True, "k": "optional", "file_path": "required",
+            "trainable": False, "seedable": False, "exportable": False,
+            "tensors": ("W_enc", "W_dec", "b_enc", "b_dec")},
+    "linear": {"declarable": True, "k": "optional", "file_path": "required",
+               "trainable": False, "seedable": False, "exportable": False,
+               "tensors": ("W_enc", "W_dec", "b_enc", "b_dec")},
+}
+
+# FORMAT §7.8: the COLUMNS table. Column fields name data columns, in compute order.
+METRIC_KINDS = {
+    "match": {"columns": ("expected",), "unit": "fraction", "estimand_version": "match/v1"},
+    "logit_diff": {"columns": ("a", "b"), "unit": "logit",
+                   "estimand_version": "logit_diff/v1"},
+    "cross_entropy": {"columns": ("target",), "unit": "nat",
+                      "estimand_version": "cross_entropy/v1"},
+    "token_logit": {"columns": ("token",), "unit": "logit",
+                    "estimand_version": "token_logit/v1"},
+    "token_prob": {"columns": ("token",), "unit": "probability",
+                   "estimand_version": "token_prob/v1"},
+}
+
+# FORMAT §6.1. Exactly one cut; scope and frame are optional.
+POSITION_FORMS = {
+    "cuts": {"index": "int", "span": "tuple[int, int]", "last": "int", "all": "bool"},
+    "scope": {"variable": "str", "segment": "str"},
+    "frames": ("prompt", "generated"),
+    "segments": ("eos", "system", "user", "assistant"),
+    "generated_only_segments": ("eos",),
+    "sugar": 'a bare integer is {"index": i}; -1 is the last token',
+}
+
+# FORMAT §9.3.
+REDUCE_MODES = {
+    "none": {"needs_k": False, "shape": "as gathered"},
+    "mean": {"needs_k": False, "shape": "mean over axis 0"},
+    "pca": {"needs_k": True, "shape": "(d, k) orthonormal basis"},
+}
+
+# FORMAT §9.4: result names the run produces itself; no metric, output or read may take one.
+RESERVED_RESULTS = {
+    "exact": ("train/loss", "train/eval"),
+    "suffixes": (".generated", ".mask"),
+}
+
+SPECIAL_NAMES = {"model": ORIGINAL, "featurizer": IDENTITY, "step": FEATURIZERS_NODE}
+
+
+def is_reserved_result(name: str) -> bool:
+    """True for ``train/loss``, ``train/eval``, ``*.generated`` and ``*.mask``."""
+    return name in RESERVED_RESULTS["exact"] or name.endswith(RESERVED_RESULTS["suffixes"])
+
+
+def declarable_featurizer_kinds() -> tuple[str, ...]:
+    """The kinds a document may declare (every kind but the implicit ``identity``)."""
+    return tuple(k for k, row in FEATURIZER_KINDS.items() if row["declarable"])
+
+
+def _component_line(name: str, row: dict) -> str:
+    where = "interior" if row["accessor"] == "interior" else f"nnterp {row['accessor']}"
+    flags = [flag for flag, on in (("[heads]", row["per_head"]), ("[eager]", row["eager_only"]),
+                                   ("[read-only]", row["read_only"]),
+                                   ("[whole-model]", row["whole_model"]),
+                                   ("[residual]", row["residual"])) if on]
+    width = f"width={row['width']}" if row["width"] else "width=--"
+    return f"  {name:<22} {where:<32} {width:<24} {' '.join(flags)}".rstrip()
+
+
+def render_vocab() -> str:
+    """The text ``causalab vocab`` prints: every closed vocabulary, no model needed.
+
+    >>> render_vocab().splitlines()[0]
+    'components:'
+    """
+    metric_line = ", ".join(f"{k}({', '.join(r['columns'])})" for k, r in METRIC_KINDS.items())
+    units_line = ", ".join(f"{k}={r['unit']} {r['estimand_version']}"
+                           for k, r in METRIC_KINDS.items())
+    cuts = ", ".join(f"{k}={v}" for k, v in POSITION_FORMS["cuts"].items())
+    segments = ", ".join(repr(s) for s in POSITION_FORMS["segments"])
+    frames = ", ".join(repr(f) for f in POSITION_FORMS["frames"])
+    kinds = ", ".join(sorted(declarable_featurizer_kinds()))
+    lines = ["components:"]
+    lines += [_component_line(name, row) for name, row in COMPONENTS.items()]
+    lines += [
+        f"mechanisms:       {', '.join(sorted(MECHANISMS))}",
+        f"featurizer kinds: {kinds} (plus '{IDENTITY}', never declared)",
+        f"metric kinds:     {metric_line}",
+        f"units:            {units_line}",
+        f"position forms:   exactly one cut: {cuts}",
+        f"                  scope: variable=str, segment=str ({segments}, or 'role[i]')",
+        f"                  frame: Literal[{frames}]; {POSITION_FORMS['sugar']}",
+        f"reduce modes:     {', '.join(REDUCE_MODES)}",
+    ]
+    return "\n".join(lines)
+
+
+def _component_payload(row: dict) -> dict:
+    interior = row["accessor"] == "interior"
+    return {
+        "accessor": None if interior else row["accessor"],
+        "interior": interior,
+        "layered": not row["whole_model"],
+        "seq_axis": row["seq_axis"],
+        "width": row["width"],
+        "read_only": row["read_only"],
+        "heads": row["per_head"],
+        "key_axis": row["key_axis"],
+        "residual": row["residual"],
+        "needs": ["attn_implementation=eager"] if row["eager_only"] else [],
+    }
+
+
+def vocab_payload() -> dict:
+    """The extra keys of ``causalab vocab --json`` (FORMAT §15), as plain JSON data."""
+    return {
+        "metric_kinds": {k: list(r["columns"]) for k, r in METRIC_KINDS.items()},
+        "units": {k: {"unit": r["unit"], "estimand_version": r["estimand_version"]}
+                  for k, r in METRIC_KINDS.items()},
+        "components": {name: _component_payload(row) for name, row in COMPONENTS.items()},
+        "mechanisms": {name: {"class": r["class"], "operand": r["operand"],
+                              "params": {p: dict(spec) for p, spec in r["params"].items()}}
+                       for name, r in MECHANISMS.items()},
+        "featurizer_kinds": {k: {key: (list(v) if isinstance(v, tuple) else v)
+                                 for key, v in r.items()}
+                             for k, r in FEATURIZER_KINDS.items()},
+        "position_forms": {"cuts": dict(POSITION_FORMS["cuts"]),
+                           "scope": dict(POSITION_FORMS["scope"]),
+                           "frames": list(POSITION_FORMS["frames"]),
+                           "segments": list(POSITION_FORMS["segments"])},
+        "reduce_modes": list(REDUCE_MODES),
+        "max_points": MAX_POINTS,
+    }
