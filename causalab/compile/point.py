@@ -12,8 +12,6 @@ from causalab.compile.featurizers import featurizers_node
 from causalab.compile.passes import Context
 from causalab.compile.plan import ModelRef, Plan
 from causalab.compile.steps import step_nodes
-from causalab.document import digest as digests
-from causalab.document import validate
 
 
 def model_ref(model: dict) -> ModelRef:
@@ -44,8 +42,10 @@ def compile_point(point, document, *, model: ModelRef, config: Any, tokenizer: A
     ``document`` is the validated schema object; the plan is built from ``point.document``,
     the lowered dict, whose field names are FORMAT's own.
     """
+    from causalab.document.digest import digest as point_digest
+
     raw = point.document
-    digest = digests.digest(raw)
+    digest = point_digest(raw)
     sites = addresses(raw, config)
     node = featurizers_node(raw, sites, model, digest)
     ctx = Context(document=raw, config=config, tokenizer=tokenizer, data_root=data_root,
@@ -55,11 +55,22 @@ def compile_point(point, document, *, model: ModelRef, config: Any, tokenizer: A
     for name, step in raw["steps"].items():
         children.extend(step_nodes(name, step, ctx, point.label))
     return Plan(name=point.label or "<root>", directory=point.label, children=tuple(children),
-                model=model, digest=digest, document=raw, coordinates=dict(point.coordinates))
+                model=model, digest=digest, document=raw,
+                coordinates={k: _frozen(v) for k, v in point.coordinates.items()})
+
+
+def _frozen(value: Any) -> Any:
+    """Lists as tuples, so a plan equals itself after a JSON round trip."""
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _frozen(v) for k, v in value.items()}
+    return value
 
 
 def compile_document(raw: dict, *, data_root: str) -> Plan:
     """The plan tree of a raw document: the root holds its steps, or one Plan per sweep point."""
+    from causalab.document import validate
     from causalab.models import load_config, load_tokenizer
 
     checked = validate(raw)
