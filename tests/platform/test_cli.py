@@ -1,0 +1,209 @@
+"""The command line: every verb's happy path, its refusals and its two output forms.
+
+Verbs run in-process through ``main(argv)`` with captured output; one subprocess checks that the
+offline verbs leave torch, nnterp and mlflow unimported and that ``python -m causalab`` is the
+same program.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from causalab.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "documents" / "v2"
+DATA = str(REPO / "documents" / "data")
+TINY = "causalab:tiny-llama"
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def cli_json(capsys, *argv: str) -> dict:
+    status, out, err = cli(capsys, *argv, "--json")
+    assert status == 0, err
+    return json.loads(out)
+
+
+def _broken(tmp_path: Path, edit) -> str:
+    document = json.loads((CORPUS / "patching.json").read_text())
+    edit(document)
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def test_schema_prints_the_json_schema_of_the_document(capsys):
+    from causalab.document.schema import Document
+
+    status, out, _ = cli(capsys, "schema")
+    assert status == 0
+    schema = json.loads(out)
+    assert schema == json.loads(json.dumps(Document.model_json_schema()))
+    assert {"model", "roles", "sites", "steps"} <= set(schema["properties"])
+
+
+def test_vocab_prints_every_table_and_its_json_payload(capsys):
+    status, out, _ = cli(capsys, "vocab")
+    assert status == 0
+    assert "block_output" in out and "renormalize" in out and "logit_diff(a, b)" in out
+    payload = cli_json(capsys, "vocab")
+    assert payload["metric_kinds"]["logit_diff"] == ["a", "b"]
+    assert payload["units"]["token_prob"] == {"unit": "probability",
+                                              "estimand_version": "token_prob/v1"}
+    assert payload["components"]["attention_probs"]["needs"] == ["attn_implementation=eager"]
+    assert payload["components"]["input_ids"]["read_only"] is True
+
+
+@pytest.mark.parametrize("argv", [["--json", "vocab"], ["vocab", "--json"]],
+                         ids=["before the verb", "after the verb"])
+def test_json_is_accepted_before_or_after_the_verb(capsys, argv):
+    status, out, _ = cli(capsys, *argv)
+    assert status == 0
+    assert json.loads(out)["metric_kinds"]["match"] == ["expected"]
+
+
+def test_model_reports_a_built_in_without_loading_its_weights(capsys):
+    status, out, _ = cli(capsys, "model", TINY)
+    assert status == 0
+    assert "block_output" in out and "ok width=16" in out
+    payload = cli_json(capsys, "model", TINY)
+    assert (payload["num_layers"], payload["hidden_size"], payload["num_heads"]) == (2, 16, 4)
+    assert payload["padding_side"] == "left"
+    assert Path(payload["path"], "config.json").is_file()
+    assert payload["components"]["mlp_activation"]["width"] == 64
+    assert not payload["components"]["attention_probs"]["resolves"]
+    assert "eager" in payload["components"]["attention_probs"]["why"]
+
+
+def test_model_with_eager_attention_makes_the_pattern_available(capsys):
+    payload = cli_json(capsys, "model", TINY, "--attn-implementation", "eager")
+    assert payload["components"]["attention_probs"]["resolves"]
+
+
+def test_model_refuses_a_wrong_revision_in_one_line(capsys):
+    status, out, err = cli(capsys, "model", TINY, "--revision", "0" * 64)
+    assert status == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: model.revision:")
+
+
+def test_tokens_counts_each_string_and_flags_the_unusable(capsys):
+    payload = cli_json(capsys, "tokens", TINY, " Friday", "Friday", " one")
+    counts = {t["string"]: t["count"] for t in payload["tokens"]}
+    assert counts[" Friday"] == 1 and counts[" one"] == 1 and counts["Friday"] > 1
+    assert payload["all_single"] is False
+    status, out, _ = cli(capsys, "tokens", TINY, "Friday")
+    assert status == 0 and "cannot be a metric column" in out
+
+
+def test_data_describes_a_reference_and_its_split(capsys):
+    payload = cli_json(capsys, "data", "weekdays/data#train", "--data-root", DATA)
+    assert payload["rows"] == 2 and payload["splits"] == {"train": 2}
+    assert {"input", "counterfactual_inputs", "cf_answer", "example_id"} <= set(payload["columns"])
+    assert payload["empty_columns"] == []
+    assert payload["sample"]["input"].startswith("If today is ")
+    status, out, _ = cli(capsys, "data", "weekdays_full/data", "--data-root", DATA)
+    assert status == 0 and "42 rows" in out and "train=30" in out and "test=12" in out
+
+
+def test_data_refuses_a_missing_table_in_one_line(capsys):
+    status, out, err = cli(capsys, "data", "weekdays/nowhere", "--data-root", DATA)
+    assert status == 1 and out == ""
+    assert err.count("\n") == 1 and "weekdays/nowhere" in err and "Traceback" not in err
+
+
+def test_validate_says_ok_and_counts_the_points(capsys):
+    document = str(CORPUS / "logit_lens.json")
+    status, out, _ = cli(capsys, "validate", document)
+    assert status == 0 and out == f"ok: {document} is a valid document\n"
+    payload = cli_json(capsys, "validate", document)
+    assert payload["ok"] is True and payload["points"] == 2
+
+
+def test_a_broken_document_is_refused_in_one_line_naming_its_path(capsys, tmp_path):
+    path = _broken(tmp_path, lambda d: d["sites"]["target"].update(layer=[0]))
+    status, out, err = cli(capsys, "validate", path)
+    assert status == 1 and out == ""
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("error: sites.target.layer:")
+
+
+def test_explain_refuses_a_validate_time_error_before_compiling(capsys, tmp_path):
+    path = _broken(tmp_path, lambda d: d["interventions"]["patch"]["reads"]["v_cf"].update(
+        site="nowhere"))
+    status, _, err = cli(capsys, "explain", path, "--data-root", DATA)
+    assert status == 1
+    assert err.startswith("error: interventions.patch.reads.v_cf.site:")
+
+
+def test_debug_shows_the_traceback(capsys, tmp_path):
+    path = _broken(tmp_path, lambda d: d["sites"]["target"].update(layer=[0]))
+    status, _, err = cli(capsys, "validate", path, "--debug")
+    assert status == 1
+    assert "Traceback" in err and err.rstrip().splitlines()[-1].startswith("error: sites.")
+
+
+@pytest.mark.parametrize("argv", [
+    ["frobnicate"],
+    [],
+    ["validate"],
+    ["run", "documents/v2/patching.json", "--batch-size", "0"],
+    ["validate", "no/such/document.json"],
+], ids=["an unknown verb", "no verb", "a missing argument", "a zero batch size",
+        "a document that is not there"])
+def test_a_usage_error_exits_two_in_one_line(capsys, argv):
+    status, out, err = cli(capsys, *argv)
+    assert status == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["zero_ablation", "logit_lens", "steer_renormalize",
+                                  "entity_patch"])
+def test_explain_prints_the_compiled_plan(capsys, name):
+    status, out, _ = cli(capsys, "explain", str(CORPUS / f"{name}.json"), "--data-root", DATA)
+    assert status == 0 and out.startswith("<root>: Plan")
+    assert "forward 'original' on " in out
+
+
+def test_explain_json_lists_the_root_steps_and_the_point_labels(capsys):
+    zero = cli_json(capsys, "explain", str(CORPUS / "zero_ablation.json"), "--data-root", DATA)
+    assert zero["steps"] == ["clean", "zeroed"]
+    assert "swap(0.0)" in zero["text"]
+    lens = cli_json(capsys, "explain", str(CORPUS / "logit_lens.json"), "--data-root", DATA)
+    assert lens["steps"] == ["layers=0", "layers=1"]
+
+
+def test_explain_refuses_a_compile_time_error_at_its_path(capsys, tmp_path):
+    path = _broken(tmp_path, lambda d: d["sites"]["target"].update(layers=[7]))
+    status, _, err = cli(capsys, "explain", path, "--data-root", DATA)
+    assert status == 1 and err.startswith("error: sites.target.layers")
+
+
+def test_offline_verbs_import_no_heavy_library_and_module_form_is_the_same_program():
+    script = f"""
+import json, runpy, sys
+def verb(*argv):
+    sys.argv = ["causalab", *argv]
+    try:
+        runpy.run_module("causalab", run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        assert stop.code == 0, (argv, stop.code)
+verb("vocab")
+verb("schema")
+verb("validate", {str(CORPUS / "das.json")!r})
+heavy = sorted({{"torch", "nnterp", "nnsight", "mlflow", "transformers", "hydra"}} & set(sys.modules))
+print(json.dumps(heavy), file=sys.stderr)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "ok: " in done.stdout and "components:" in done.stdout
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == []
