@@ -36,28 +36,58 @@ def _json_path(loc: tuple, data: Any, missing: bool) -> Path:
     return tuple(path)
 
 
+_EXPECTED = {"int_type": "an integer", "float_type": "a number", "finite_number":
+             "a finite number", "string_type": "a string", "bool_type": "a boolean",
+             "model_type": "an object", "dict_type": "an object", "list_type": "a list",
+             "tuple_type": "a list", "none_type": "null"}
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+        return f"non-finite {value}"
+    return {int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "an object", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _message(item: dict) -> str:
+    ctx = item.get("ctx") or {}
+    if item["type"] == "causalab":
+        return ctx["message"]
+    if item["type"] == "union_tag_not_found":
+        return "missing kind"
+    return item["msg"]
+
+
+def _path(item: dict, data: Any) -> Path:
+    path = _json_path(item["loc"], data, item["type"] == "missing")
+    if item["type"] == "causalab":
+        return path + tuple((item.get("ctx") or {}).get("at", ()))
+    if item["type"] in _TAG_ERRORS:
+        return path + ("kind",)
+    return path
+
+
 def translate(error: ValidationError, data: Any) -> DocumentError:
     """The most specific of pydantic's errors as one ``DocumentError``.
 
     A failed union reports every branch; the branch that got deepest into the input is the
-    one the author meant, so the deepest path wins (the first error among equals).
+    one the author meant, so the deepest path wins (the first error among equals). Type
+    errors of several branches at that path are merged into one "expected a or b".
     """
-    best: tuple[int, Path, str] | None = None
-    for item in error.errors(include_url=False):
-        path = _json_path(item["loc"], data, item["type"] == "missing")
-        ctx = item.get("ctx") or {}
-        message = item["msg"]
-        if item["type"] == "causalab":
-            path += tuple(ctx.get("at", ()))
-            message = ctx["message"]
-        elif item["type"] in _TAG_ERRORS:
-            path += ("kind",)
-        elif item["type"] == "extra_forbidden":
-            message = f"unknown key {path[-1]!r}" if path else message
-        if best is None or len(path) > best[0]:
-            best = (len(path), path, message)
-    assert best is not None
-    return DocumentError(best[1], best[2])
+    items = error.errors(include_url=False)
+    paths = [_path(item, data) for item in items]
+    best = max(range(len(items)), key=lambda i: (len(paths[i]), -i))
+    path, item = paths[best], items[best]
+    message = _message(item)
+    if item["type"] == "extra_forbidden" and path:
+        message = f"unknown key {path[-1]!r}"
+    same = [it for it, p in zip(items, paths) if p == path and it["type"] in _EXPECTED]
+    if item["type"] in _EXPECTED and len(same) > 1:
+        expected = list(dict.fromkeys(_EXPECTED[it["type"]] for it in same))
+        message = f"expected {' or '.join(expected)}, got {_json_type(item.get('input'))}"
+    return DocumentError(path, message)
 
 
 def validate_point(doc: dict) -> Document:

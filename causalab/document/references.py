@@ -206,9 +206,10 @@ def _check_metric(doc: Document, body: Intervention, of: str, at: Path) -> None:
                             f"intervention (reads: {', '.join(body.reads) or 'none'})")
     read = body.reads[of]
     if read.pos.width != 1:
-        found = "unknown (ragged)" if read.pos.width is None else str(read.pos.width)
+        found = "of unknown width" if read.pos.width is None else (
+            f"{read.pos.width} positions wide")
         raise DocumentError(at + ("of",), f"a metric scores one position per row; read {of!r} "
-                            f"is {found} positions wide")
+                            f"is {found}")
     site = doc.sites[read.site]
     shaped = read.view == "logits" or site.component in VOCABULARY_COMPONENTS
     sliced = site.heads is not None or site.units is not None

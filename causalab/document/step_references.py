@@ -145,10 +145,10 @@ def _check_saves(saves: list[Save], produced: dict[str, dict[str, str]], at: Pat
         here = at + ("saves", j)
         entry, kind = _resolve(save.value, produced, here + ("value",))
         suffix = TABLE_SUFFIX if kind == TABLE else TENSOR_SUFFIX
-        what = "a metric saves as a JSON table" if kind == TABLE else "a tensor saves as"
         if not save.file_path.endswith(suffix):
-            raise DocumentError(here + ("file_path",), f"{what} {suffix} file "
-                                f"({save.value!r} is a {kind})")
+            what = "a metric, saved as a JSON table" if kind == TABLE else "a tensor"
+            raise DocumentError(here + ("file_path",), f"{save.value!r} is {what}: its path "
+                                f"must end in {suffix}")
         name = _contained(save.file_path, here + ("file_path",))
         directory = f"{at[1]}/{entry}" if nested else ""
         if not directory and name in RESERVED:
