@@ -12,6 +12,8 @@ from causalab.compile.featurizers import featurizers_node
 from causalab.compile.passes import Context
 from causalab.compile.plan import ModelRef, Plan
 from causalab.compile.steps import step_nodes
+from causalab.document import digest as point_digest
+from causalab.document import validate
 
 
 def model_ref(model: dict) -> ModelRef:
@@ -42,8 +44,6 @@ def compile_point(point, document, *, model: ModelRef, config: Any, tokenizer: A
     ``document`` is the validated schema object; the plan is built from ``point.document``,
     the lowered dict, whose field names are FORMAT's own.
     """
-    from causalab.document.digest import digest as point_digest
-
     raw = point.document
     digest = point_digest(raw)
     sites = addresses(raw, config)
@@ -70,7 +70,6 @@ def _frozen(value: Any) -> Any:
 
 def compile_document(raw: dict, *, data_root: str) -> Plan:
     """The plan tree of a raw document: the root holds its steps, or one Plan per sweep point."""
-    from causalab.document import validate
     from causalab.models import load_config, load_tokenizer
 
     checked = validate(raw)
