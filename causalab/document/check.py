@@ -56,7 +56,7 @@ def _message(item: dict) -> str:
     if item["type"] == "causalab":
         return ctx["message"]
     if item["type"] == "union_tag_not_found":
-        return "missing kind"
+        return "missing required field 'kind'"
     return item["msg"]
 
 
@@ -83,6 +83,10 @@ def translate(error: ValidationError, data: Any) -> DocumentError:
     message = _message(item)
     if item["type"] == "extra_forbidden" and path:
         message = f"unknown key {path[-1]!r}"
+    elif item["type"] == "missing" and path:
+        message = f"missing required field {path[-1]!r}"
+    elif item["type"] == "too_short" and (item.get("ctx") or {}).get("min_length") == 1:
+        message = "must not be empty"
     same = [it for it, p in zip(items, paths) if p == path and it["type"] in _EXPECTED]
     if item["type"] in _EXPECTED and len(same) > 1:
         expected = list(dict.fromkeys(_EXPECTED[it["type"]] for it in same))

@@ -87,3 +87,11 @@ def test_bad_json_names_the_file_and_line(tmp_path):
 def test_a_missing_file_is_a_document_error(tmp_path):
     with pytest.raises(DocumentError):
         load_json(tmp_path / "absent.json")
+
+
+def test_the_digest_answers_to_both_spellings():
+    import causalab.document
+    from causalab.document import digest as exported
+
+    doc = patching()
+    assert exported(doc) == causalab.document.digest.digest(doc) == digest(doc)
