@@ -86,6 +86,7 @@ class _FitProgress:
 
     def __init__(self, name: str, epochs: int):
         self._bar = None
+        self.loss, self.eval = "", ""
         if os.environ.get("CAUSALAB_QUIET") == "1" or not sys.stderr.isatty():
             return
         from rich.console import Console
@@ -97,9 +98,11 @@ class _FitProgress:
         self._task = self._bar.add_task(name, total=epochs, status="")
         self._bar.start()
 
-    def update(self, *, advance: int = 0, status: str) -> None:
+    def update(self, *, advance: int = 0, loss: str | None = None, eval: str | None = None) -> None:
+        self.loss = self.loss if loss is None else loss
+        self.eval = self.eval if eval is None else eval
         if self._bar is not None:
-            self._bar.update(self._task, advance=advance, status=status)
+            self._bar.update(self._task, advance=advance, status=f"{self.loss}  {self.eval}")
 
     def close(self) -> None:
         if self._bar is not None:
@@ -124,7 +127,7 @@ def _train_epoch(fit: Fit, model, featurizers: dict, state, batches, context: di
         context["losses"].append(value)
         context["passes"].append(_detached(result))
         context["events"].fit_update(context["point"], fit.name, update, value)
-        context["progress"].update(status=f"update {update + 1} loss {value:.4g}")
+        context["progress"].update(loss=f"update {update + 1} loss {value:.4g}")
     for name in fit.params:
         featurizers[name].training = False
 
@@ -164,7 +167,7 @@ def run_fit(fit: Fit, model, featurizers: dict, state: Any, *, run_pass: Callabl
             row = _eval_epoch(fit, model, featurizers, state, context)
             rows.append(row)
             events.fit_epoch(point, fit.name, epoch, row[0], row[1] if len(row) > 1 else None)
-            context["progress"].update(advance=1, status=f"eval {fit.early_stop_metric} {row[0]:.4g}")
+            context["progress"].update(advance=1, eval=f"eval {fit.early_stop_metric} {row[0]:.4g}")
             if _improved(row[0], best, fit.early_stop_mode):
                 best, stale = row[0], 0
             else:
@@ -173,13 +176,14 @@ def run_fit(fit: Fit, model, featurizers: dict, state: Any, *, run_pass: Callabl
                     break
     finally:
         context["progress"].close()
+        columns = 1 + len(_gates(fit, featurizers))
         for name in fit.params:
             featurizers[name].training = False
         for parameter in params:
             parameter.requires_grad_(False)
     return {
         "train/loss": torch.tensor(context["losses"], dtype=torch.float32),
-        "train/eval": torch.tensor(rows, dtype=torch.float32).reshape(len(rows), 1 + len(_gates(fit, featurizers))),
+        "train/eval": torch.tensor(rows, dtype=torch.float32).reshape(len(rows), columns),
         "updates": context["passes"],
         "evals": context["evals"],
         "eval": context["evals"][-1] if context["evals"] else None,
