@@ -46,7 +46,9 @@ def position_spec(pos: Any) -> PositionSpec:
     )
     width = _static_width(fields)
     anchored = fields["variable"] is not None or fields["segment"] is not None
-    ragged = width is None or anchored or fields["frame"] == "generated" and fields["index"] is None
+    # A generated cut other than a fixed step may keep different steps per row (§6.2).
+    stepwise = fields["frame"] == "generated" and (fields["index"] is None or fields["index"] < 0)
+    ragged = width is None or anchored or stepwise
     return PositionSpec(**fields, width=width, ragged=ragged)
 
 
