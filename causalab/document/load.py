@@ -44,18 +44,22 @@ def _build(node: Any, path: Path) -> Any:
     return node
 
 
-def _looks_like_text(value: str) -> bool:
-    return value.lstrip()[:1] in ("{", "[")
+def _is_path(value: str | os.PathLike) -> bool:
+    if isinstance(value, os.PathLike):
+        return True
+    if value.lstrip()[:1] in ("{", "[") or "\n" in value or len(value) > 4096:
+        return False
+    return value.endswith(".json") or FilePath(value).is_file()
 
 
-def load_json(text_or_path: str | os.PathLike) -> Any:
-    """Parse a document from JSON text or a file path.
+def load_json(text_or_path: str | os.PathLike, *, name: str | None = None) -> Any:
+    """Parse a document from JSON text or a file path; ``name`` labels text in messages.
 
     >>> load_json('{"a": [1, 2]}')
     {'a': [1, 2]}
     """
-    name = "<text>"
-    if isinstance(text_or_path, os.PathLike) or not _looks_like_text(text_or_path):
+    name = name or "<text>"
+    if _is_path(text_or_path):
         name = os.fspath(text_or_path)
         try:
             text = FilePath(name).read_text(encoding="utf-8")

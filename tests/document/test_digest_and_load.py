@@ -95,3 +95,9 @@ def test_the_digest_answers_to_both_spellings():
 
     doc = patching()
     assert exported(doc) == causalab.document.digest.digest(doc) == digest(doc)
+
+
+def test_bad_json_text_can_carry_its_file_name():
+    with pytest.raises(DocumentError) as caught:
+        load_json('{"a": 1,,}', name="documents/v2/x.json")
+    assert "documents/v2/x.json: line 1" in str(caught.value)
