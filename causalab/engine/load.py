@@ -1,0 +1,76 @@
+"""Loading a checkpoint onto nnterp: frozen, in eval mode, once per process per placement.
+
+It knows a model only as the plan's ``ModelRef`` (a local directory, a dtype, an attention
+implementation); resolving keys and revisions is ``causalab.models``' job, done at compile.
+It never traces: the walk does. Loading is quiet: transformers' progress bars are switched
+off for the duration of the load and restored afterwards.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from causalab.compile.plan import ModelRef
+from causalab.errors import ModelError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def load_model(ref: ModelRef, device_map: str = "cpu"):
+    """The checkpoint at ``ref.path`` as a frozen ``nnterp.StandardizedTransformer``.
+
+    ``attn_implementation: "eager"`` also switches on attention probabilities. Weights are
+    dispatched before they are frozen (a freeze applied to a lazy shell is lost when the real
+    modules replace it, FORMAT §18.12). The same (path, dtype, attention, placement) returns
+    the same object for the rest of the process, so a document loads its model once.
+    """
+    if ref.dtype not in DTYPES:
+        raise ModelError(("model", "dtype"), f"dtype {ref.dtype!r} is not one of {sorted(DTYPES)}")
+    return _load(ref.path, ref.dtype, ref.attn_implementation, device_map)
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str, dtype: str, attn_implementation: str | None, device_map: str):
+    from nnterp import StandardizedTransformer
+    from transformers.utils import logging as hf_logging
+
+    from causalab.models import load_config, load_tokenizer
+
+    tokenizer = load_tokenizer(path)
+    kwargs = _attention_kwargs(load_config(path), attn_implementation)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = StandardizedTransformer(
+            path, tokenizer=tokenizer, device_map=device_map, dtype=DTYPES[dtype],
+            dispatch=True, **kwargs)
+    except (OSError, ValueError, RuntimeError) as error:
+        raise ModelError(("model", "key"), f"cannot load {path}: {error}") from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    model._model.eval()
+    model._model.requires_grad_(False)
+    return model
+
+
+def _attention_kwargs(config, attn_implementation: str | None) -> dict:
+    """nnterp's arguments for the attention implementation the document pins.
+
+    Eager turns on attention-probability access; GPT-2's probabilities sit at the default
+    source (STACK.md), not where nnterp's GPT-2 table looks for them.
+    """
+    if attn_implementation != "eager":
+        return {"attn_implementation": attn_implementation} if attn_implementation else {}
+    kwargs: dict = {"enable_attention_probs": True}
+    if getattr(config, "model_type", None) == "gpt2":
+        from nnterp.rename_utils import RenameConfig, default_attention_prob_source
+
+        kwargs["rename_config"] = RenameConfig(attn_prob_source=default_attention_prob_source)
+    return kwargs
+
+
+def served_dtype(model) -> str:
+    """The dtype of the unembedding weight the run actually used (``run.json``)."""
+    return str(model._model.get_output_embeddings().weight.dtype)

@@ -1,0 +1,89 @@
+"""What a run leaves on disk: document files, ``run.json``, metric tables and tensor saves.
+
+Every file is written to a temporary name in its own directory and renamed into place, so
+nothing half-written ever looks finished. Formatting is fixed (``json.dumps(…, indent=1)``)
+so two runs of one document give byte-identical tables and run records. It never traces and
+never decides what to save: the walk names the value and the path.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+from causalab.files import RUN_RECORD, TENSOR_KEY
+
+_VERSIONED = ("torch", "transformers", "nnsight", "nnterp", "pydantic")
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def atomic(path: str | Path, write: Callable[[str], None]) -> str:
+    """Call ``write(temporary_path)`` and rename the result onto ``path``; returns ``path``."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part",
+                                         dir=target.parent)
+    os.close(handle)
+    try:
+        write(temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+        raise
+    return str(target)
+
+
+def write_text(path: str | Path, text: str) -> str:
+    def _write(temporary: str) -> None:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    return atomic(path, _write)
+
+
+def write_json(path: str | Path, value: Any) -> str:
+    """A JSON file in the one fixed format every table and record uses."""
+    return write_text(path, json.dumps(value, indent=1))
+
+
+def write_tensor(path: str | Path, tensor: Any, metadata_: dict[str, str] | None = None) -> str:
+    """A tensor save: safetensors with the tensor under ``weight`` (and a stamp if given)."""
+    from safetensors.torch import save_file
+
+    plain = {TENSOR_KEY: tensor.detach().to("cpu").contiguous()}
+    return atomic(path, lambda temporary: save_file(plain, temporary, metadata=metadata_))
+
+
+def package_digest() -> str:
+    """SHA-256 over causalab's own ``.py`` files, concatenated in path order."""
+    digest = hashlib.sha256()
+    for path in sorted(_PACKAGE.rglob("*.py"), key=lambda p: p.relative_to(_PACKAGE).as_posix()):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def run_record(engine: str, batch_size: int | None, served_dtype: str) -> dict:
+    """The ``run.json`` fields (FORMAT §13): no host, time or absolute path in it."""
+    return {
+        "engine": engine,
+        "remote": False,
+        "batch_size": batch_size,
+        "versions": {name: _version(name) for name in _VERSIONED},
+        "causalab": package_digest(),
+        "served_dtype": served_dtype,
+    }
+
+
+def write_run_record(out: str | Path, engine: str, batch_size: int | None, served_dtype: str) -> str:
+    return write_json(Path(out) / RUN_RECORD, run_record(engine, batch_size, served_dtype))

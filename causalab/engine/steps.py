@@ -1,0 +1,137 @@
+"""Step bodies around a pass: featurizers built, outputs published, saves written, fits run.
+
+The walk hands each step here after (or instead of) running its pass; this module never
+opens a trace. Published values go into the plan's walk state (its outputs namespace);
+files go through ``record`` (atomic writes) and ``bundles`` (stamps). Metric tables keep
+every row of the step, excluded ones included (FORMAT §13).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from causalab.compile.featurizers import stamp as featurizer_stamp
+from causalab.compile.plan import Featurizers, Fit, Observe, Pass, SaveOp, Weights
+from causalab.engine import outputs as output_rules
+from causalab.engine import record
+from causalab.engine.bundles import document_stamp, stamp_metadata, weights_results
+from causalab.engine.metrics import metric_table
+from causalab.errors import RunError
+
+
+def build_featurizers(node: Featurizers, model: Any, state: dict) -> None:
+    """Live featurizer objects on the model's device, shared by the plan's later steps."""
+    from causalab.engine.featurizers import build_featurizer
+
+    device = model._model.get_input_embeddings().weight.device
+    for spec in node.featurizers:
+        state["featurizers"][spec.name] = build_featurizer(spec, device)
+        state["specs"][spec.name] = spec
+    node.results.update(featurizers=dict(state["featurizers"]))
+
+
+def _find_read(pass_: Pass, name: str):
+    return next(read for forward in pass_.forwards for read in forward.reads if read.name == name)
+
+
+def _publish(node: Observe, result: dict, state: dict) -> dict:
+    published = {}
+    for output in node.outputs:
+        try:
+            value = output_rules.reduce(result["reads"][output.read], output,
+                                        result["layouts"][output.read])
+        except RunError as error:
+            raise RunError(("steps", node.name, "outputs") + error.path, error.message) from None
+        published[output.name] = value
+        state["published"][output.name] = value
+    return published
+
+
+def metric_rows(pass_: Pass, result: dict, name: str, digest: str, saved_as: str) -> list[dict]:
+    """The on-disk table of metric ``name`` of a pass result, one object per pass row."""
+    metric = next(m for m in pass_.metrics if m.name == name)
+    values, eligible = result["metrics"][name]
+    windows, reasons = result["resolved"][("read", metric.of, metric.input)]
+    positions = windows if pass_.dynamic else None
+    return metric_table(metric, values, eligible, positions, reasons, pass_.example_ids,
+                        digest, name=saved_as)
+
+
+def _report_metrics(pass_: Pass, result: dict, state: dict, step: str) -> None:
+    for name, (values, eligible) in result["metrics"].items():
+        mean = float(values.detach().float().mean()) if len(eligible) else None
+        state["events"].metric(state["point"], step, name, mean, len(eligible))
+
+
+def _plain(name: str, produced: dict) -> str:
+    """A save's value: exact, or the bare name of a qualified ``<intervention>/<value>``."""
+    if name in produced:
+        return name
+    return name.rsplit("/", 1)[-1]
+
+
+def finish_observe(node: Observe, result: dict, state: dict, directory: Path) -> list[str]:
+    """Publish outputs, report metrics and write the step's saves."""
+    node.pass_.results.update(result)
+    published = _publish(node, result, state)
+    node.results.update(result, outputs=published)
+    _report_metrics(node.pass_, result, state, node.name)
+    written = []
+    for save in node.saves:
+        name = _plain(save.value, {**result["metrics"], **published})
+        if name in result["metrics"]:
+            rows = metric_rows(node.pass_, result, name, state["digest"], name)
+            written.append(record.write_json(directory / save.file_path, rows))
+        elif name in published:
+            written.append(_save_output(node, published[name], name, save, state, directory))
+        else:
+            raise RunError(("steps", node.name, "saves"), f"{save.value!r} is not produced here")
+    return written
+
+
+def _save_output(node: Observe, value: output_rules.Published, name: str, save: SaveOp,
+                 state: dict, directory: Path) -> str:
+    metadata = None
+    if value.reduce == "pca":
+        output = next(o for o in node.outputs if o.name == name)
+        read = _find_read(node.pass_, output.read)
+        d, k = value.value.shape
+        stamp = featurizer_stamp(name, "pca", k, d, read.site, read.address,
+                                 state["model_ref"], state["digest"])
+        metadata = stamp_metadata(stamp, produced_by=state["digest"])
+    return record.write_tensor(directory / save.file_path, value.value.float(), metadata)
+
+
+def run_fit_step(node: Fit, model: Any, state: dict, directory: Path,
+                 run_pass: Callable) -> list[str]:
+    """Train the fit's featurizers (``causalab.engine.fit``), then write its saves."""
+    from causalab.engine.fit import run_fit
+
+    results = run_fit(node, model, state["featurizers"], state, run_pass=run_pass,
+                      events=state["events"], point=state["point"])
+    node.results.update(results)
+    written = []
+    for save in node.saves:
+        written.append(record.write_tensor(directory / save.file_path, results[save.value]))
+    last = results.get("eval")
+    for save in node.eval_saves:
+        name = _plain(save.value, last["metrics"] if last else {})
+        rows = metric_rows(node.eval, last, name, state["digest"], name)
+        written.append(record.write_json(directory / save.file_path, rows))
+    return written
+
+
+def run_weights(node: Weights, state: dict, directory: Path) -> list[str]:
+    """Publish each named featurizer's ``weight`` and write stamped bundles."""
+    tensors = weights_results(node.names, state["featurizers"])
+    for name, value in tensors.items():
+        state["published"][name] = output_rules.Published(value, None, None, "weights")
+    node.results.update(tensors)
+    written = []
+    for save in node.saves:
+        spec = state["specs"][save.value]
+        metadata = stamp_metadata(document_stamp(spec), produced_by=state["digest"])
+        weight = tensors[save.value].float()
+        written.append(record.write_tensor(directory / save.file_path, weight, metadata))
+    return written
+

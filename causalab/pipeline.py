@@ -1,0 +1,69 @@
+"""The run pipeline: compile the whole document, load the model once, walk every point, write.
+
+Every refusal that compile can raise fires before any weight is loaded. Progress goes to an
+``Events`` listener (tracking, a progress bar); this module prints nothing. Paths come back
+in the order they were written: ``document.json``, ``run.json``, then every save.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT, DOCUMENT
+
+
+def compile_only(raw: dict, data_root: str = DEFAULT_DATA_ROOT):
+    """The plan tree of ``raw`` with no weights loaded (what ``explain`` prints)."""
+    import causalab.compile
+
+    return causalab.compile.compile_document(raw, data_root=data_root)
+
+
+def points_of(plan) -> list:
+    """The point plans of a compiled document: its children when swept, else the root."""
+    from causalab.compile.plan import Plan
+
+    if plan.document is None and plan.children and all(isinstance(c, Plan) for c in plan.children):
+        return list(plan.children)
+    return [plan]
+
+
+def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = None,
+                 device_map: str = "cpu", data_root: str = DEFAULT_DATA_ROOT,
+                 events=None) -> list[str]:
+    """Run a raw document end to end and return the written paths, in order.
+
+    ``events`` (a ``causalab.engine.events.Events``) may veto a point from ``point_start``;
+    a point that raises is reported to ``point_end`` with its error and the error re-raised.
+    """
+    from causalab.engine import record
+    from causalab.engine.events import Events
+    from causalab.engine.load import load_model, served_dtype
+    from causalab.engine.walk import run_plan
+    from causalab.errors import UsageError
+
+    if batch_size is not None and (isinstance(batch_size, bool) or batch_size <= 0):
+        raise UsageError(("--batch-size",), f"batch size must be a positive integer, not {batch_size}")
+    events = events or Events()
+    plan = compile_only(raw, data_root)
+    points = points_of(plan)
+    model = load_model(plan.model or points[0].model, device_map=device_map)
+    events.run_start(raw, points)
+    written = [record.write_json(Path(out) / DOCUMENT, raw)]
+    saves: list[str] = []
+    shared: dict = {}
+    for point in points:
+        if events.point_start(point) is False:
+            continue
+        try:
+            done = run_plan(point, model, out=out, batch_size=batch_size, events=events,
+                            shared=shared)
+        except BaseException as error:
+            events.point_end(point, [], error)
+            raise
+        events.point_end(point, [str(Path(p).relative_to(out)) for p in done], None)
+        saves += done
+    written.append(record.write_run_record(out, type(model).__name__, batch_size,
+                                           served_dtype(model)))
+    written += saves
+    events.run_end(written)
+    return written
