@@ -58,15 +58,16 @@ def objective_loss(fit: Fit, result: dict, featurizers: dict) -> Tensor:
     return total
 
 
-def _detached(result: dict) -> dict:
-    """A pass result with metric values detached, so a stored update holds no graph."""
+def _metrics_only(result: dict) -> dict:
+    """A pass result cut to its metric values, detached: stored per update and per epoch
+    without holding a graph or the pass's reads (logits of every row would add up)."""
     metrics = {}
     for name, value in result.get("metrics", {}).items():
         if isinstance(value, (tuple, list)):
             metrics[name] = (value[0].detach(), *value[1:])
         else:
             metrics[name] = value.detach()
-    return {**result, "metrics": metrics}
+    return {"metrics": metrics, "rows": result.get("rows")}
 
 
 def _gates(fit: Fit, featurizers: dict) -> list[str]:
@@ -125,7 +126,7 @@ def _train_epoch(fit: Fit, model, featurizers: dict, state, batches, context: di
         context["optimizer"].zero_grad(set_to_none=True)
         value = float(loss.detach())
         context["losses"].append(value)
-        context["passes"].append(_detached(result))
+        context["passes"].append(_metrics_only(result))
         context["events"].fit_update(context["point"], fit.name, update, value)
         context["progress"].update(loss=f"update {update + 1} loss {value:.4g}")
     for name in fit.params:
@@ -135,7 +136,8 @@ def _train_epoch(fit: Fit, model, featurizers: dict, state, batches, context: di
 def _eval_epoch(fit: Fit, model, featurizers: dict, state, context: dict) -> list[float]:
     with torch.no_grad():
         result = context["run_pass"](model, fit.eval, state, grad=False)
-    context["evals"].append(result)
+    context["evals"].append(_metrics_only(result))
+    context["last_eval"] = result
     watched = float(_mean(_metric_values(result, fit.early_stop_metric),
                           ("steps", fit.name, "early_stop", "metric")))
     return [watched] + [featurizers[gate].kept() for gate in _gates(fit, featurizers)]
@@ -148,7 +150,8 @@ def run_fit(fit: Fit, model, featurizers: dict, state: Any, *, run_pass: Callabl
     ``featurizers`` maps names to live featurizer objects (shared with the walk);
     ``run_pass(model, pass_, state, rows=None, grad=False)`` runs one pass. Returns
     ``{"train/loss": (updates,), "train/eval": (epochs_run, 1 + gates), "updates": [...],
-    "evals": [...], "eval": <last eval pass result>}``.
+    "evals": [...], "eval": <last eval pass result>}``; ``updates`` and ``evals`` hold each
+    inner pass's metrics (detached), ``eval`` the whole last eval result (for eval saves).
     """
     params = [p for name in fit.params for p in featurizers[name].parameters()]
     for parameter in params:
@@ -186,5 +189,5 @@ def run_fit(fit: Fit, model, featurizers: dict, state: Any, *, run_pass: Callabl
         "train/eval": torch.tensor(rows, dtype=torch.float32).reshape(len(rows), columns),
         "updates": context["passes"],
         "evals": context["evals"],
-        "eval": context["evals"][-1] if context["evals"] else None,
+        "eval": context.get("last_eval"),
     }

@@ -9,13 +9,15 @@ the planted direction), never against causalab itself.
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from causalab.compile.plan import Fit, Pass
 from causalab.engine.events import Events
 from causalab.engine.featurizers.gate import Gate
-from causalab.engine.featurizers.subspace import Subspace
+from causalab.engine.featurizers.subspace import Subspace, cayley_basis
 from causalab.engine.fit import anneal_temperature, run_fit
 from causalab.errors import RunError
 
@@ -241,3 +243,109 @@ def test_an_update_with_no_eligible_row_is_refused():
 
     with pytest.raises(RunError):
         run_fit(fit, harness.model, {"rot": _subspace()}, {}, run_pass=empty, events=Events(), point=None)
+
+
+# --- the fit loop on a real checkpoint, through the real walk -------------------------------
+
+def _das_document(epochs: int, lr: float) -> dict:
+    from causalab.document import load_json
+
+    raw = load_json("documents/v2/das.json")
+    raw["steps"]["fit"].update(epochs=epochs, optimizer={"name": "adamw", "lr": lr})
+    raw["steps"]["fit"]["early_stop"]["patience"] = epochs
+    return raw
+
+
+def _hooked_loss(hf_model, fit: Fit, rows, weight: torch.Tensor) -> torch.Tensor:
+    """Oracle: swap the cf's last-token block-0 output into the base run in span Q, plain hooks."""
+    import torch.nn.functional as F
+
+    def batch(role):
+        prompts = fit.train.inputs[role]
+        ids = torch.tensor([prompts.input_ids[r] for r in rows])
+        mask = torch.tensor([prompts.attention_mask[r] for r in rows])
+        return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+    layer = hf_model.model.layers[0]
+    captured = {}
+
+    def keep(module, args, output):
+        captured["cf"] = (output[0] if isinstance(output, tuple) else output)[:, -1].detach()
+
+    handle = layer.register_forward_hook(keep)
+    try:
+        ids, mask, positions = batch("counterfactual")
+        hf_model(input_ids=ids, attention_mask=mask, position_ids=positions)
+    finally:
+        handle.remove()
+    q = cayley_basis(weight)
+
+    def swap(module, args, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        base = hidden[:, -1]
+        patched = base + ((captured["cf"] - base) @ q) @ q.T
+        hidden = torch.cat([hidden[:, :-1], patched[:, None]], dim=1)
+        return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+    handle = layer.register_forward_hook(swap)
+    try:
+        ids, mask, positions = batch("base")
+        logits = hf_model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
+    finally:
+        handle.remove()
+    ce = next(m for m in fit.train.metrics if m.name == "ce")
+    target = torch.tensor([ce.token_ids[0][r] for r in rows])
+    return F.cross_entropy(logits.float(), target)
+
+
+def test_a_real_das_fit_records_the_losses_a_hooked_oracle_computes(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    import causalab.compile
+    from causalab.engine.featurizers import build_featurizer
+    from causalab.pipeline import run_document
+
+    raw = _das_document(epochs=2, lr=0.01)
+    plan = causalab.compile.compile_document(raw, data_root="documents/data")
+    fit = next(node for node in plan.children if isinstance(node, Fit))
+    spec = next(node for node in plan.children if type(node).__name__ == "Featurizers").featurizers[0]
+    run_document(raw, out=str(tmp_path), data_root="documents/data")
+    losses = load_file(str(tmp_path / "train_loss.safetensors"))["weight"]
+    assert losses.shape == (sum(len(epoch) for epoch in fit.batches),)
+
+    hf_model = AutoModelForCausalLM.from_pretrained(plan.model.path, dtype=torch.float32).eval()
+    hf_model.requires_grad_(False)
+    weight = Subspace.draw(spec.d, spec.k, spec.seed).weight.requires_grad_(True)
+    optimizer = torch.optim.AdamW([weight], lr=0.01, weight_decay=0.0)
+    for update, rows in enumerate(fit.batches[0] + fit.batches[1]):
+        loss = _hooked_loss(hf_model, fit, list(rows), weight)
+        assert losses[update].item() == pytest.approx(loss.item(), abs=1e-5), update
+        torch.autograd.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    exported = build_featurizer(
+        type(spec)(**{**vars(spec), "file_path": str(tmp_path / "rot.safetensors")}), "cpu")
+    # Compare bases, not weights: the diagonal of W's top k×k block has no effect on Q (only
+    # the skew part of that block enters A), so its gradient is rounding noise that Adam's
+    # per-entry scaling turns into steps that differ run to run, harmlessly.
+    assert torch.allclose(exported.basis, cayley_basis(weight.detach()), atol=1e-5)
+
+
+def test_a_real_gate_fit_saves_the_watched_mean_and_the_kept_fraction_per_epoch(tmp_path):
+    from safetensors.torch import load_file
+
+    from causalab.document import load_json
+    from causalab.pipeline import run_document
+
+    raw = load_json("documents/v2/dbm.json")
+    fit_step = raw["steps"]["fit"]
+    fit_step.update(epochs=3, objective=[[1.0, "ce"], [0.05, "mask.mask"]])
+    fit_step["early_stop"]["patience"] = 3
+    run_document(raw, out=str(tmp_path), data_root="documents/data")
+    table = load_file(str(tmp_path / "train_eval.safetensors"))["weight"]
+    theta = load_file(str(tmp_path / "mask.safetensors"))["weight"]
+    assert table.shape == (3, 2)
+    assert table[-1, 1].item() == pytest.approx((theta > 0).float().mean().item())
+    heldout = [row["value"] for row in json.loads((tmp_path / "heldout_ce.json").read_text())]
+    assert sum(heldout) / len(heldout) == pytest.approx(table[-1, 0].item(), abs=1e-5)
