@@ -206,9 +206,9 @@ def verb_run(args: argparse.Namespace) -> dict:
 
 def verb_render(args: argparse.Namespace) -> dict:
     """The canonical document a Hydra composition renders to (PLATFORM §4)."""
-    from causalab.render import render_document
+    from causalab.render import render
 
-    document = render_document(list(args.overrides), config_dir=args.config_dir)
+    document = render(list(args.overrides), config_dir=args.config_dir)
     return {"text": json.dumps(document, indent=2, ensure_ascii=False), "document": document}
 
 

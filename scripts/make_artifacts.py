@@ -14,6 +14,7 @@ and the built-in tiny Llama; the first needs only torch and safetensors.
 from __future__ import annotations
 
 import argparse
+import sys
 import shutil
 import tempfile
 from pathlib import Path
@@ -63,6 +64,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="+", choices=["sae", *FROM_DOCUMENTS])
     args = parser.parse_args()
+    # A checkout without `make setup` has no installed package: run against this tree.
+    sys.path.insert(0, str(REPO))
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for name in args.names:
         target = ARTIFACTS / f"{name}.safetensors"

@@ -10,11 +10,13 @@ tiny Llama's tokenizer to confirm both prompts of every row have one length.
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import random
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1] / "documents" / "data"
+REPO = Path(__file__).resolve().parents[1]
+ROOT = REPO / "documents" / "data"
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 NUMBERS = ("one", "two", "three", "four")
 # Days that are one token on the tiny-Llama hub fixture as well as on the built-in tokenizer,
@@ -86,7 +88,10 @@ def weekdays_said(said: tuple[str, ...]) -> list[dict]:
     return rows
 
 
-SAID = (" Friday", " Saturday", " Sunday", " Monday")
+# The tiny Llama's weights are random, so its greedy continuations are not weekdays: these
+# words were read off its 6-token continuations so that generated_answer.json meets every case
+# once per reason: found ("The", "owing"), missing (" Saturday"), found twice (" 62").
+SAID = ("The", " Saturday", "owing", " 62")
 
 
 def weekdays_chat() -> list[dict]:
@@ -165,6 +170,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="check alignment on tiny-llama")
     args = parser.parse_args()
+    # A checkout without `make setup` has no installed package: run against this tree.
+    sys.path.insert(0, str(REPO))
     for path in write():
         print(path.relative_to(ROOT.parents[1]))
     if args.check:
