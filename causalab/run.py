@@ -1,0 +1,88 @@
+"""``python -m causalab.run``: compose with Hydra, render the document, run it, track it.
+
+    python -m causalab.run experiment=das model=llama
+    python -m causalab.run -m experiment=layer_sweep model=llama,gpt2
+    python -m causalab.run -m hydra/launcher=joblib experiment=patching site.layer=0,1
+
+The document is what ``causalab.render`` makes of the composed config; ``run`` and
+``tracking`` are options of the run and never enter it. Files go to ``run.out`` or, when that
+is null, to the job's Hydra output directory. In a multirun, the jobs' runs nest under the
+parent run that ``causalab.tracking.callbacks.MultirunParent`` opened in the launching process.
+This module holds no experiment logic: the pipeline runs, tracking logs.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+
+from causalab.render import CONF, document_of
+
+_GROUPS = ("experiment", "model", "site", "data")
+
+
+def _job() -> tuple[str | None, dict[str, str], dict | None]:
+    """(run name, params, multirun parent) of the current Hydra job."""
+    from causalab.tracking.callbacks import multirun_parent, overrides_of
+
+    hydra_config = HydraConfig.get()
+    choices = {g: str(hydra_config.runtime.choices[g]) for g in _GROUPS
+               if hydra_config.runtime.choices.get(g) is not None}
+    overrides = overrides_of(list(hydra_config.overrides.task))
+    name = hydra_config.job.override_dirname or " ".join(f"{k}={v}" for k, v in choices.items())
+    parent = None
+    if hydra_config.mode == RunMode.MULTIRUN:
+        parent = multirun_parent(str(hydra_config.sweep.dir))
+    return name, {**choices, **overrides}, parent
+
+
+def tracking_events(config: Any, out: str):
+    """The job's MLflow listener, or None when ``tracking.enabled`` is false."""
+    tracking = config.get("tracking") or {}
+    if not tracking.get("enabled", True):
+        return None
+    from causalab.tracking import TrackingEvents
+
+    name, params, parent = _job()
+    parent = parent or {}
+    return TrackingEvents(
+        tracking_uri=parent.get("tracking_uri") or tracking.get("uri"),
+        experiment=parent.get("experiment") or tracking.get("experiment"),
+        rerun=bool(tracking.get("rerun", False)), hydra_config=config, out=out,
+        parent_run_id=parent.get("run_id"), run_name=name, job_params=params)
+
+
+def _report(out: str, written: list[str], events) -> None:
+    print(f"causalab: {len(written)} files in {Path(out).resolve()}")
+    if events is None:
+        return
+    from causalab.tracking import ui_command
+
+    runs = len(events.point_runs)
+    skipped = f", {len(events.skipped)} skipped as done" if events.skipped else ""
+    print(f"mlflow: {runs} run(s){skipped} in experiment {events.experiment!r} at {events.uri}")
+    print(f"see them: {ui_command(events.uri)}")
+
+
+@hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")
+def main(config) -> None:
+    from causalab.pipeline import run_document
+
+    document = document_of(config)
+    options = config.get("run") or {}
+    out = options.get("out") or HydraConfig.get().runtime.output_dir
+    events = tracking_events(config, out)
+    with events if events is not None else nullcontext():
+        written = run_document(document, out=out, batch_size=options.get("batch_size"),
+                               device_map=options.get("device_map") or "cpu",
+                               data_root=options.get("data_root") or "documents/data",
+                               events=events)
+    _report(out, written, events)
+
+
+if __name__ == "__main__":
+    main()

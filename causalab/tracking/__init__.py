@@ -1,0 +1,12 @@
+"""MLflow tracking: one run per point, parents for sweeps, retrieval of tracked artifacts.
+
+The only package that imports mlflow. Importing it costs mlflow's import (about 1.5 s), so
+verbs that do not track import it lazily. Nothing here sets environment variables or uses
+MLflow's fluent active-run stack; every call names its tracking URI and run ids.
+"""
+from causalab.tracking.artifacts import fetch, resolve_artifact, resolver
+from causalab.tracking.events import TrackingEvents
+from causalab.tracking.runs import list_runs, resolve_uri, ui_command
+
+__all__ = ["TrackingEvents", "fetch", "list_runs", "resolve_artifact", "resolve_uri",
+           "resolver", "ui_command"]

@@ -1,0 +1,104 @@
+"""Files in and out of runs: log a point's files, fetch one back, resolve ``runs:/`` bundles.
+
+A ``runs:/<run_id>/<path>`` URI is resolved against the same tracking URI runs are logged to
+(``MLFLOW_TRACKING_URI``, else the one given, else ./mlflow.db). A resolved bundle is an
+ordinary local file afterwards: the engine checks its stamp exactly as for any other path.
+Downloads land in ``$CAUSALAB_HOME/artifacts/<run_id>/`` (``~/.cache/causalab`` by default).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from causalab.errors import TrackingError
+from causalab.tracking.runs import resolve_uri
+
+_WHERE = ("file_path",)
+
+
+def artifact_home() -> Path:
+    root = os.environ.get("CAUSALAB_HOME") or Path.home() / ".cache" / "causalab"
+    return Path(root) / "artifacts"
+
+
+def _download(uri: str, destination: Path, tracking_uri: str | None) -> Path:
+    import mlflow.artifacts
+
+    destination.mkdir(parents=True, exist_ok=True)
+    try:
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=uri, dst_path=str(destination), tracking_uri=resolve_uri(tracking_uri))
+    except Exception as error:
+        raise TrackingError(_WHERE, f"cannot download {uri}: {type(error).__name__}: "
+                                    f"{str(error).splitlines()[0] if str(error) else ''}") from None
+    return Path(local)
+
+
+def _run_parts(uri: str) -> tuple[str, str]:
+    """``runs:/<id>/<path>`` -> (id, path); the path may be empty (the whole run)."""
+    if not uri.startswith("runs:/"):
+        raise TrackingError(_WHERE, f"{uri!r} is not a runs:/<run_id>/<path> URI")
+    rest = uri[len("runs:/"):].lstrip("/")
+    run_id, _, path = rest.partition("/")
+    if not run_id:
+        raise TrackingError(_WHERE, f"{uri!r} names no run")
+    return run_id, path
+
+
+def fetch(uri: str, out_path: str | None = None, tracking_uri: str | None = None) -> str:
+    """Download one artifact (``runs:/<run_id>/<path>``) to ``out_path`` and return where it is.
+
+    ``out_path`` may be a file name, an existing directory, or None (the artifact's own file
+    name in the working directory).
+    """
+    run_id, path = _run_parts(uri)
+    with tempfile.TemporaryDirectory(prefix="causalab-fetch-") as staging:
+        local = _download(uri, Path(staging), tracking_uri)
+        name = Path(path).name or run_id
+        target = Path(out_path) if out_path else Path(name)
+        if target.is_dir():
+            target = target / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if local.is_dir():
+            shutil.copytree(local, target, dirs_exist_ok=True)
+        else:
+            shutil.copyfile(local, target)
+    return str(target)
+
+
+def resolve_artifact(uri: str, tracking_uri: str | None = None) -> str:
+    """The local path of a tracked artifact, downloaded into the artifact cache.
+
+    The featurizer loader calls this for a ``file_path`` that is a ``runs:/`` URI; any other
+    string is returned unchanged.
+    """
+    if not uri.startswith("runs:/"):
+        return uri
+    run_id, path = _run_parts(uri)
+    destination = artifact_home() / run_id / Path(path).parent
+    local = _download(uri, destination, tracking_uri)
+    return str(local)
+
+
+def resolver(tracking_uri: str | None = None):
+    """A one-argument ``uri -> local path`` function bound to a tracking URI, for the engine."""
+    def _resolve(uri: str) -> str:
+        return resolve_artifact(uri, tracking_uri)
+    return _resolve
+
+
+def log_files(mlflow, run_id: str, files: list[tuple[str, str]]) -> None:
+    """Log ``(local path, artifact path)`` pairs; a directory part becomes the artifact folder."""
+    for local, artifact in files:
+        folder = str(Path(artifact).parent)
+        mlflow.log_artifact(run_id, local, None if folder in ("", ".") else folder)
+
+
+def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> None:
+    """Log in-memory bytes (a PNG) under ``artifact``."""
+    with tempfile.TemporaryDirectory(prefix="causalab-artifact-") as staging:
+        local = Path(staging) / Path(artifact).name
+        local.write_bytes(data)
+        log_files(mlflow, run_id, [(str(local), artifact)])

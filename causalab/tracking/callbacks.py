@@ -1,0 +1,103 @@
+"""Hydra callbacks: one parent MLflow run per multirun, opened in the launching process.
+
+``MultirunParent`` is registered in ``conf/config.yaml`` under ``hydra.callbacks``. At
+``on_multirun_start`` it creates the experiment and the parent run once (parallel SQLite
+writers lock, so the jobs must not race to do it) and writes the parent's id to a file in
+the sweep directory; each job reads it back with :func:`multirun_parent` and nests its runs
+under it, whichever launcher ran the job (a shared filesystem is assumed for clusters). At
+``on_multirun_end`` the parent ends FINISHED when every child did, FAILED otherwise, and is
+deleted if no job ran anything (a repeated sweep whose points were all done). If the sweep
+raises before its end, an exit handler ends the parent FAILED.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+from causalab.tracking import artifacts, plots
+from causalab.tracking import runs as store
+
+PARENT_FILE = ".mlflow_parent.json"
+
+
+def multirun_parent(sweep_dir: str) -> dict | None:
+    """The parent run a multirun's launcher opened (``run_id``, ``experiment``,
+    ``tracking_uri``), or None when tracking was off."""
+    path = Path(sweep_dir) / PARENT_FILE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def overrides_of(task_overrides: list[str]) -> dict[str, str]:
+    """``["model=gpt2", "site.layer=1"]`` -> ``{"model": "gpt2", "site.layer": "1"}``."""
+    pairs = {}
+    for override in task_overrides:
+        key, sep, value = override.partition("=")
+        if sep:
+            pairs[key.lstrip("+~")] = value
+    return pairs
+
+
+class MultirunParent(Callback):
+    """Open the multirun's parent run before any job, and end it after the last one."""
+
+    def __init__(self) -> None:
+        self._parent: dict | None = None
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        tracking = config.get("tracking") or {}
+        if not tracking.get("enabled", True):
+            return
+        uri = store.resolve_uri(tracking.get("uri"))
+        name = tracking.get("experiment") or store.DEFAULT_EXPERIMENT
+        mlflow = store.client(uri)
+        experiment = store.experiment_id(mlflow, name, uri)
+        sweep = list(config.hydra.overrides.task)
+        tags = {store.KIND: "multirun", store.VERSION: store.code_version(),
+                store.OVERRIDES: json.dumps(overrides_of(sweep), sort_keys=True)}
+        run_id = store.create_run(mlflow, experiment, " ".join(sweep) or "multirun", tags)
+        store.log_batch(mlflow, run_id, params=overrides_of(sweep))
+        self._parent = {"run_id": run_id, "experiment": name, "experiment_id": experiment,
+                        "tracking_uri": uri}
+        folder = Path(str(config.hydra.sweep.dir))
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / PARENT_FILE).write_text(json.dumps(self._parent))
+        atexit.register(self._abandon)
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        if self._parent is None:
+            return
+        parent, self._parent = self._parent, None
+        mlflow = store.client(parent["tracking_uri"])
+        children = store.children(mlflow, parent["experiment_id"], parent["run_id"])
+        if not children:
+            mlflow.delete_run(parent["run_id"])
+            return
+        points = [(_coordinates(run), dict(run.data.metrics)) for run in children]
+        for name, png in plots.sweep_plots(points).items():
+            artifacts.log_bytes(mlflow, parent["run_id"], png, name)
+        good = all(run.info.status == "FINISHED" for run in children)
+        store.terminate(mlflow, parent["run_id"], "FINISHED" if good else "FAILED")
+
+    def _abandon(self) -> None:
+        """At exit: a parent still open means the sweep raised before its end."""
+        if self._parent is None:
+            return
+        parent, self._parent = self._parent, None
+        mlflow = store.client(parent["tracking_uri"])
+        store.log_batch(mlflow, parent["run_id"],
+                        tags={store.ERROR: "the multirun stopped before its end"})
+        store.terminate(mlflow, parent["run_id"], "FAILED")
+
+
+def _coordinates(run) -> dict:
+    """A child's place in the sweep: its job's overrides plus its document coordinates."""
+    tags = run.data.tags
+    place = json.loads(tags.get(store.OVERRIDES) or "{}")
+    place.update(json.loads(tags.get(store.COORDINATES) or "{}"))
+    return place

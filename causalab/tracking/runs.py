@@ -1,0 +1,246 @@
+"""Where runs live and how they are found: tracking URI, experiment, run records, params.
+
+Every call goes through an ``MlflowClient`` built for one explicit URI and takes explicit
+run ids; nothing here touches MLflow's fluent, process-global active-run stack or sets
+environment variables (they would leak into child processes). Resolution order of the URI
+(PLATFORM §5): ``MLFLOW_TRACKING_URI``, then the configured URI, then a SQLite database
+``mlflow.db`` with artifacts in ``mlartifacts/`` under the working directory; the ``./mlruns``
+file store is never used.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.utils.validation import (
+    MAX_ENTITY_KEY_LENGTH, MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH,
+    MAX_PARAMS_TAGS_PER_BATCH, MAX_TAG_VAL_LENGTH,
+)
+
+from causalab.errors import TrackingError
+
+DEFAULT_EXPERIMENT = "causalab"
+DATABASE = "mlflow.db"
+ARTIFACTS = "mlartifacts"
+PARENT = "mlflow.parentRunId"
+PRODUCED_BY = "causalab.produced_by"
+POINT = "causalab.point"
+VERSION = "causalab.version"
+KIND = "causalab.kind"
+ERROR = "causalab.error"
+COORDINATES = "causalab.coordinates"
+MODEL_KEY = "causalab.model.key"
+MODEL_REVISION = "causalab.model.revision"
+SWEEP = "causalab.sweep"
+OVERRIDES = "causalab.overrides"
+_UNSAFE_KEY = re.compile(r"[^\w\-. /:]")
+
+
+def resolve_uri(configured: str | None = None, cwd: str | None = None) -> str:
+    """The URI runs go to: ``MLFLOW_TRACKING_URI``, else ``configured``, else ./mlflow.db.
+
+    >>> resolve_uri("http://127.0.0.1:5000") if "MLFLOW_TRACKING_URI" not in os.environ else ""
+    'http://127.0.0.1:5000'
+    """
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or configured
+    if uri:
+        return uri
+    return f"sqlite:///{Path(cwd or os.getcwd()).resolve() / DATABASE}"
+
+
+def artifact_location(uri: str) -> str | None:
+    """Explicit artifact root for a SQLite store (``mlartifacts`` beside the database file).
+
+    A server decides its own (``--artifacts-destination``), so it gets ``None``.
+    """
+    if not uri.startswith("sqlite:///"):
+        return None
+    database = Path(uri[len("sqlite:///"):])
+    return (database.resolve().parent / ARTIFACTS).as_uri()
+
+
+def ui_command(uri: str) -> str:
+    """The one command that shows these runs: the server's address, or ``mlflow ui`` on the DB."""
+    if uri.startswith(("http://", "https://")):
+        return f"open {uri}"
+    return f"mlflow ui --backend-store-uri {uri}"
+
+
+def code_version() -> str:
+    """``<package version>+<first 12 hex of the SHA-256 over the package's .py files>``."""
+    import hashlib
+    from importlib import metadata
+
+    try:
+        version = metadata.version("causalab")
+    except metadata.PackageNotFoundError:
+        version = "0"
+    package = Path(__file__).resolve().parents[1]
+    sha = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        sha.update(path.read_bytes())
+    return f"{version}+{sha.hexdigest()[:12]}"
+
+
+def client(uri: str) -> MlflowClient:
+    return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(mlflow: MlflowClient, name: str, uri: str) -> str:
+    """The id of experiment ``name``, created (with an explicit artifact root) when absent.
+
+    Two processes may race to create it; the loser finds the winner's experiment.
+    """
+    found = mlflow.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    try:
+        return mlflow.create_experiment(name, artifact_location=artifact_location(uri))
+    except Exception as error:
+        found = mlflow.get_experiment_by_name(name)
+        if found is None:
+            raise TrackingError(("tracking", "experiment"),
+                                f"cannot create experiment {name!r} at {uri}: {error}") from None
+        return found.experiment_id
+
+
+def create_run(mlflow: MlflowClient, experiment: str, name: str, tags: Mapping[str, str],
+               parent: str | None = None) -> str:
+    """Start one run (status RUNNING) and return its id; ``parent`` nests it."""
+    tags = dict(tags)
+    if parent:
+        tags[PARENT] = parent
+    run = mlflow.create_run(experiment, run_name=name or None, tags=_tag_values(tags))
+    return run.info.run_id
+
+
+def terminate(mlflow: MlflowClient, run_id: str, status: str) -> None:
+    """End a run. MLflow prints a server run's URL to stdout here; it goes to stderr instead,
+    because a run's stdout is the list of files it wrote."""
+    import contextlib
+    import sys
+
+    with contextlib.redirect_stdout(sys.stderr):
+        mlflow.set_terminated(run_id, status)
+
+
+def _tag_values(tags: Mapping[str, Any]) -> dict[str, str]:
+    return {_key(k): str(v)[:MAX_TAG_VAL_LENGTH] for k, v in tags.items() if v is not None}
+
+
+def finished_run(mlflow: MlflowClient, experiment: str, produced_by: str) -> str | None:
+    """The id of a FINISHED run in ``experiment`` whose ``causalab.produced_by`` is the digest."""
+    query = (f"tags.`{PRODUCED_BY}` = '{produced_by}' and attributes.status = 'FINISHED'")
+    runs = mlflow.search_runs([experiment], filter_string=query, max_results=1)
+    return runs[0].info.run_id if runs else None
+
+
+def children(mlflow: MlflowClient, experiment: str, parent: str) -> list:
+    """Every run nested directly under ``parent``."""
+    query = f"tags.`{PARENT}` = '{parent}'"
+    return list(mlflow.search_runs([experiment], filter_string=query, max_results=5000))
+
+
+def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Metric] = (),
+              params: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None):
+    """Log in as few requests as MLflow's batch limits allow."""
+    metrics = list(metrics)
+    for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+        mlflow.log_batch(run_id, metrics=metrics[start:start + MAX_METRICS_PER_BATCH])
+    items = [Param(k, v) for k, v in (params or {}).items()]
+    for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
+        mlflow.log_batch(run_id, params=items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
+    tag_items = [RunTag(k, v) for k, v in _tag_values(tags or {}).items()]
+    for start in range(0, len(tag_items), MAX_PARAMS_TAGS_PER_BATCH):
+        mlflow.log_batch(run_id, tags=tag_items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
+
+
+def metric(key: str, value: float, step: int, timestamp: int) -> Metric:
+    return Metric(_key(key), float(value), timestamp, int(step))
+
+
+def _key(key: str) -> str:
+    """A key MLflow accepts: its character set, its length."""
+    return _UNSAFE_KEY.sub("_", str(key))[:MAX_ENTITY_KEY_LENGTH]
+
+
+def param_value(value: Any) -> str:
+    """A coordinate as its sweep label writes it: one-element list bare, scalars plain, else JSON."""
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, str):
+        text = value
+    else:
+        text = json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return text[:MAX_PARAM_VAL_LENGTH]
+
+
+def flatten(config: Any) -> dict[str, str]:
+    """A composed config (DictConfig or plain data) as dotted ``key -> value`` params.
+
+    Lists are indexed (``sites.resid.layers.0``); values are cut to MLflow's length limit.
+    """
+    data = _plain(config)
+    flat: dict[str, str] = {}
+    _walk(data, "", flat)
+    return flat
+
+
+def _plain(config: Any) -> Any:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(config, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(config, resolve=True)
+    return config
+
+
+def _walk(node: Any, prefix: str, flat: dict[str, str]) -> None:
+    if isinstance(node, Mapping) and node:
+        for key, value in node.items():
+            _walk(value, f"{prefix}.{key}" if prefix else str(key), flat)
+    elif isinstance(node, (list, tuple)) and node:
+        for index, value in enumerate(node):
+            _walk(value, f"{prefix}.{index}" if prefix else str(index), flat)
+    elif prefix:
+        text = node if isinstance(node, str) else json.dumps(node)
+        flat[_key(prefix)] = text[:MAX_PARAM_VAL_LENGTH]
+
+
+def list_runs(produced_by: str | None = None, tracking_uri: str | None = None,
+              experiment: str | None = None) -> list[dict]:
+    """Runs of one experiment as plain dicts, newest first; ``produced_by`` filters by digest.
+
+    >>> rows = list_runs(produced_by="0" * 64)  # doctest: +SKIP
+    """
+    uri = resolve_uri(tracking_uri)
+    mlflow = client(uri)
+    name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+    found = mlflow.get_experiment_by_name(name)
+    if found is None:
+        return []
+    query = f"tags.`{PRODUCED_BY}` = '{produced_by}'" if produced_by else ""
+    runs = mlflow.search_runs([found.experiment_id], filter_string=query, max_results=5000)
+    return [_record(run) for run in runs]
+
+
+def _record(run) -> dict:
+    tags = run.data.tags
+    return {
+        "run_id": run.info.run_id,
+        "name": run.info.run_name,
+        "status": run.info.status,
+        "experiment_id": run.info.experiment_id,
+        "parent_run_id": tags.get(PARENT),
+        "produced_by": tags.get(PRODUCED_BY),
+        "point": tags.get(POINT),
+        "kind": tags.get(KIND),
+        "error": tags.get(ERROR),
+        "artifact_uri": run.info.artifact_uri,
+        "metrics": dict(run.data.metrics),
+        "params": dict(run.data.params),
+    }

@@ -1,0 +1,229 @@
+"""MLflow tracking against a real tracking server: runs, nesting, resume, failures, retrieval.
+
+Documents run end to end through the pipeline on the tiny built-in Llama; what the server
+holds is read back through MlflowClient and through its REST API with plain urllib.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from causalab.compile.plan import ModelRef, Plan
+from causalab.document import digest
+from causalab.errors import RunError
+from causalab.pipeline import run_document
+from causalab.tracking import TrackingEvents, fetch, list_runs, resolve_artifact, ui_command
+from causalab.tracking import runs as store
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "documents" / "v2"
+DATA = str(REPO / "documents" / "data")
+
+
+def _corpus(name: str) -> dict:
+    return json.loads((CORPUS / f"{name}.json").read_text())
+
+
+def _track(document: dict, server: str, experiment: str, out: Path, **options):
+    """Run ``document`` tracked to ``server``; returns the listener (and re-raises errors)."""
+    events = TrackingEvents(tracking_uri=server, experiment=experiment, out=str(out), **options)
+    run_document(document, out=str(out), data_root=DATA, events=events)
+    return events
+
+
+def _runs(server: str, experiment: str) -> list:
+    client = MlflowClient(server)
+    found = client.get_experiment_by_name(experiment)
+    return client.search_runs([found.experiment_id], max_results=1000) if found else []
+
+
+@pytest.fixture(scope="module")
+def head_sweep(mlflow_server, tmp_path_factory):
+    """head_patching.json (4 heads, 4 points) tracked once into its own experiment."""
+    experiment = f"head-sweep-{tmp_path_factory.getbasetemp().name}"
+    out = tmp_path_factory.mktemp("head-sweep")
+    events = _track(_corpus("head_patching"), mlflow_server, experiment, out)
+    return {"events": events, "experiment": experiment, "out": out,
+            "runs": _runs(mlflow_server, experiment)}
+
+
+def _children(runs: list, parent: str) -> list:
+    return [r for r in runs if r.data.tags.get(store.PARENT) == parent]
+
+
+def test_a_swept_document_is_one_parent_run_with_a_finished_child_per_point(head_sweep):
+    parents = [r for r in head_sweep["runs"] if store.PARENT not in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = _children(head_sweep["runs"], parents[0].info.run_id)
+    assert len(children) == 4
+    assert {r.info.status for r in children} == {"FINISHED"}
+    assert sorted(r.data.params["heads"] for r in children) == ["0", "1", "2", "3"]
+    assert sorted(r.info.run_name for r in children) == [f"heads={h}" for h in range(4)]
+
+
+def test_each_child_is_tagged_with_the_digest_of_its_own_document_artifact(head_sweep, tmp_path):
+    client = MlflowClient(head_sweep["events"].uri)
+    for run in _children(head_sweep["runs"], head_sweep["events"].sweep_run_id):
+        local = client.download_artifacts(run.info.run_id, "document.json", str(tmp_path))
+        document = json.loads(Path(local).read_text())
+        assert run.data.tags[store.PRODUCED_BY] == digest(document)
+        assert run.data.tags[store.MODEL_KEY] == "causalab:tiny-llama"
+        assert run.data.tags[store.VERSION]
+
+
+def test_each_child_has_its_metric_tables_as_artifacts_and_a_metric_per_table(head_sweep):
+    client = MlflowClient(head_sweep["events"].uri)
+    for run in _children(head_sweep["runs"], head_sweep["events"].sweep_run_id):
+        names = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"document.json", "iia.json", "logit_diff.json"} <= names
+        table = json.loads((head_sweep["out"] / run.info.run_name / "logit_diff.json").read_text())
+        values = [row["value"] for row in table if row["eligible"]]
+        assert run.data.metrics["logit_diff"] == pytest.approx(sum(values) / len(values), abs=1e-6)
+        assert run.data.metrics["logit_diff/eligible"] == len(values)
+        assert run.data.metrics["iia/eligible"] == len(values)
+
+
+def test_the_parent_holds_the_swept_document_and_the_run_record(head_sweep):
+    client = MlflowClient(head_sweep["events"].uri)
+    names = {a.path for a in client.list_artifacts(head_sweep["events"].sweep_run_id)}
+    assert {"document.json", "run.json"} <= names
+
+
+def test_the_server_rest_search_returns_the_children_with_their_swept_params(
+        head_sweep, mlflow_server, rest_search):
+    events = head_sweep["events"]
+    query = f"tags.`mlflow.parentRunId` = '{events.sweep_run_id}'"
+    found = rest_search(mlflow_server, events.experiment_id, query)
+    heads = sorted(p["value"] for run in found for p in run["data"]["params"]
+                   if p["key"] == "heads")
+    assert heads == ["0", "1", "2", "3"]
+
+
+def test_running_the_same_document_again_adds_no_finished_run(head_sweep, mlflow_server,
+                                                              tmp_path):
+    before = _runs(mlflow_server, head_sweep["experiment"])
+    events = _track(_corpus("head_patching"), mlflow_server, head_sweep["experiment"], tmp_path)
+    after = _runs(mlflow_server, head_sweep["experiment"])
+    assert len(events.skipped) == 4 and not events.point_runs
+    assert sorted(r.info.run_id for r in after) == sorted(r.info.run_id for r in before)
+
+
+def test_list_runs_finds_a_point_by_its_digest(head_sweep, mlflow_server):
+    run = _children(head_sweep["runs"], head_sweep["events"].sweep_run_id)[0]
+    found = list_runs(produced_by=run.data.tags[store.PRODUCED_BY], tracking_uri=mlflow_server,
+                      experiment=head_sweep["experiment"])
+    assert [r["run_id"] for r in found] == [run.info.run_id]
+    assert found[0]["status"] == "FINISHED" and found[0]["metrics"]["iia/eligible"] == 4
+
+
+def _failing_sweep() -> dict:
+    """Two points; the second writes at an anchor no base prompt contains (R1 at run time)."""
+    document = _corpus("patching")
+    patch = document["interventions"]["patch"]
+    patch["reads"]["v_cf"]["pos"] = {"index": -1, "scope": {"variable": "entity"}}
+    patch["writes"]["patch"]["pos"] = {
+        "index": -1, "scope": {"variable": {"sweep": ["entity", "cf_answer"]}}}
+    return document
+
+
+def test_a_point_that_raises_ends_failed_with_its_error_and_the_point_before_it_finished(
+        mlflow_server, experiment_name, tmp_path):
+    with pytest.raises(RunError):
+        _track(_failing_sweep(), mlflow_server, experiment_name, tmp_path)
+    runs = {r.info.run_name: r for r in _runs(mlflow_server, experiment_name)}
+    assert runs["variable=entity"].info.status == "FINISHED"
+    failed = runs["variable=cf_answer"]
+    assert failed.info.status == "FAILED"
+    assert "empty window" in failed.data.tags[store.ERROR]
+    assert runs["sweep"].info.status == "FAILED"
+
+
+def _plan(label: str, directory: str) -> Plan:
+    model = ModelRef("causalab:tiny-llama", "0" * 64, "fp32", None, "/nowhere")
+    document = {"model": {"key": model.key}, "steps": {"s": {"kind": "observe"}}, "n": label}
+    return Plan(name=label, directory=directory, children=(), model=model,
+                digest=digest(document), document=document, coordinates={"n": label})
+
+
+def test_an_interrupted_point_ends_killed(mlflow_server, experiment_name):
+    events = TrackingEvents(tracking_uri=mlflow_server, experiment=experiment_name)
+    first, second = _plan("n=1", "n=1"), _plan("n=2", "n=2")
+    events.run_start({"n": {"sweep": ["1", "2"]}}, [first, second])
+    assert events.point_start(first)
+    events.metric(first, "s", "iia", 0.5, 3)
+    events.point_end(first, [], None)
+    assert events.point_start(second)
+    events.point_end(second, [], KeyboardInterrupt())
+    status = {r.info.run_name: r.info.status for r in _runs(mlflow_server, experiment_name)}
+    assert status == {"n=1": "FINISHED", "n=2": "KILLED", "sweep": "KILLED"}
+
+
+def test_a_listener_closed_by_an_error_leaves_nothing_running(mlflow_server, experiment_name):
+    point = _plan("1", "")
+    with pytest.raises(ValueError):
+        with TrackingEvents(tracking_uri=mlflow_server, experiment=experiment_name) as events:
+            events.run_start({}, [Plan(name="", directory="", children=(), model=point.model,
+                                       digest=point.digest, document=point.document)])
+            events.point_start(point)
+            raise ValueError("stopped")
+    assert [r.info.status for r in _runs(mlflow_server, experiment_name)] == ["FAILED"]
+
+
+@pytest.fixture(scope="module")
+def das_run(mlflow_server, tmp_path_factory):
+    experiment = f"das-{tmp_path_factory.getbasetemp().name}"
+    out = tmp_path_factory.mktemp("das")
+    events = _track(_corpus("das"), mlflow_server, experiment, out)
+    (run_id,) = events.point_runs.values()
+    return {"events": events, "run_id": run_id, "out": out,
+            "run": MlflowClient(mlflow_server).get_run(run_id)}
+
+
+def test_a_fit_logs_its_loss_per_update_and_its_eval_metric_per_epoch(das_run, mlflow_server):
+    client = MlflowClient(mlflow_server)
+    losses = client.get_metric_history(das_run["run_id"], "train/loss")
+    evals = client.get_metric_history(das_run["run_id"], "eval/iia")
+    assert [m.step for m in sorted(losses, key=lambda m: m.step)] == list(range(len(losses)))
+    assert [m.step for m in sorted(evals, key=lambda m: m.step)] == list(range(len(evals)))
+    assert 1 <= len(evals) <= 10 and len(losses) >= len(evals)
+    names = {a.path for a in client.list_artifacts(das_run["run_id"])}
+    assert {"rot.safetensors", "heldout_iia.json", "run.json", "document.json"} <= names
+    assert "plots/fit_loss.png" in {a.path for a in client.list_artifacts(das_run["run_id"],
+                                                                          "plots")}
+
+
+def test_fetch_brings_back_the_rotation_a_das_run_saved(das_run, mlflow_server, tmp_path,
+                                                         monkeypatch):
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("CAUSALAB_HOME", str(tmp_path / "home"))
+    uri = f"runs:/{das_run['run_id']}/rot.safetensors"
+    fetched = fetch(uri, str(tmp_path / "rot.safetensors"), tracking_uri=mlflow_server)
+    resolved = resolve_artifact(uri, tracking_uri=mlflow_server)
+    local = load_file(str(das_run["out"] / "rot.safetensors"))["weight"]
+    assert load_file(fetched)["weight"].equal(local)
+    assert load_file(resolved)["weight"].equal(local)
+    assert Path(resolved).is_relative_to(tmp_path / "home")
+
+
+def test_the_tracking_uri_comes_from_the_environment_then_the_config_then_the_cwd(
+        monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert store.resolve_uri(None, cwd=str(tmp_path)) == f"sqlite:///{tmp_path}/mlflow.db"
+    assert store.resolve_uri("http://h:1") == "http://h:1"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://env:2")
+    assert store.resolve_uri("http://h:1") == "http://env:2"
+    assert store.artifact_location(f"sqlite:///{tmp_path}/mlflow.db") == (
+        (tmp_path / "mlartifacts").as_uri())
+    assert store.artifact_location("http://env:2") is None
+    assert ui_command(f"sqlite:///{tmp_path}/mlflow.db").startswith(
+        "mlflow ui --backend-store-uri sqlite:///")
+
+
+def test_the_flattened_config_keeps_every_leaf_within_mlflow_limits():
+    flat = store.flatten({"a": {"b": [1, {"c": "x" * 7000}], "d": None}, "e": True})
+    assert flat["a.b.0"] == "1" and flat["a.d"] == "null" and flat["e"] == "true"
+    assert len(flat["a.b.1.c"]) == 6000
