@@ -15,7 +15,7 @@ is shown only with ``--debug``.
 from __future__ import annotations
 
 import argparse
-import importlib
+import contextlib
 import json
 import os
 import re
@@ -176,30 +176,29 @@ def verb_explain(args: argparse.Namespace) -> dict:
 # --- verbs that run or reach the tracking store ------------------------------------------
 
 def _tracking_events(args: argparse.Namespace) -> Any:
-    """The MLflow listener for a run, or None with ``--no-track`` or without tracking."""
+    """The MLflow listener for a run (PLATFORM §5), or None with ``--no-track``."""
     if args.no_track:
         return None
-    try:
-        tracking = importlib.import_module("causalab.tracking")
-    except ModuleNotFoundError as err:
-        if err.name and err.name.startswith("causalab"):
-            return None
-        raise
-    listener = getattr(tracking, "TrackingEvents", None)
-    if listener is None:
-        return None
-    return listener(tracking_uri=args.tracking_uri, rerun=args.rerun,
-                    argv=list(sys.argv[1:]))
+    from causalab.tracking import TrackingEvents
+
+    return TrackingEvents(tracking_uri=args.tracking_uri, rerun=args.rerun, out=args.out,
+                          argv=list(args.argv))
 
 
 def verb_run(args: argparse.Namespace) -> dict:
-    """Run a document and list the files written, in order; nothing else is printed."""
+    """Run a document and list the files written, in order; nothing else is printed.
+
+    With tracking on, a point that raises or is interrupted ends its MLflow run FAILED or
+    KILLED (the listener's context exit), never left looking finished.
+    """
     from causalab.pipeline import run_document
 
     raw = _read_document(args.document)
-    written = run_document(raw, out=args.out, batch_size=args.batch_size,
-                           device_map=args.device_map, data_root=args.data_root,
-                           events=_tracking_events(args))
+    events = _tracking_events(args)
+    with events if events is not None else contextlib.nullcontext():
+        written = run_document(raw, out=args.out, batch_size=args.batch_size,
+                               device_map=args.device_map, data_root=args.data_root,
+                               events=events)
     written = [str(p) for p in written]
     return {"text": "\n".join(written), "written": written, "out": args.out}
 
@@ -226,7 +225,7 @@ def verb_runs(args: argparse.Namespace) -> dict:
 
     runs = list_runs(produced_by=args.produced_by, tracking_uri=args.tracking_uri)
     lines = [f"{r['run_id']}  {r['status']:<9} {(r.get('name') or ''):<24} "
-             f"{(r.get('produced_by') or '')[:12]}" for r in runs]
+             f"{(r.get('produced_by') or '')[:12]}".rstrip() for r in runs]
     return {"text": "\n".join(lines) if lines else "(no runs)", "runs": runs}
 
 
@@ -365,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             args = build_parser().parse_args(argv)
+            args.argv = argv
         except SystemExit as stop:  # --help and --version print and stop
             return int(stop.code or 0)
         result = VERBS[args.verb][0](args)

@@ -207,3 +207,42 @@ print(json.dumps(heavy), file=sys.stderr)
     assert done.returncode == 0, done.stderr
     assert "ok: " in done.stdout and "components:" in done.stdout
     assert json.loads(done.stderr.strip().splitlines()[-1]) == []
+
+
+def test_run_prints_the_written_paths_in_order_and_nothing_else(capsys, tmp_path):
+    out = tmp_path / "out"
+    status, stdout, err = cli(capsys, "run", str(CORPUS / "patching.json"), "--device-map", "cpu",
+                              "--no-track", "--out", str(out), "--data-root", DATA)
+    assert status == 0, err
+    names = ["document.json", "run.json", "iia.json", "logit_diff.json"]
+    assert stdout.splitlines() == [str(out / name) for name in names]
+    table = json.loads((out / "iia.json").read_text())
+    assert [row["example_id"] for row in table] == ["Thu-Sat", "Fri-Sun", "Sat-Thu", "Sun-Fri"]
+
+
+def test_a_refused_run_writes_nothing(capsys, tmp_path):
+    path = _broken(tmp_path, lambda d: d["sites"]["target"].update(layers=[7]))
+    out = tmp_path / "out"
+    status, stdout, err = cli(capsys, "run", path, "--device-map", "cpu", "--no-track",
+                              "--out", str(out), "--data-root", DATA)
+    assert status == 1 and stdout == ""
+    assert err.startswith("error: sites.target.layers") and err.count("\n") == 1
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_tracked_run_is_listed_by_runs_and_its_tables_fetched(capsys, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "out"
+    status, _, err = cli(capsys, "run", str(CORPUS / "zero_ablation.json"), "--device-map", "cpu",
+                         "--tracking-uri", uri, "--out", str(out), "--data-root", DATA)
+    assert status == 0, err
+    produced_by = json.loads((out / "zeroed.json").read_text())[0]["produced_by"]
+    runs = cli_json(capsys, "runs", "--tracking-uri", uri, "--produced-by", produced_by)["runs"]
+    assert [r["status"] for r in runs] == ["FINISHED"]
+    target = tmp_path / "fetched.json"
+    fetched = cli_json(capsys, "fetch", f"runs:/{runs[0]['run_id']}/zeroed.json", "-o",
+                       str(target), "--tracking-uri", uri)
+    assert json.loads(Path(fetched["path"]).read_text()) == json.loads(
+        (out / "zeroed.json").read_text())
