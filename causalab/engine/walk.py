@@ -101,7 +101,7 @@ def run_pass(model: Any, pass_: Pass, state: dict | None, *, rows=None,
     with torch.set_grad_enabled(grad):
         for forward in pass_.forwards:
             if forward.decode:
-                raise RunError((pass_.intervention, "decode"),
+                raise RunError(("interventions", pass_.intervention, "decode"),
                                "generation (decode > 0) is not supported by this engine yet")
             raw = _forward_reads(model, pass_, forward, state, run_rows, resolved, values)
             for read in forward.reads:
