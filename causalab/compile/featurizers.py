@@ -1,15 +1,16 @@
 """The ``featurizers`` plan node: each declared featurizer with ``d``, seed, stamp and trainer.
 
-Reads a bundle's safetensors header (JSON, no tensors) only to learn an ``sae``/``linear``
-rank; stamps and tensor shapes are checked where the bundle is loaded, in the engine.
+Reads a bundle's safetensors header (JSON, no tensors) to learn an ``sae``/``linear`` rank
+and to check its stamp and shapes (C8) before any weight loads; a ``runs:/`` bundle is
+checked where the run fetches it.
 """
 from __future__ import annotations
 
 import json
-import struct
-from pathlib import Path
+import re
 from typing import Any
 
+from causalab.compile.bundles import check_bundle, read_stamp
 from causalab.compile.plan import Address, FeaturizerSpec, Featurizers, ModelRef
 from causalab.errors import CompileError
 
@@ -50,16 +51,18 @@ def _trainers(document: dict) -> dict[str, tuple[str, int]]:
 
 def bundle_rank(file_path: str, path: tuple) -> int | None:
     """``k`` of an sae/linear bundle: the second axis of ``W_enc`` in the safetensors header."""
-    try:
-        with Path(file_path).open("rb") as handle:
-            (size,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(size))
-    except (OSError, ValueError, struct.error) as err:
-        raise CompileError(path, f"bundle {file_path!r} is missing or unreadable: {err}") from None
-    entry = header.get("W_enc")
-    if not entry or len(entry.get("shape", ())) != 2:
+    if _is_uri(file_path):
+        return None
+    _, shapes = read_stamp(file_path, at=path)
+    entry = shapes.get("W_enc")
+    if not entry or len(entry) != 2:
         raise CompileError(path, f"bundle {file_path!r} has no 2-axis W_enc tensor")
-    return int(entry["shape"][1])
+    return int(entry[1])
+
+
+def _is_uri(file_path: str) -> bool:
+    """A ``runs:/`` (or other scheme) bundle is fetched and checked where the run runs."""
+    return re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/", file_path) is not None
 
 
 def stamp(name: str, kind: str, k: int | None, d: int, site: str, address: Address,
@@ -94,12 +97,15 @@ def _spec(name: str, raw: dict, site: str, address: Address, trainer, model: Mod
     seed = raw.get("seed")
     if seed is None:
         seed = trainer[1] if trainer else 0
-    return FeaturizerSpec(
+    spec = FeaturizerSpec(
         name=name, kind=kind, d=d, k=k, seed=seed, file_path=raw.get("file_path"),
         trust_unstamped=bool(raw.get("trust_unstamped", False)),
         parametrization=raw.get("parametrization", "cayley"),
         stamp=stamp(name, kind, k, d, site, address, model, digest),
         trained_by=trainer[0] if trainer else None)
+    if spec.file_path is not None and not _is_uri(spec.file_path):
+        check_bundle(spec)
+    return spec
 
 
 def featurizers_node(document: dict, addresses: dict[str, Address], model: ModelRef,
