@@ -36,7 +36,7 @@ def compose(overrides: Sequence[str], config_dir: str | None = None):
         with initialize_config_dir(config_dir=folder, version_base="1.3"):
             return hydra_compose(config_name="config", overrides=list(overrides))
     except (HydraException, OmegaConfBaseException) as error:
-        raise UsageError(("overrides",), _first_line(error)) from None
+        raise UsageError(("overrides",), _one_line(error)) from None
 
 
 def document_of(config: Any) -> dict:
@@ -48,7 +48,7 @@ def document_of(config: Any) -> dict:
         try:
             data = OmegaConf.to_container(config, resolve=True)
         except OmegaConfBaseException as error:
-            raise UsageError(("overrides",), _first_line(error)) from None
+            raise UsageError(("overrides",), _one_line(error)) from None
     else:
         data = dict(config)
     return {key: value for key, value in data.items() if key not in SCAFFOLDING}
@@ -59,6 +59,8 @@ def render(overrides: Sequence[str], config_dir: str | None = None) -> dict:
     return document_of(compose(overrides, config_dir))
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+def _one_line(error: BaseException) -> str:
+    """Hydra's message folded onto one line (its hints sit on the following lines)."""
+    lines = [line.strip() for line in str(error).split("Config search path")[0].splitlines()
+             if line.strip()]
+    return "; ".join(line for line in lines if not line.startswith("full_key")) or type(error).__name__

@@ -1,0 +1,173 @@
+"""Rendering: every composed experiment is a valid document, and the tiny Llama's renderings
+are the hand-written corpus documents, digest for digest."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from causalab.document import digest, lower, validate
+from causalab.errors import UsageError
+from causalab.render import CONF, SCAFFOLDING, render
+
+REPO = Path(__file__).resolve().parents[2]
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+DOCUMENT_KEYS = {"header", "model", "roles", "sites", "featurizers", "interventions", "steps"}
+
+# corpus document -> the overrides that render it on the tiny Llama
+CORPUS = {
+    "patching": ["experiment=patching"],
+    "neuron_patching": ["experiment=patching", "site=neurons"],
+    "head_patching": ["experiment=head_patching"],
+    "logit_lens": ["experiment=logit_lens"],
+    "zero_ablation": ["experiment=zero_ablation"],
+    "mean_ablation": ["experiment=mean_ablation"],
+    "steer_renormalize": ["experiment=steer"],
+    "das": ["experiment=das"],
+    "das_apply": ["experiment=das_apply"],
+    "dbm": ["experiment=dbm"],
+    "pca_harvest": ["experiment=pca"],
+    "sae_feature_ablation": ["experiment=sae_ablation"],
+}
+
+
+def _point_digests(document: dict) -> list[tuple[str, str]]:
+    return [(point.label, digest(point.document)) for point in lower(document)]
+
+
+def test_the_shipped_groups_are_all_there():
+    assert {"patching", "layer_sweep", "head_patching", "das", "das_apply", "dbm",
+            "mean_ablation", "zero_ablation", "logit_lens", "steer", "pca",
+            "sae_ablation"} <= set(EXPERIMENTS)
+    assert {"llama", "gpt2", "gemma2", "qwen2", "tiny_llama", "tiny_gpt2", "tiny_gemma2",
+            "tiny_qwen2", "llama3_2_1b"} <= set(MODELS)
+    for group in ("site", "data", "tracking", "hydra/launcher"):
+        assert list((CONF / group).glob("*.yaml")), group
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_renders_to_a_valid_document_on_every_model(experiment):
+    for model in MODELS:
+        document = render([f"experiment={experiment}", f"model={model}"])
+        assert set(document) <= DOCUMENT_KEYS, (model, set(document) - DOCUMENT_KEYS)
+        points = validate(document)
+        assert points, (experiment, model)
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_the_tiny_llama_rendering_has_the_digest_of_the_corpus_document(name):
+    corpus = json.loads((REPO / "documents" / "v2" / f"{name}.json").read_text())
+    rendered = render(CORPUS[name] + ["model=tiny_llama"])
+    assert digest(rendered) == digest(corpus)
+    assert _point_digests(rendered) == _point_digests(corpus)
+
+
+def test_hydra_only_keys_never_enter_the_document_or_its_digest():
+    plain = render(["experiment=patching", "model=tiny_llama"])
+    busy = render(["experiment=patching", "model=tiny_llama", "tracking=server",
+                   "tracking.uri=http://elsewhere:5000", "run.batch_size=2",
+                   "run.out=/tmp/x", "run.device_map=auto", "data.harvest=weekdays/train"])
+    assert not set(busy) & set(SCAFFOLDING)
+    assert digest(busy) == digest(plain)
+    moved = render(["experiment=patching", "model=tiny_llama", "site.layer=1"])
+    assert moved["sites"]["target"]["layers"] == [1]
+    assert digest(moved) != digest(plain)
+
+
+def test_a_document_value_can_be_overridden_from_the_command_line():
+    document = render(["experiment=das", "model=tiny_llama", "featurizers.rot.k=4",
+                       "+featurizers.rot.file_path=runs:/abc/rot.safetensors"])
+    assert document["featurizers"]["rot"] == {"kind": "subspace", "k": 4,
+                                              "file_path": "runs:/abc/rot.safetensors"}
+
+
+@pytest.mark.parametrize("overrides", [["experiment=nowhere"], ["site.layer=0,1"],
+                                       ["+model.no_such=${nothing.here}"]],
+                         ids=["missing_group_option", "sweep_without_multirun",
+                              "broken_interpolation"])
+def test_a_bad_override_is_a_usage_error_at_the_overrides(overrides):
+    with pytest.raises(UsageError) as refused:
+        render(overrides)
+    assert refused.value.path == ("overrides",)
+
+
+def test_the_built_in_model_files_pin_the_tensor_digest_and_state_the_shape():
+    from causalab.models import BUILTINS, SCHEME, resolve
+
+    for model in MODELS:
+        document = render(["experiment=patching", f"model={model}"])
+        key = document["model"]["key"]
+        if not key.startswith(SCHEME):
+            continue
+        assert document["model"]["revision"] == resolve(key).revision, model
+        shape = compose_config([f"model={model}"])["shape"]
+        config = BUILTINS[key[len(SCHEME):]]["config"]
+        layers = config.get("num_hidden_layers", config.get("n_layer"))
+        heads = config.get("num_attention_heads", config.get("n_head"))
+        assert (shape["layers"], shape["heads"]) == (layers, heads), model
+        assert shape["each_layer"] == [[i] for i in range(layers)]
+        assert shape["each_head"] == [[i] for i in range(heads)]
+
+
+def test_a_family_name_is_one_line_pointing_at_a_built_in():
+    for family in ("llama", "gpt2", "gemma2", "qwen2"):
+        lines = [line for line in (CONF / "model" / f"{family}.yaml").read_text().splitlines()
+                 if line.strip() and not line.lstrip().startswith("#")]
+        assert lines[0] == "defaults:" and len(lines) == 2, family
+        assert render([f"model={family}"])["model"]["key"].startswith("causalab:")
+
+
+def test_every_experiment_file_is_global_overrides_with_the_command_that_runs_it():
+    for path in sorted((CONF / "experiment").glob("*.yaml")):
+        text = path.read_text()
+        header = [line for line in text.splitlines() if line.startswith("#")]
+        assert header[0] == "# @package _global_", path.name
+        assert any(f"experiment={path.stem}" in line and "python -m causalab.run" in line
+                   for line in header), path.name
+
+
+def test_document_groups_render_data_and_never_instantiate():
+    for path in CONF.rglob("*.yaml"):
+        if path.relative_to(CONF).parts[0] != "hydra" and path.name != "config.yaml":
+            assert "_target_" not in path.read_text(), path
+    assert not (REPO / "causalab" / "hydra.py").exists()
+
+
+def compose_config(overrides: list[str], hydra: bool = False):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=overrides, return_hydra_config=hydra)
+
+
+def test_the_multirun_parent_callback_is_registered():
+    config = compose_config([], hydra=True)
+    target = config.hydra.callbacks.mlflow_parent._target_
+    assert target == "causalab.tracking.callbacks.MultirunParent"
+    from causalab.tracking.callbacks import MultirunParent  # the target imports
+
+    assert MultirunParent
+
+
+@pytest.mark.parametrize("launcher,target,keys", [
+    ("joblib", "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher",
+     {"n_jobs", "prefer", "backend"}),
+    ("submitit_slurm", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
+     {"submitit_folder", "timeout_min", "partition", "gpus_per_node", "mem_gb", "nodes"}),
+    ("ray", "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher", {"ray"}),
+], ids=["joblib", "submitit_slurm", "ray"])
+def test_each_launcher_config_composes_and_names_its_plugin(launcher, target, keys):
+    config = compose_config([f"hydra/launcher={launcher}", "experiment=layer_sweep"], hydra=True)
+    assert config.hydra.launcher._target_ == target
+    assert keys <= set(config.hydra.launcher)
+
+
+def test_joblib_is_the_installed_plugin_s_own_config_with_no_shadowing_file():
+    from dataclasses import fields
+
+    from hydra_plugins.hydra_joblib_launcher.config import JobLibLauncherConf
+
+    assert not (CONF / "hydra" / "launcher" / "joblib.yaml").exists()
+    config = compose_config(["hydra/launcher=joblib"], hydra=True)
+    assert set(config.hydra.launcher) == {f.name for f in fields(JobLibLauncherConf)}
