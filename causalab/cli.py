@@ -334,12 +334,9 @@ def _error_line(err: BaseException) -> str:
         return f"error: {_one_line(err.message)}"
     if isinstance(err, CausalabError):
         return f"error: {format_path(err.path)}: {_one_line(err.message)}"
-    return f"error: {type(err).__name__}: {_one_line(str(err))}"
-
-
-def _wants(argv: Sequence[str], flag: str) -> bool:
-    """Whether ``flag`` was given, even when parsing itself failed."""
-    return flag in argv
+    # Not a refusal but a fault: still one line, with the way to see more.
+    return (f"error: {type(err).__name__}: {_one_line(str(err))} "
+            f"(run with --debug for the traceback)")
 
 
 def _print(result: dict, as_json: bool) -> None:
@@ -360,7 +357,7 @@ def _print(result: dict, as_json: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one verb; returns the exit status (0 ok, 1 refused, 2 usage, 130 interrupted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = _wants(argv, "--debug")
+    debug = "--debug" in argv  # known even when parsing itself fails
     try:
         try:
             args = build_parser().parse_args(argv)
