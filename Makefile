@@ -5,6 +5,9 @@ export HF_HUB_OFFLINE := 1
 export HF_HUB_DISABLE_PROGRESS_BARS := 1
 export MLFLOW_DISABLE_TELEMETRY := true
 export TOKENIZERS_PARALLELISM := false
+# nnsight runs the trace body in a worker thread; spinning OpenMP threads make each small
+# matmul wait ~10 ms on 2 cores. Passive waiting removes that (measured in scripts/bench).
+export OMP_WAIT_POLICY := PASSIVE
 
 .PHONY: setup test test-slow test-all run ui bench clean
 
