@@ -57,7 +57,7 @@ class MultirunParent(Callback):
         name = tracking.get("experiment") or store.DEFAULT_EXPERIMENT
         mlflow = store.client(uri)
         experiment = store.experiment_id(mlflow, name, uri)
-        sweep = list(config.hydra.overrides.task)
+        sweep = _naming(config)
         tags = {store.KIND: "multirun", store.VERSION: store.code_version(),
                 store.OVERRIDES: json.dumps(overrides_of(sweep), sort_keys=True)}
         run_id = store.create_run(mlflow, experiment, " ".join(sweep) or "multirun", tags)
@@ -93,6 +93,14 @@ class MultirunParent(Callback):
         store.log_batch(mlflow, parent["run_id"],
                         tags={store.ERROR: "the multirun stopped before its end"})
         store.terminate(mlflow, parent["run_id"], "FAILED")
+
+
+def _naming(config: Any) -> list[str]:
+    """The sweep's overrides that name it: those the jobs' names keep too."""
+    naming = config.hydra.job.config.override_dirname
+    excluded = set(naming.get("exclude_keys") or ())
+    return [o for o in config.hydra.overrides.task
+            if o.partition("=")[0].lstrip("+~") not in excluded]
 
 
 def _coordinates(run) -> dict:

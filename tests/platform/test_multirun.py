@@ -1,0 +1,71 @@
+"""A real Hydra multirun (``python -m causalab.run -m ...``) lands in MLflow as one parent run
+with one child per job, whichever launcher ran the jobs."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from causalab.tracking import runs as store
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _multirun(arguments: list[str], cwd: Path, server: str, timeout: int = 600):
+    env = dict(os.environ, MLFLOW_TRACKING_URI=server, HF_HUB_OFFLINE="1",
+               MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_DISABLE_PROGRESS_BARS="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-m", "causalab.run", "-m", *arguments,
+               f"run.data_root={REPO / 'documents' / 'data'}", f"hydra.sweep.dir={cwd / 'multirun'}"]
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def _experiment_runs(server: str, experiment: str) -> list:
+    client = MlflowClient(server)
+    found = client.get_experiment_by_name(experiment)
+    return client.search_runs([found.experiment_id], max_results=1000)
+
+
+def test_a_joblib_multirun_of_three_jobs_is_one_parent_with_three_finished_children(
+        mlflow_server, experiment_name, tmp_path):
+    done = _multirun(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "experiment=patching",
+                      "model=tiny_llama", "site=resid,attn_out,mlp_out",
+                      f"tracking.experiment={experiment_name}"], tmp_path, mlflow_server)
+    runs = _experiment_runs(mlflow_server, experiment_name)
+    (parent,) = [r for r in runs if store.PARENT not in r.data.tags]
+    children = [r for r in runs if r.data.tags.get(store.PARENT) == parent.info.run_id]
+    assert len(runs) == 4 and len(children) == 3
+    assert parent.data.tags[store.KIND] == "multirun" and parent.info.status == "FINISHED"
+    assert {r.info.status for r in children} == {"FINISHED"}
+    assert sorted(r.data.params["site"] for r in children) == ["attn_out", "mlp_out", "resid"]
+    client = MlflowClient(mlflow_server)
+    for child in children:
+        names = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert {"document.json", "run.json", "hydra_config.yaml", "iia.json"} <= names
+        assert "logit_diff" in child.data.metrics
+    assert "mlflow ui" not in done.stdout and "see them" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_multirun_of_swept_documents_nests_each_job_s_points_under_its_own_run(
+        mlflow_server, experiment_name, tmp_path):
+    _multirun(["experiment=layer_sweep", "model=tiny_llama,tiny_gpt2",
+               f"tracking.experiment={experiment_name}"], tmp_path, mlflow_server)
+    runs = {r.info.run_id: r for r in _experiment_runs(mlflow_server, experiment_name)}
+    (parent,) = [r for r in runs.values() if store.PARENT not in r.data.tags]
+    jobs = [r for r in runs.values() if r.data.tags.get(store.PARENT) == parent.info.run_id]
+    assert sorted(r.data.params["model"] for r in jobs) == ["tiny_gpt2", "tiny_llama"]
+    for job in jobs:
+        points = [r for r in runs.values() if r.data.tags.get(store.PARENT) == job.info.run_id]
+        assert sorted(r.info.run_name for r in points) == ["layers=0", "layers=1"]
+        assert {r.info.status for r in points} == {"FINISHED"}
+        plots = MlflowClient(mlflow_server).list_artifacts(job.info.run_id, "plots")
+        assert [a.path for a in plots] == ["plots/layer_curve.png"]
+    assert len(runs) == 1 + 2 + 4
