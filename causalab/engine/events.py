@@ -33,3 +33,11 @@ class Events:
 
     def run_end(self, written: list[str]) -> None:
         """After the last point."""
+
+    def resolve(self, uri: str) -> str:
+        """A local path for a bundle ``file_path`` that is a URI (``runs:/<run_id>/<path>``).
+
+        The base listener knows no store and returns ``uri`` unchanged; the tracking listener
+        downloads the artifact. The engine passes this as the bundle resolver.
+        """
+        return uri

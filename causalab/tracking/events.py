@@ -227,6 +227,10 @@ class TrackingEvents(Events):
             artifacts.log_bytes(self.client, self.sweep_run_id, png, name)
         self._end(self.sweep_run_id, RuntimeError("a point failed") if self.failed else None)
 
+    def resolve(self, uri: str) -> str:
+        """A ``runs:/<run_id>/<path>`` bundle downloaded from this listener's tracking URI."""
+        return artifacts.resolve_artifact(uri, self.uri)
+
     def close(self, error: BaseException | None = None) -> None:
         """End whatever is still open: KILLED on an interrupt, FAILED on any other error."""
         error = error or RuntimeError("the run stopped before its end")
