@@ -64,8 +64,9 @@ def test_a_multirun_of_swept_documents_nests_each_job_s_points_under_its_own_run
     assert sorted(r.data.params["model"] for r in jobs) == ["tiny_gpt2", "tiny_llama"]
     for job in jobs:
         points = [r for r in runs.values() if r.data.tags.get(store.PARENT) == job.info.run_id]
-        assert sorted(r.info.run_name for r in points) == ["layers=0", "layers=1"]
+        assert sorted(r.info.run_name for r in points) == [
+            "layers=0,pos=-1", "layers=0,pos=-4", "layers=1,pos=-1", "layers=1,pos=-4"]
         assert {r.info.status for r in points} == {"FINISHED"}
         plots = MlflowClient(mlflow_server).list_artifacts(job.info.run_id, "plots")
         assert [a.path for a in plots] == ["plots/layer_curve.png"]
-    assert len(runs) == 1 + 2 + 4
+    assert len(runs) == 1 + 2 + 8

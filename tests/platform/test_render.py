@@ -32,6 +32,12 @@ CORPUS = {
     "pca_harvest": ["experiment=pca"],
     "sae_feature_ablation": ["experiment=sae_ablation"],
 }
+# documents/real/ -> the overrides that render it (Llama-3.2-1B, all 42 weekday pairs)
+REAL = {
+    "weekdays_layer_sweep": ["experiment=layer_sweep", "model=llama3_2_1b", "data=weekdays_full"],
+    "weekdays_head_patching": ["experiment=head_patching", "model=llama3_2_1b",
+                               "data=weekdays_full", "site=head_grid", "site.layers=[10,11,12]"],
+}
 
 
 def _point_digests(document: dict) -> list[tuple[str, str]]:
@@ -61,6 +67,14 @@ def test_every_experiment_renders_to_a_valid_document_on_every_model(experiment)
 def test_the_tiny_llama_rendering_has_the_digest_of_the_corpus_document(name):
     corpus = json.loads((REPO / "documents" / "v2" / f"{name}.json").read_text())
     rendered = render(CORPUS[name] + ["model=tiny_llama"])
+    assert digest(rendered) == digest(corpus)
+    assert _point_digests(rendered) == _point_digests(corpus)
+
+
+@pytest.mark.parametrize("name", sorted(REAL))
+def test_the_real_checkpoint_documents_render_from_the_same_groups(name):
+    corpus = json.loads((REPO / "documents" / "real" / f"{name}.json").read_text())
+    rendered = render(REAL[name])
     assert digest(rendered) == digest(corpus)
     assert _point_digests(rendered) == _point_digests(corpus)
 
