@@ -71,19 +71,22 @@ def _plain(name: str, produced: dict) -> str:
 
 
 def finish_observe(node: Observe, result: dict, state: dict, directory: Path) -> list[str]:
-    """Publish outputs, report metrics and write the step's saves."""
+    """Publish outputs, report metrics and write the step's saves (generated ids included)."""
     node.pass_.results.update(result)
     published = _publish(node, result, state)
     node.results.update(result, outputs=published)
     _report_metrics(node.pass_, result, state, node.name)
     written = []
+    generated = result.get("generated", {})
     for save in node.saves:
-        name = _plain(save.value, {**result["metrics"], **published})
+        name = _plain(save.value, {**result["metrics"], **published, **generated})
         if name in result["metrics"]:
             rows = metric_rows(node.pass_, result, name, state["digest"], name)
             written.append(record.write_json(directory / save.file_path, rows))
         elif name in published:
             written.append(_save_output(node, published[name], name, save, state, directory))
+        elif name in generated:
+            written.append(record.write_tensor(directory / save.file_path, generated[name]))
         else:
             raise RunError(("steps", node.name, "saves"), f"{save.value!r} is not produced here")
     return written

@@ -6,7 +6,9 @@ through its one ``gather``. It never reads a document, a data table or a config:
 needs was compiled into the plan, except positions, which it resolves per row against the
 ids the model runs on (FORMAT §6). Un-intervened forwards are shared: their reads are kept
 per document, keyed by the exact ids, so the points of a sweep compute them once.
-Generation (``decode > 0``) is not run by this walk and is refused when met.
+A decoding forward (``decode > 0``, FORMAT §11) is one trace per decode step over one KV
+cache; which taps act at which step and how stacked generated reads are cut is
+``causalab.engine.generate``'s business.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from causalab.compile import positions as position_rules
 from causalab.compile.plan import (Featurizers, Fit, Forward, Observe, Pass, Plan, PromptBatch,
                                    ReadOp, SaveOp, Weights, WriteOp)
+from causalab.engine import generate
 from causalab.engine import outputs as output_rules
 from causalab.engine import record, steps
 from causalab.engine.events import Events
@@ -98,15 +101,18 @@ def run_pass(model: Any, pass_: Pass, state: dict | None, *, rows=None,
     run_rows = tuple(range(pass_.rows)) if rows is None else tuple(int(r) for r in rows)
     resolved = _resolved(model, pass_, state)
     values: dict[str, output_rules.Published] = {}
+    generated: dict[str, torch.Tensor] = {}
     with torch.set_grad_enabled(grad):
         for forward in pass_.forwards:
-            if forward.decode:
-                raise RunError(("interventions", pass_.intervention, "decode"),
-                               "generation (decode > 0) is not supported by this engine yet")
             raw = _forward_reads(model, pass_, forward, state, run_rows, resolved, values)
+            if forward.decode:
+                ids = raw.pop(generate.GENERATED).value
+                generated.update({name: ids for name in generate.names(pass_, forward)})
+                raw = _cut_generated(model, pass_, forward, raw, ids, run_rows, resolved)
             for read in forward.reads:
                 values[read.name] = _featurized(raw[read.name], read, state)
         result = _results(pass_, run_rows, resolved, values)
+    result["generated"] = generated
     return result
 
 
@@ -157,6 +163,10 @@ def _resolved(model: Any, pass_: Pass, state: dict) -> dict:
             kind = "write" if isinstance(op, WriteOp) else "read"
             op_key = (kind, op.name, forward.input)
             if op_key in resolved:
+                continue
+            if op.pos.frame == "generated":
+                # Known once the continuation is: filled in by _cut_generated.
+                resolved[op_key] = (((),) * pass_.rows, (position_rules.MISSING,) * pass_.rows)
                 continue
             where = ("interventions", pass_.intervention, kind + "s", op.name)
             found = [_resolve_row(op.pos, batch, row, decode, where) for row in range(pass_.rows)]
@@ -213,7 +223,7 @@ def _check_operand_windows(pass_: Pass, resolved: dict) -> None:
     """R2: a ragged write meets a read operand over the same number of positions per row."""
     for forward in pass_.forwards:
         for write in forward.writes:
-            if write.operand.kind != "read" or not write.pos.ragged:
+            if write.operand.kind != "read" or not write.pos.ragged or write.pos.frame == "generated":
                 continue
             source = next(((f.input, r) for f in pass_.forwards for r in f.reads
                            if r.name == write.operand.name), None)
@@ -232,8 +242,8 @@ def _batch_key(batch: PromptBatch) -> tuple:
     return (batch.input_ids, batch.attention_mask)
 
 
-def _read_key(batch: PromptBatch, read: ReadOp) -> tuple:
-    return (_batch_key(batch), read.address, read.pos, read.view)
+def _read_key(batch: PromptBatch, read: ReadOp, decode: int = 0) -> tuple:
+    return (_batch_key(batch), read.address, read.pos, read.view, decode)
 
 
 def _forward_reads(model: Any, pass_: Pass, forward: Forward, state: dict, run_rows: tuple,
@@ -242,18 +252,23 @@ def _forward_reads(model: Any, pass_: Pass, forward: Forward, state: dict, run_r
 
     A forward with no writes is computed once over all rows of its input and kept in the
     document-wide cache, so sweep points and fit updates that ask again are served from it.
+    A decoding forward also yields its generated ids (under ``generate.GENERATED``) and
+    its generated-frame reads stacked per step, ``(rows, decode, width)``, still uncut.
     """
     batch = pass_.inputs[forward.input]
+    run = _run_decode if forward.decode else _run_forward
     if forward.writes:
-        return _run_forward(model, pass_, forward, state, run_rows, resolved, values)
+        return run(model, pass_, forward, state, run_rows, resolved, values)
     cache = state["shared"]
-    keys = {read.name: _read_key(batch, read) for read in forward.reads}
+    keys = {read.name: _read_key(batch, read, forward.decode) for read in forward.reads}
+    if forward.decode:
+        keys[generate.GENERATED] = (_batch_key(batch), generate.GENERATED, forward.decode)
     if any(key not in cache for key in keys.values()):
         every = tuple(range(pass_.rows))
-        fresh = _run_forward(model, pass_, forward, state, every, resolved, values)
-        for read in forward.reads:
-            cache[keys[read.name]] = output_rules.Published(
-                fresh[read.name].value.detach(), fresh[read.name].counts, pass_.rows, "none")
+        fresh = run(model, pass_, forward, state, every, resolved, values)
+        for name, key in keys.items():
+            cache[key] = output_rules.Published(
+                fresh[name].value.detach(), fresh[name].counts, pass_.rows, "none")
     if run_rows == tuple(range(pass_.rows)):
         return {name: cache[key] for name, key in keys.items()}
     return {name: cache[key].slice_rows(run_rows) for name, key in keys.items()}
@@ -265,37 +280,133 @@ def _chunks(rows: tuple, batch_size: int | None) -> list[tuple]:
     return [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
 
 
+def _gathered(pass_: Pass, forward: Forward, run_rows: tuple, resolved: dict,
+              pieces: dict) -> dict:
+    """Per-chunk raw reads concatenated in ``run_rows`` order, with their prompt layouts."""
+    out = {}
+    for read in forward.reads:
+        value = torch.cat(pieces[read.name], 0) if len(pieces[read.name]) > 1 else pieces[read.name][0]
+        counts = None
+        if read.pos.frame != "generated":
+            windows, _ = resolved[("read", read.name, forward.input)]
+            layout = Window.from_windows([windows[r] for r in run_rows], ragged=read.pos.ragged)
+            counts = None if layout.width is not None else layout.counts
+        out[read.name] = output_rules.Published(value, counts, len(run_rows), "none")
+    return out
+
+
 def _run_forward(model: Any, pass_: Pass, forward: Forward, state: dict, run_rows: tuple,
                  resolved: dict, values: dict) -> dict:
     """One trace per window of rows; raw reads concatenated in ``run_rows`` order."""
     local = {row: i for i, row in enumerate(run_rows)}
     pieces: dict[str, list] = {read.name: [] for read in forward.reads}
     for chunk in _chunks(run_rows, state["batch_size"]):
-        prepared = _prepare(pass_, forward, state, chunk, resolved, values, local)
-        got = _trace(model, pass_.inputs[forward.input], chunk, forward, prepared)
+        prepared = _prepare(pass_, forward, state, chunk, resolved, values, local, forward.taps)
+        inputs, position_ids = _prompt_inputs(model, pass_.inputs[forward.input], chunk)
+        got = _trace(model, inputs, position_ids, forward.taps, prepared)
         for name in pieces:
             pieces[name].append(got[name])
-    out = {}
-    for read in forward.reads:
-        windows, _ = resolved[("read", read.name, forward.input)]
-        layout = Window.from_windows([windows[r] for r in run_rows], ragged=read.pos.ragged)
-        value = torch.cat(pieces[read.name], 0) if len(pieces[read.name]) > 1 else pieces[read.name][0]
-        counts = None if layout.width is not None else layout.counts
-        out[read.name] = output_rules.Published(value, counts, len(run_rows), "none")
+    return _gathered(pass_, forward, run_rows, resolved, pieces)
+
+
+def _run_decode(model: Any, pass_: Pass, forward: Forward, state: dict, run_rows: tuple,
+                resolved: dict, values: dict) -> dict:
+    """A greedy decode of ``forward.decode`` tokens per window of rows (FORMAT §11)."""
+    local = {row: i for i, row in enumerate(run_rows)}
+    pieces: dict[str, list] = {read.name: [] for read in forward.reads}
+    tokens = []
+    for chunk in _chunks(run_rows, state["batch_size"]):
+        per_step, ids = _decode_chunk(model, pass_, forward, state, chunk, resolved, values, local)
+        tokens.append(ids)
+        for read in forward.reads:
+            pieces[read.name].append(_step_value(pass_, read, per_step, forward.decode))
+    out = _gathered(pass_, forward, run_rows, resolved, pieces)
+    out[generate.GENERATED] = output_rules.Published(torch.cat(tokens, 0), None, len(run_rows), "none")
     return out
 
 
+def _step_value(pass_: Pass, read: ReadOp, per_step: list, decode: int) -> torch.Tensor:
+    """A read's value over a chunk: its one step, or every step stacked for a later cut."""
+    if read.pos.frame != "generated":
+        return per_step[0][read.name]
+    k = generate.fixed_step(read.pos)
+    if k is not None:
+        return per_step[k][read.name]
+    where = ("interventions", pass_.intervention, "reads", read.name, "pos")
+    return generate.stack([per_step[s][read.name] for s in range(decode)], where)
+
+
+def _decode_chunk(model: Any, pass_: Pass, forward: Forward, state: dict, chunk: tuple,
+                  resolved: dict, values: dict, local: dict) -> tuple[list, torch.Tensor]:
+    """N traced steps over one KV cache: the prefill, then one generated token per step.
+
+    Each step feeds the argmax of the logits the previous step's writes left; the cache
+    carries every earlier step's writes forward, as a cached decode does.
+    """
+    from transformers import DynamicCache
+
+    inputs, position_ids = _prompt_inputs(model, pass_.inputs[forward.input], chunk)
+    cache = DynamicCache(config=model._model.config)
+    per_step, tokens = [], []
+    for step in range(forward.decode):
+        taps = generate.step_taps(forward, step)
+        last = inputs["input_ids"].shape[1] - 1
+        prepared = _prepare(pass_, forward, state, chunk, resolved, values, local, taps, last)
+        got = _trace(model, inputs, position_ids, taps, prepared, cache)
+        token = got.pop(generate.GENERATED)
+        per_step.append(got)
+        tokens.append(token)
+        mask = inputs["attention_mask"]
+        inputs = {"input_ids": token[:, None],
+                  "attention_mask": torch.cat([mask, torch.ones_like(mask[:, :1])], 1)}
+        position_ids = position_ids[:, -1:] + 1
+    return per_step, torch.stack(tokens, 1).to(torch.int64)
+
+
+def _cut_generated(model: Any, pass_: Pass, forward: Forward, raw: dict, ids: torch.Tensor,
+                   run_rows: tuple, resolved: dict) -> dict:
+    """Resolve each generated-frame read on the continuation and cut its stacked steps."""
+    decode_text = _decode(model)
+    stops = generate.eos_ids(model)
+    batch = pass_.inputs[forward.input]
+    cut = dict(raw)
+    for read in forward.reads:
+        if read.pos.frame != "generated":
+            continue
+        where = ("interventions", pass_.intervention, "reads", read.name)
+        found = generate.resolve_rows(read.pos, batch, run_rows, ids, decode_text, stops, where)
+        key = ("read", read.name, forward.input)
+        windows, reasons = (list(part) for part in resolved[key])
+        for row, (window, reason) in zip(run_rows, found):
+            windows[row], reasons[row] = window, reason
+        resolved[key] = (tuple(windows), tuple(reasons))
+        resolved[("provenance", read.name, forward.input)] = generate.provenance(
+            [(windows[r], reasons[r]) for r in run_rows], ids, decode_text)
+        if generate.fixed_step(read.pos) is None:
+            value = generate.cut(raw[read.name].value, [w for w, _ in found], read.pos.ragged)
+            layout = Window.from_windows([w for w, _ in found], ragged=read.pos.ragged)
+            counts = None if layout.width is not None else layout.counts
+            cut[read.name] = output_rules.Published(value, counts, len(run_rows), "none")
+    return cut
+
+
 def _prepare(pass_: Pass, forward: Forward, state: dict, chunk: tuple, resolved: dict,
-             values: dict, local: dict) -> dict:
-    """Per tap: the op, its window over this chunk, its featurizer and operand."""
+             values: dict, local: dict, taps: tuple, last: int | None = None) -> dict:
+    """Per tap: the op, its window over this chunk, its featurizer and operand.
+
+    A generated-frame op lands on ``last``, the last index of its decode step's sequence.
+    """
     device = _device_of(state)
     ops = {("write", w.name): w for w in forward.writes}
     ops.update({("read", r.name): r for r in forward.reads})
     prepared = {}
-    for kind, name in forward.taps:
+    for kind, name in taps:
         op = ops[(kind, name)]
-        windows, _ = resolved[(kind, name, forward.input)]
-        window = Window.from_windows([windows[r] for r in chunk], ragged=op.pos.ragged)
+        if op.pos.frame == "generated":
+            window = Window.from_windows([(last,)] * len(chunk))
+        else:
+            windows, _ = resolved[(kind, name, forward.input)]
+            window = Window.from_windows([windows[r] for r in chunk], ragged=op.pos.ragged)
         entry = {"kind": kind, "op": op, "window": window if device is None else window.to(device)}
         if kind == "write":
             name_f = op.featurizer
@@ -334,24 +445,33 @@ def _operand(write: WriteOp, pass_: Pass, state: dict, chunk: tuple, values: dic
     return sliced.value
 
 
-def _trace(model: Any, batch: PromptBatch, chunk: tuple, forward: Forward, prepared: dict) -> dict:
-    """One nnterp trace over the rows ``chunk``: position ids from the mask, taps in order."""
+def _prompt_inputs(model: Any, batch: PromptBatch, chunk: tuple) -> tuple[dict, torch.Tensor]:
+    """The rows ``chunk`` as model inputs, position ids taken from the mask (§18.7)."""
     device = model._model.get_input_embeddings().weight.device
     ids = torch.tensor([batch.input_ids[r] for r in chunk], dtype=torch.long, device=device)
     mask = torch.tensor([batch.attention_mask[r] for r in chunk], dtype=torch.long, device=device)
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    return {"input_ids": ids, "attention_mask": mask}, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: tuple, prepared: dict,
+           cache: Any = None) -> dict:
+    """One nnterp trace: the taps in order; with a KV cache (a decode step) also the
+    greedy next token, under ``generate.GENERATED``."""
     nested = frozenset(entry["op"].address.layer for entry in prepared.values()
                        if entry["op"].address.component in _KEY_AXIS)
     places = Places(model, nested)
+    kwargs = {} if cache is None else {"cache": cache, "use_cache": True}
     got: dict = {}
-    with model.trace({"input_ids": ids, "attention_mask": mask}, position_ids=position_ids):
-        _issue(places, forward, prepared, got)
+    with model.trace(inputs, position_ids=position_ids, **kwargs):
+        _issue(places, taps, prepared, got)
+        if cache is not None:
+            got[generate.GENERATED] = model.output.logits[:, -1].argmax(-1)
     return got
 
 
-def _issue(places: Places, forward: Forward, prepared: dict, got: dict) -> None:
+def _issue(places: Places, taps: tuple, prepared: dict, got: dict) -> None:
     """The taps, in the plan's forward order; writes at an address before its reads."""
-    for kind, name in forward.taps:
+    for kind, name in taps:
         entry = prepared[(kind, name)]
         op, window = entry["op"], entry["window"]
         address = op.address
