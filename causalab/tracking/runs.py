@@ -9,6 +9,7 @@ file store is never used.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -71,6 +72,7 @@ def ui_command(uri: str) -> str:
     return f"mlflow ui --backend-store-uri {uri}"
 
 
+@functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """``<package version>+<first 12 hex of the SHA-256 over the package's .py files>``."""
     import hashlib
@@ -213,18 +215,24 @@ def _walk(node: Any, prefix: str, flat: dict[str, str]) -> None:
 
 def list_runs(produced_by: str | None = None, tracking_uri: str | None = None,
               experiment: str | None = None) -> list[dict]:
-    """Runs of one experiment as plain dicts, newest first; ``produced_by`` filters by digest.
+    """Tracked runs as plain dicts, newest first; ``produced_by`` keeps one point digest's.
+
+    ``experiment`` (else MLFLOW_EXPERIMENT_NAME) narrows to one experiment; without either,
+    every active experiment of the store is searched.
 
     >>> rows = list_runs(produced_by="0" * 64)  # doctest: +SKIP
     """
-    uri = resolve_uri(tracking_uri)
-    mlflow = client(uri)
-    name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
-    found = mlflow.get_experiment_by_name(name)
-    if found is None:
+    mlflow = client(resolve_uri(tracking_uri))
+    name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME")
+    if name:
+        found = mlflow.get_experiment_by_name(name)
+        ids = [found.experiment_id] if found is not None else []
+    else:
+        ids = [e.experiment_id for e in mlflow.search_experiments()]
+    if not ids:
         return []
     query = f"tags.`{PRODUCED_BY}` = '{produced_by}'" if produced_by else ""
-    runs = mlflow.search_runs([found.experiment_id], filter_string=query, max_results=5000)
+    runs = mlflow.search_runs(ids, filter_string=query, max_results=5000)
     return [_record(run) for run in runs]
 
 

@@ -246,3 +246,27 @@ def test_a_tracked_run_is_listed_by_runs_and_its_tables_fetched(capsys, tmp_path
                        str(target), "--tracking-uri", uri)
     assert json.loads(Path(fetched["path"]).read_text()) == json.loads(
         (out / "zeroed.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(p.stem for p in CORPUS.glob("*.json")))
+def test_every_corpus_document_runs_through_the_command_line(capsys, tmp_path, monkeypatch,
+                                                             name):
+    monkeypatch.chdir(REPO)  # bundle paths are relative to the working directory
+    out = tmp_path / name
+    status, stdout, err = cli(capsys, "run", f"documents/v2/{name}.json", "--device-map", "cpu",
+                              "--no-track", "--out", str(out), "--data-root", DATA)
+    assert status == 0, err
+    written = stdout.splitlines()
+    assert written[:2] == [str(out / "document.json"), str(out / "run.json")]
+    assert all(Path(path).is_file() for path in written)
+
+
+def test_generated_answer_shows_a_placed_a_missing_and_an_ambiguous_row(capsys, tmp_path):
+    out = tmp_path / "out"
+    status, _, err = cli(capsys, "run", str(CORPUS / "generated_answer.json"), "--device-map",
+                         "cpu", "--no-track", "--out", str(out), "--data-root", DATA)
+    assert status == 0, err
+    table = json.loads((out / "p_said.json").read_text())
+    assert [(row["eligible"], row["reason"]) for row in table] == [
+        (True, ""), (False, "alignment_missing"), (True, ""), (False, "alignment_ambiguous")]

@@ -70,3 +70,25 @@ def test_a_multirun_of_swept_documents_nests_each_job_s_points_under_its_own_run
         plots = MlflowClient(mlflow_server).list_artifacts(job.info.run_id, "plots")
         assert [a.path for a in plots] == ["plots/layer_curve.png"]
     assert len(runs) == 1 + 2 + 8
+
+
+def test_a_single_hydra_run_tracks_to_a_sqlite_database_in_the_working_directory(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", MLFLOW_DISABLE_TELEMETRY="true",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "causalab.run", "experiment=zero_ablation", "model=tiny_llama",
+         f"run.data_root={REPO / 'documents' / 'data'}", f"hydra.run.dir={tmp_path / 'job'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert f"mlflow ui --backend-store-uri {uri}" in done.stdout
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("causalab").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri())
+    assert run.data.params["model"] == "tiny_llama"
+    assert {"zeroed.json", "clean.json", "p_answer.json", "document.json"} <= set(
+        os.listdir(tmp_path / "mlartifacts" / run.info.run_id / "artifacts"))
+    assert {"clean.json", "zeroed.json", "document.json", "run.json"} <= set(
+        os.listdir(tmp_path / "job"))

@@ -242,3 +242,38 @@ def test_a_das_rotation_applied_from_its_runs_uri_gives_the_score_the_fit_run_ga
     scored = json.loads((das_run["out"] / "train_iia.json").read_text())
     assert [r["example_id"] for r in applied] == [r["example_id"] for r in scored]
     assert [r["value"] for r in applied] == pytest.approx([r["value"] for r in scored], abs=1e-6)
+
+
+def _swept(labels: list[dict]) -> list[Plan]:
+    plans = []
+    for coordinates in labels:
+        label = ",".join(f"{k}={v[0]}" for k, v in coordinates.items())
+        plan = _plan(label, label)
+        plans.append(Plan(name=label, directory=label, children=(), model=plan.model,
+                          digest=plan.digest, document=plan.document, coordinates=coordinates))
+    return plans
+
+
+@pytest.mark.parametrize("axes,picture", [
+    ({"layers": [[0], [1], [2]]}, "plots/layer_curve.png"),
+    ({"layers": [[0], [1]], "heads": [[0], [1], [2]]}, "plots/head_heatmap.png"),
+], ids=["layer_curve", "head_heatmap"])
+def test_a_sweep_parent_gets_the_picture_its_axes_call_for(axes, picture, mlflow_server,
+                                                           experiment_name):
+    grid = [{}]
+    for name, values in axes.items():
+        grid = [dict(cell, **{name: value}) for cell in grid for value in values]
+    points = _swept(grid)
+    events = TrackingEvents(tracking_uri=mlflow_server, experiment=experiment_name)
+    events.run_start({"swept": True}, points)
+    for index, point in enumerate(points):
+        assert events.point_start(point)
+        events.metric(point, "s", "iia", index / len(points), 4)
+        events.point_end(point, [], None)
+    events.run_end([])
+    client = MlflowClient(mlflow_server)
+    pictures = [a.path for a in client.list_artifacts(events.sweep_run_id, "plots")]
+    assert pictures == [picture]
+    local = client.download_artifacts(events.sweep_run_id, picture)
+    assert Path(local).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert client.get_run(events.sweep_run_id).info.status == "FINISHED"
