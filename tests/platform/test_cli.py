@@ -248,7 +248,6 @@ def test_a_tracked_run_is_listed_by_runs_and_its_tables_fetched(capsys, tmp_path
         (out / "zeroed.json").read_text())
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(p.stem for p in CORPUS.glob("*.json")))
 def test_every_corpus_document_runs_through_the_command_line(capsys, tmp_path, monkeypatch,
                                                              name):
