@@ -27,7 +27,15 @@ def load_model(ref: ModelRef, device_map: str = "cpu"):
     """
     if ref.dtype not in DTYPES:
         raise ModelError(("model", "dtype"), f"dtype {ref.dtype!r} is not one of {sorted(DTYPES)}")
-    return _load(ref.path, ref.dtype, ref.attn_implementation, device_map)
+    return _load(ref.path, ref.dtype, ref.attn_implementation, placement(device_map))
+
+
+def placement(device_map: str) -> str:
+    """``auto`` means the accelerator when there is one and ``cpu`` otherwise: accelerate's
+    own ``auto`` misbehaves on machines without one (FORMAT §18.13)."""
+    if device_map == "auto" and not torch.cuda.is_available():
+        return "cpu"
+    return device_map
 
 
 @functools.lru_cache(maxsize=4)
