@@ -354,9 +354,21 @@ def _print(result: dict, as_json: bool) -> None:
         sys.stdout = open(os.devnull, "w")
 
 
+def process_settings() -> None:
+    """Settings of the process, made by the entry point before torch loads (never at import).
+
+    nnsight runs a trace body in a worker thread; OpenMP threads that spin while waiting
+    stall it for ~10 ms per small matmul on a 2-core machine, so they wait passively.
+    A user's own setting wins.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one verb; returns the exit status (0 ok, 1 refused, 2 usage, 130 interrupted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    process_settings()
     debug = "--debug" in argv  # known even when parsing itself fails
     try:
         try:
