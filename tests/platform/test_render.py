@@ -185,3 +185,15 @@ def test_joblib_is_the_installed_plugin_s_own_config_with_no_shadowing_file():
     assert not (CONF / "hydra" / "launcher" / "joblib.yaml").exists()
     config = compose_config(["hydra/launcher=joblib"], hydra=True)
     assert set(config.hydra.launcher) == {f.name for f in fields(JobLibLauncherConf)}
+
+
+def test_a_trained_built_in_that_has_landed_is_what_its_family_name_runs():
+    from causalab.models import BUILTINS
+
+    for name, entry in BUILTINS.items():
+        if entry["kind"] != "weekday" or not entry["revision"]:
+            continue
+        family = entry["family"]
+        model = render([f"model={family}"])["model"]
+        assert model == {"key": f"causalab:{name}", "revision": entry["revision"],
+                         "dtype": "fp32"}, f"point conf/model/{family}.yaml at weekday_{family}"
