@@ -22,7 +22,9 @@ def read_bundle(path: str) -> tuple[dict[str, str], dict]:
     file = _weights_file(path)
     with safe_open(file, framework="pt", device="cpu") as handle:
         metadata = dict(handle.metadata() or {})
-        tensors = {name: handle.get_tensor(name).float() for name in handle.keys()}
+        # clone: safetensors' buffer can sit off a 16-byte boundary, and CPU matmuls round
+        # differently on misaligned memory, so a loaded basis would drift by an ulp.
+        tensors = {name: handle.get_tensor(name).float().clone() for name in handle.keys()}
     return metadata, tensors
 
 

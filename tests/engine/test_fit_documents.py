@@ -106,7 +106,6 @@ def test_a_das_fit_on_the_tiny_llama_ends_with_a_lower_train_loss_than_it_starts
 # safetensors hands back tensors on its own buffer, 8 bytes past a 16-byte boundary; the CPU
 # matmuls in cayley_basis round differently off that alignment, so a loaded W gives a basis a
 # few ulps from the live one. Cloning in engine/bundles.read_bundle makes this pass.
-@pytest.mark.xfail(strict=True, reason="read_bundle keeps safetensors' misaligned storage (clone it)")
 def test_das_apply_on_the_bundle_das_wrote_reproduces_the_fits_score_row_by_row(das, applied):
     fitted = _values(das / "train_iia.json")
     loaded = _values(applied / "iia.json")
