@@ -18,6 +18,7 @@ from causalab.errors import UsageError
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 SCAFFOLDING = ("site", "data", "shape", "tracking", "run", "hydra")
+ORDER = ("header", "model", "roles", "sites", "featurizers", "interventions", "steps")
 
 
 def config_dir() -> str:
@@ -40,7 +41,8 @@ def compose(overrides: Sequence[str], config_dir: str | None = None):
 
 
 def document_of(config: Any) -> dict:
-    """The document a composed config renders to: its non-scaffolding keys, resolved."""
+    """The document a composed config renders to: its non-scaffolding keys, resolved, in the
+    order FORMAT §2 lists them (an unknown key is kept, for validation to refuse at its path)."""
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -51,7 +53,8 @@ def document_of(config: Any) -> dict:
             raise UsageError(("overrides",), _one_line(error)) from None
     else:
         data = dict(config)
-    return {key: value for key, value in data.items() if key not in SCAFFOLDING}
+    keys = [k for k in ORDER if k in data] + [k for k in data if k not in ORDER]
+    return {key: data[key] for key in keys if key not in SCAFFOLDING}
 
 
 def render(overrides: Sequence[str], config_dir: str | None = None) -> dict:
