@@ -191,14 +191,16 @@ def verb_run(args: argparse.Namespace) -> dict:
     With tracking on, a point that raises or is interrupted ends its MLflow run FAILED or
     KILLED (the listener's context exit), never left looking finished.
     """
+    from causalab.engine.events import Chain
     from causalab.pipeline import run_document
+    from causalab.progress import PointProgress
 
     raw = _read_document(args.document)
     events = _tracking_events(args)
     with events if events is not None else contextlib.nullcontext():
         written = run_document(raw, out=args.out, batch_size=args.batch_size,
                                device_map=args.device_map, data_root=args.data_root,
-                               events=events)
+                               events=Chain(events, PointProgress()))
     written = [str(p) for p in written]
     return {"text": "\n".join(written), "written": written, "out": args.out}
 

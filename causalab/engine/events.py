@@ -1,8 +1,9 @@
 """Progress events a run emits: the seam between the engine and whoever watches it.
 
-The engine never imports MLflow or rich; it calls these methods. ``Events`` does nothing;
-``causalab.tracking`` subclasses it to log to MLflow, and the CLI wraps it with a progress
-bar. A point-level hook may veto a point (resume: the point already has a finished run).
+The engine never imports MLflow; it calls these methods. ``Events`` does nothing;
+``causalab.tracking`` subclasses it to log to MLflow and ``causalab.progress`` draws the
+points of a sweep; ``Chain`` hands every event to several listeners. A point-level hook may
+veto a point (resume: the point already has a finished run).
 """
 from __future__ import annotations
 
@@ -41,3 +42,38 @@ class Events:
         downloads the artifact. The engine passes this as the bundle resolver.
         """
         return uri
+
+
+class Chain(Events):
+    """Several listeners as one: each event goes to each, in order; a point runs only if
+    every listener agrees."""
+
+    def __init__(self, *listeners: Events):
+        self.listeners = tuple(listener for listener in listeners if listener is not None)
+
+    def run_start(self, document: dict, points: list[Any]) -> None:
+        for listener in self.listeners:
+            listener.run_start(document, points)
+
+    def point_start(self, point: Any) -> bool:
+        return all([listener.point_start(point) for listener in self.listeners])
+
+    def point_end(self, point: Any, written: list[str], error: BaseException | None) -> None:
+        for listener in self.listeners:
+            listener.point_end(point, written, error)
+
+    def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
+        for listener in self.listeners:
+            listener.metric(point, step, name, mean, eligible)
+
+    def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
+        for listener in self.listeners:
+            listener.fit_update(point, step, update, loss)
+
+    def fit_epoch(self, point: Any, step: str, epoch: int, eval_mean: float, kept: float | None) -> None:
+        for listener in self.listeners:
+            listener.fit_epoch(point, step, epoch, eval_mean, kept)
+
+    def run_end(self, written: list[str]) -> None:
+        for listener in self.listeners:
+            listener.run_end(written)

@@ -1,0 +1,51 @@
+"""A progress bar over the points of a run, drawn on stderr while a sweep runs.
+
+Only on a terminal, never with ``CAUSALAB_QUIET=1``, and only when there is more than one
+point (a fit draws its own bar). It listens to engine events and never touches results.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from causalab.engine.events import Events
+
+
+def wanted() -> bool:
+    """Draw bars only for a person watching a terminal."""
+    return os.environ.get("CAUSALAB_QUIET") != "1" and sys.stderr.isatty()
+
+
+class PointProgress(Events):
+    """One bar: points done out of points planned, with the current point's label."""
+
+    def __init__(self) -> None:
+        self._bar = None
+        self._task = None
+
+    def run_start(self, document: dict, points: list[Any]) -> None:
+        if len(points) < 2 or not wanted():
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(TextColumn("points"), BarColumn(), MofNCompleteColumn(),
+                             TimeElapsedColumn(), TextColumn("{task.description}"),
+                             console=Console(stderr=True), transient=False)
+        self._bar.start()
+        self._task = self._bar.add_task("", total=len(points))
+
+    def point_start(self, point: Any) -> bool:
+        if self._bar is not None:
+            self._bar.update(self._task, description=getattr(point, "name", ""))
+        return True
+
+    def point_end(self, point: Any, written: list[str], error: BaseException | None) -> None:
+        if self._bar is not None:
+            self._bar.advance(self._task)
+
+    def run_end(self, written: list[str]) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
