@@ -7,6 +7,12 @@ address itself (component, layer, widths) comes from the plan. Values are handed
 seam's layouts: ``(batch, seq, d)`` at a module boundary, ``(batch, heads, seq, head_dim)``
 inside attention, ``(batch, heads, q, keys)`` for a pattern. It never gathers or writes a
 window; the seam does.
+
+``block_mid`` (the residual after attention) is a sum inside the block's forward, not a
+module boundary, so no tracer place holds it. A write there is made of two exact halves: the
+norm in front of the MLP is fed the written value, and the block's output is rebuilt as that
+value plus what the block adds after the MLP (the MLP's output, or the norm behind it on
+sandwich-norm families), once that is computed (``Places.settle``).
 """
 from __future__ import annotations
 
@@ -19,8 +25,11 @@ _OUT_PROJECTION = ("o_proj", "c_proj", "out_proj", "dense")
 _ACTIVATION = ("act_fn", "act", "activation_fn", "activation")
 _DOWN_PROJECTION = ("down_proj", "c_proj", "fc2", "dense_4h_to_h")
 _PRE_MLP_NORM = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2")
+_POST_MLP_NORM = "post_feedforward_layernorm"
 _INTERIOR_ARGUMENT = {"attention_query": 1, "attention_key": 2}
-READ_ONLY = ("input_ids", "block_mid", "next_token_probs")
+READ_ONLY = ("input_ids", "next_token_probs")
+# Where block_output sorts in forward order (FORMAT §5.2): a block_mid write settles before it.
+_BLOCK_OUTPUT_RANK = 60
 
 
 class Places:
@@ -37,6 +46,7 @@ class Places:
         self.current: dict = {}
         self.original: dict = {}
         self._interface: dict = {}
+        self._unsettled: set[int] = set()
 
     def get(self, address: Address) -> Any:
         key = (address.component, address.layer)
@@ -50,6 +60,27 @@ class Places:
             raise RunError((address.component,), f"{address.component} cannot be written here")
         self.current[(address.component, address.layer)] = value
         _store(self, address, value)
+        if address.component == "block_mid":
+            self._unsettled.add(address.layer)
+
+    def settle(self, order: tuple | None = None) -> None:
+        """Finish every ``block_mid`` write whose block output comes at or before ``order``
+        (all of them when None): the output becomes the written residual plus the MLP
+        branch's contribution, so the stream after the block carries the write.
+
+        Call it before each tap and once after the last: the block output must be set
+        before the tracer moves past it.
+        """
+        for layer in sorted(self._unsettled):
+            if order is not None and tuple(order) < (layer, _BLOCK_OUTPUT_RANK):
+                continue
+            self._unsettled.discard(layer)
+            mid = self.current[("block_mid", layer)]
+            output = _place("block_output", layer, "layers_output", _BLOCK_OUTPUT_RANK)
+            value = mid + _mlp_branch(self, layer)
+            # The settled output is what this forward's block leaves before any write there.
+            self.original.setdefault(("block_output", layer), value)
+            self.put(output, value)
 
     def interface(self, layer: int) -> Any:
         """The ``attention_interface(`` call of block ``layer`` (FORMAT §18.5).
@@ -63,6 +94,19 @@ class Places:
                 call.source
             self._interface[layer] = call
         return self._interface[layer]
+
+
+def _place(component: str, layer: int, accessor: str, rank: int) -> Address:
+    """A bare address the engine itself needs (no selection, no width)."""
+    return Address(component, layer, accessor, (layer, rank), 1, None, None)
+
+
+def _mlp_branch(places: Places, layer: int) -> Any:
+    """What block ``layer`` adds to its residual after the MLP, as the forward computed it."""
+    block = places.model.layers[layer]
+    if _POST_MLP_NORM in dict(block._module.named_children()):
+        return getattr(block, _POST_MLP_NORM).output
+    return places.get(_place("mlp_output", layer, "mlps_output", 50))
 
 
 def _child(envoy: Any, names: tuple[str, ...], what: str, address: Address) -> Any:

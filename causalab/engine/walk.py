@@ -475,6 +475,7 @@ def _issue(places: Places, taps: tuple, prepared: dict, got: dict) -> None:
         entry = prepared[(kind, name)]
         op, window = entry["op"], entry["window"]
         address = op.address
+        places.settle(address.order)
         activation = places.get(address)
         if kind == "write":
             original = places.original[(address.component, address.layer)]
@@ -485,6 +486,7 @@ def _issue(places: Places, taps: tuple, prepared: dict, got: dict) -> None:
         if op.view == "logits":
             value = project_to_vocabulary(places.model, value)
         got[name] = value
+    places.settle()
 
 
 def save_value(save: SaveOp, directory: Path, value: Any, metadata: dict | None = None) -> str:
