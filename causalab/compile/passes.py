@@ -185,6 +185,7 @@ def _static_checks(forwards, reads, batches, rows: int, entry: Entry, ctx: Conte
             schedule.check_ref_operand(write, ctx.published, rows, wpath + ("operand",))
             if write.operand.kind == "read":
                 source = reads[write.operand.name]
+                schedule.check_operand_space(write, source, ctx.featurizers, wpath + ("operand",))
                 schedule.check_pattern_operand(write, source, batches[source.input], batch,
                                                wpath + ("operand",))
 

@@ -118,6 +118,21 @@ def check_features(write: WriteOp, space: int | None, path: tuple) -> None:
         raise CompileError(path, f"feature {bad[0]} is outside a {space}-wide feature space")
 
 
+def check_operand_space(write: WriteOp, read: ReadOp, specs: dict[str, Any], path: tuple) -> None:
+    """A read operand must live in the write's feature space: as wide as that space, or as
+    wide as the write's ``features`` cut of it (a read through another featurizer is not)."""
+    ours = featurizer_space(write.featurizer, specs, write.address.width)
+    theirs = featurizer_space(read.featurizer, specs, read.address.width)
+    if ours is None or theirs is None or read.address.key_axis:
+        return
+    allowed = {ours} | ({len(write.features)} if write.features else set())
+    if theirs not in allowed:
+        raise CompileError(path, f"operand {read.name!r} is {theirs} features wide (via "
+                                 f"{read.featurizer!r}) but write {write.name!r} acts on "
+                                 f"{ours} (via {write.featurizer!r}); read the operand through "
+                                 "the write's featurizer")
+
+
 def check_ref_operand(write: WriteOp, published: dict[str, dict], rows: int, path: tuple) -> None:
     """C10/C11 for ``{"ref": …}``: pca bases, row counts, windows and key-axis patterns."""
     if write.operand.kind != "ref":

@@ -89,6 +89,20 @@ def test_write_features_outside_the_feature_space_are_refused(compile_doc, patch
     assert refused(compile_doc, doc).path == PATCH + ("writes", "patch", "features")
 
 
+def test_an_operand_read_through_another_featurizer_is_refused(compile_doc, patching):
+    doc = fit_document(patching)
+    doc["interventions"]["patch"]["reads"]["v_cf"]["featurizer"] = "identity"
+    assert refused(compile_doc, doc).path == PATCH + ("writes", "patch", "operand")
+
+
+def test_an_operand_as_narrow_as_the_written_features_is_accepted(compile_doc, patching):
+    doc = fit_document(patching)
+    doc["featurizers"]["narrow"] = {"kind": "subspace", "k": 2}
+    doc["interventions"]["patch"]["reads"]["v_cf"]["featurizer"] = "narrow"
+    doc["interventions"]["patch"]["writes"]["patch"]["features"] = [0, 3]
+    compile_doc(doc, "llama")
+
+
 def _harvest(patching, reduce: dict, rows="days#train") -> dict:
     patching["steps"] = {
         "harvest": {"kind": "observe", "rows": {"counterfactual": rows},
