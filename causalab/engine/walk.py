@@ -92,7 +92,8 @@ def run_pass(model: Any, pass_: Pass, state: dict | None, *, rows=None,
     """Every forward of ``pass_`` over ``rows`` (default: all), then its metrics.
 
     Returns ``{"reads": {name: value}, "layouts": {name: Window}, "metrics": {name: (values,
-    eligible pass-row indices)}, "positions": {op: {...}}, "rows": run rows}``. Read values
+    eligible pass-row indices)}, "positions": {op: {...}}, "rows": run rows, "generated":
+    {"<model>[.<input>].generated": int64 (rows, decode)}}``. Read values
     are in their featurizer's space, rectangular ``(rows, w, width)`` or flat ``(total,
     width)`` as the plan's positions say, concatenated in ``rows`` order. With ``grad`` the
     graph through featurizer parameters is kept (a fit's update).
