@@ -32,8 +32,9 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
                  events=None) -> list[str]:
     """Run a raw document end to end and return the written paths, in order.
 
-    ``events`` (a ``causalab.engine.events.Events``) may veto a point from ``point_start``;
-    a point that raises is reported to ``point_end`` with its error and the error re-raised.
+    ``events`` (a ``causalab.engine.events.Events``) may veto a point from ``point_start``.
+    A point that raises is reported to ``point_end`` with its error and the other points
+    still run; the first error is raised once they have. An interrupt stops at once.
     """
     from causalab.engine import record
     from causalab.engine.events import Events
@@ -51,17 +52,24 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     written = [record.write_json(Path(out) / DOCUMENT, raw)]
     saves: list[str] = []
     shared: dict = {}
+    failed: Exception | None = None
     for point in points:
         if events.point_start(point) is False:
             continue
         try:
             done = run_plan(point, model, out=out, batch_size=batch_size, events=events,
                             shared=shared)
+        except Exception as error:
+            events.point_end(point, [], error)
+            failed = failed or error
+            continue
         except BaseException as error:
             events.point_end(point, [], error)
             raise
         events.point_end(point, [str(Path(p).relative_to(out)) for p in done], None)
         saves += done
+    if failed is not None:
+        raise failed
     written.append(record.write_run_record(out, type(model).__name__, batch_size,
                                            served_dtype(model)))
     written += saves

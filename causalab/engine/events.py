@@ -77,3 +77,11 @@ class Chain(Events):
     def run_end(self, written: list[str]) -> None:
         for listener in self.listeners:
             listener.run_end(written)
+
+    def resolve(self, uri: str) -> str:
+        """The first listener that knows the URI's store turns it into a local path."""
+        for listener in self.listeners:
+            local = listener.resolve(uri)
+            if local != uri:
+                return local
+        return uri

@@ -25,7 +25,8 @@ def build_featurizers(node: Featurizers, model: Any, state: dict) -> None:
 
     device = model._model.get_input_embeddings().weight.device
     for spec in node.featurizers:
-        state["featurizers"][spec.name] = build_featurizer(spec, device)
+        state["featurizers"][spec.name] = build_featurizer(spec, device,
+                                                           resolver=state["events"].resolve)
         state["specs"][spec.name] = spec
     node.results.update(featurizers=dict(state["featurizers"]))
 
