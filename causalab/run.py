@@ -12,6 +12,7 @@ This module holds no experiment logic: the pipeline runs, tracking logs.
 """
 from __future__ import annotations
 
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from causalab.cli import process_settings
+from causalab.errors import CausalabError
 from causalab.render import CONF, document_of
 
 _GROUPS = ("experiment", "model", "site", "data")
@@ -68,9 +71,10 @@ def _report(out: str, written: list[str], events) -> None:
     print(f"see them: {ui_command(events.uri)}")
 
 
-@hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")
-def main(config) -> None:
+def _run(config) -> None:
+    from causalab.engine.events import Chain
     from causalab.pipeline import run_document
+    from causalab.progress import PointProgress
 
     document = document_of(config)
     options = config.get("run") or {}
@@ -80,9 +84,20 @@ def main(config) -> None:
         written = run_document(document, out=out, batch_size=options.get("batch_size"),
                                device_map=options.get("device_map") or "cpu",
                                data_root=options.get("data_root") or "documents/data",
-                               events=events)
+                               events=Chain(events, PointProgress()))
     _report(out, written, events)
 
 
+@hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")
+def main(config) -> None:
+    """One job: a refused document is one line on stderr and exit status 1, no traceback."""
+    try:
+        _run(config)
+    except CausalabError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
 if __name__ == "__main__":
+    process_settings()
     main()
