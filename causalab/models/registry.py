@@ -34,4 +34,28 @@ BUILTINS: dict[str, dict] = {
                    "num_key_value_heads": 2, "intermediate_size": 64},
         "revision": "bbd38eef7162beec6e06054afb4bd4d320055282cf7ff5315794f2936af671af",
     },
+    "weekday-llama": {
+        "family": "llama", "kind": "weekday", "seed": 1,
+        "config": {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                   "num_key_value_heads": 4, "head_dim": 16, "intermediate_size": 256},
+        "revision": "c4604b591ba897ff2414b9e6f0db15ea549df863b7a53ac46c3b47e833d7e9b8",
+    },
+    "weekday-gpt2": {
+        "family": "gpt2", "kind": "weekday", "seed": 1,
+        "config": {"n_embd": 64, "n_layer": 4, "n_head": 4, "n_inner": 256,
+                   "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+        "revision": "eed75c6f81f76a3a961f47e80c49b2ec89295e1f4cfa5343a2a29a533a1bbb92",
+    },
+    "weekday-gemma2": {
+        "family": "gemma2", "kind": "weekday", "seed": 1,
+        "config": {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 256},
+        "revision": "34b591ab4e8042caf2f630f3ecc5445676f85c8c457d0f741f5ed825d1f117bd",
+    },
+    "weekday-qwen2": {
+        "family": "qwen2", "kind": "weekday", "seed": 1,
+        "config": {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "intermediate_size": 256},
+        "revision": "2fd8ae5998a8ba4752d6f495aef4ebb97e83cc144e93b3a516b515c534008fb0",
+    },
 }

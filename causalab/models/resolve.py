@@ -73,7 +73,13 @@ def _builtin(key: str, revision: str | None, home: str | None) -> Resolved:
         raise ModelError(_KEY, f"unknown built-in {key!r}; built-ins are {_builtin_names()}")
     if entry["kind"] == "weekday":
         path = WEIGHTS / name
+        if not (path / "config.json").is_file():
+            raise ModelError(_KEY, f"{key} is not shipped in this install ({path} is missing); "
+                                   f"run scripts/train_builtin.py {name}")
         actual = directory_digest(path)
+        if actual != entry["revision"]:
+            raise ModelError(_REVISION, f"{key}: the shipped weights have revision {actual}, "
+                                        f"the registry pins {entry['revision']}; reinstall")
     else:
         path, actual = _materialise(name, entry, revision, home)
     if revision not in _FLOATING and revision != actual:

@@ -151,3 +151,38 @@ def test_nnterp_loads_each_family_and_its_logits_match_a_plain_forward(name, hom
     assert probs.shape == (rows, 4, tokens, tokens)
     torch.testing.assert_close(probs.sum(-1), torch.ones(rows, 4, tokens))
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+
+
+WEEKDAY = ["weekday-llama", "weekday-gpt2", "weekday-gemma2", "weekday-qwen2"]
+
+
+@pytest.mark.parametrize("name", WEEKDAY)
+def test_a_shipped_weekday_model_resolves_to_its_pinned_revision(name):
+    resolved = resolve("causalab:" + name, BUILTINS[name]["revision"])
+    assert resolved.builtin and resolved.revision == BUILTINS[name]["revision"]
+    config = load_config(resolved.path)
+    assert config.num_hidden_layers == 4 and config.hidden_size == 64
+    with pytest.raises(ModelError) as caught:
+        resolve("causalab:" + name, "0" * 64)
+    assert caught.value.path == ("model", "revision")
+
+
+def test_weekday_llama_answers_held_out_day_arithmetic_and_every_one_step_prompt():
+    from transformers import AutoModelForCausalLM
+
+    from causalab.models.weekday import held_out_rows, one_step_rows
+
+    path = resolve("causalab:weekday-llama").path
+    tokenizer = load_tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+
+    def accuracy(rows):
+        batch = tokenizer([prompt for prompt, _ in rows], return_tensors="pt", padding=True)
+        answers = torch.tensor([tokenizer(answer, add_special_tokens=False)["input_ids"][0]
+                                for _, answer in rows])
+        with torch.no_grad():
+            logits = model(**batch).logits[:, -1]
+        return (logits.argmax(-1) == answers).float().mean().item()
+
+    assert accuracy(held_out_rows()) >= 0.95
+    assert accuracy(one_step_rows()) == 1.0
