@@ -225,3 +225,12 @@ def test_the_logit_lens_at_the_last_layer_reads_the_model_s_own_answer(logit_len
     for example_id, value in own.items():
         assert lens[example_id] == pytest.approx(value, abs=1e-5)
     assert _mean(last / "top1.json") >= 0.95
+
+
+@pytest.mark.parametrize("name", ["behavior", "layer_sweep", "das", "dbm", "logit_lens"])
+def test_each_known_document_is_what_its_hydra_experiment_renders_on_model_llama(name):
+    from causalab.document import digest
+    from causalab.render import render
+
+    rendered = render([f"experiment=known_{name}", "model=llama"])
+    assert digest(rendered) == digest(_document(name))
