@@ -49,3 +49,23 @@ class PointProgress(Events):
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+
+class Summary(Events):
+    """The metric means of every point, kept to print once the run ends.
+
+    One line per (point, step): ``layers=1,pos=-1  test: iia=1.000 (12) logit_diff=9.61 (12)``.
+    """
+
+    def __init__(self) -> None:
+        self.lines: dict[tuple[str, str], list[str]] = {}
+
+    def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
+        label = getattr(point, "name", "") or "<root>"
+        shown = "--" if mean is None else f"{mean:.3f}"
+        self.lines.setdefault((label, step), []).append(f"{name}={shown} ({eligible})")
+
+    def render(self) -> str:
+        width = max((len(label) for label, _ in self.lines), default=0)
+        return "\n".join(f"{label:<{width}}  {step}: {' '.join(values)}"
+                         for (label, step), values in self.lines.items())

@@ -59,7 +59,9 @@ def tracking_events(config: Any, out: str):
         parent_run_id=parent.get("run_id"), run_name=name, job_params=params)
 
 
-def _report(out: str, written: list[str], events) -> None:
+def _report(out: str, written: list[str], events, summary) -> None:
+    if summary.lines:
+        print(summary.render())
     print(f"causalab: {len(written)} files in {Path(out).resolve()}")
     if events is None:
         return
@@ -74,18 +76,19 @@ def _report(out: str, written: list[str], events) -> None:
 def _run(config) -> None:
     from causalab.engine.events import Chain
     from causalab.pipeline import run_document
-    from causalab.progress import PointProgress
+    from causalab.progress import PointProgress, Summary
 
     document = document_of(config)
     options = config.get("run") or {}
     out = options.get("out") or HydraConfig.get().runtime.output_dir
     events = tracking_events(config, out)
+    summary = Summary()
     with events if events is not None else nullcontext():
         written = run_document(document, out=out, batch_size=options.get("batch_size"),
                                device_map=options.get("device_map") or "cpu",
                                data_root=options.get("data_root") or "documents/data",
-                               events=Chain(events, PointProgress()))
-    _report(out, written, events)
+                               events=Chain(events, PointProgress(), summary))
+    _report(out, written, events, summary)
 
 
 @hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")
