@@ -94,7 +94,8 @@ def oracle():
 
 
 def _last_logits(oracle, texts: list[str], hook=None):
-    """Last-position logits (rows, vocab); ``hook`` = (layer, fn(hidden) -> hidden) on its output."""
+    """Last-position logits (rows, vocab); ``hook`` = (layer, fn(hidden) -> hidden) rewrites the
+    residual stream entering that block (its first positional argument)."""
     import torch
 
     network, tokenizer = oracle
@@ -103,11 +104,9 @@ def _last_logits(oracle, texts: list[str], hook=None):
     if hook is not None:
         layer, edit = hook
 
-        def rewrite(module, args, output):
-            if isinstance(output, tuple):
-                return (edit(output[0]),) + output[1:]
-            return edit(output)
-        handle = network.model.layers[layer].register_forward_hook(rewrite)
+        def rewrite(module, args):
+            return (edit(args[0]),) + args[1:]
+        handle = network.model.layers[layer].register_forward_pre_hook(rewrite)
     try:
         with torch.no_grad():
             return network(**batch).logits[:, -1]
@@ -147,39 +146,48 @@ def test_the_behaviour_tables_agree_with_a_plain_forward(behavior, oracle):
         assert top1[row["example_id"]] == float(logits[i].argmax().item() == answer)
 
 
+def _sweep_iia(layer_sweep: Path, pos: int) -> list[float]:
+    """IIA of the stream entering each block (block_input[L]) at one position, L = 0.."""
+    return [_mean(layer_sweep / f"layers={layer},pos={pos}" / "iia.json")
+            for layer in range(_num_layers())]
+
+
 def test_patching_the_token_before_the_day_never_moves_the_answer(layer_sweep):
-    for layer in range(_num_layers()):
-        iia = _mean(layer_sweep / f"layers={layer},pos={BEFORE_DAY}" / "iia.json")
-        assert iia <= 0.1, f"layer {layer}: IIA {iia:.3f} before the day token"
+    iia = _sweep_iia(layer_sweep, BEFORE_DAY)
+    assert all(value <= 0.1 for value in iia), f"before the day, entering blocks 0..: {iia}"
 
 
-def test_the_day_token_carries_the_day_at_the_first_layer(layer_sweep):
-    iia = _mean(layer_sweep / f"layers=0,pos={DAY}" / "iia.json")
-    assert iia >= 0.9, f"day token, layer 0: IIA {iia:.3f}"
+def test_the_day_token_carries_the_day_into_block_0_and_not_after_it(layer_sweep):
+    # Block 0's attention copies the day to the last token; from then on the day token's own
+    # stream no longer reaches the answer.
+    entering_0, *later = _sweep_iia(layer_sweep, DAY)
+    assert entering_0 >= 0.9, f"day token entering block 0: IIA {entering_0:.3f}"
+    assert all(value <= 0.1 for value in later), f"day token entering blocks 1..: {later}"
 
 
-def test_the_last_token_carries_the_day_at_the_last_layer(layer_sweep):
-    last = _num_layers() - 1
-    iia = _mean(layer_sweep / f"layers={last},pos={LAST}" / "iia.json")
-    assert iia >= 0.9, f"last token, layer {last}: IIA {iia:.3f}"
+def test_the_last_token_carries_the_day_from_the_stream_leaving_block_0_onward(layer_sweep):
+    entering_0, *later = _sweep_iia(layer_sweep, LAST)
+    assert entering_0 <= 0.1, f"last token entering block 0: IIA {entering_0:.3f}"
+    assert all(value >= 0.9 for value in later), f"last token entering blocks 1..: {later}"
 
 
-def test_one_layer_sweep_point_agrees_with_a_plain_interchange(layer_sweep, oracle):
-    layer = _num_layers() - 1
+@pytest.mark.parametrize("where", ["day token into block 0", "last token into the last block"])
+def test_one_layer_sweep_point_agrees_with_a_plain_interchange(layer_sweep, oracle, where):
+    layer, pos = (0, DAY) if where.startswith("day") else (_num_layers() - 1, LAST)
     counterfactual = [row["counterfactual_inputs"][0] for row in ROWS]
     captured = {}
 
     def keep(hidden):
-        captured["source"] = hidden[:, LAST].clone()
+        captured["source"] = hidden[:, pos].clone()
         return hidden
 
     def swap(hidden):
         hidden = hidden.clone()
-        hidden[:, LAST] = captured["source"]
+        hidden[:, pos] = captured["source"]
         return hidden
     _last_logits(oracle, counterfactual, (layer, keep))
     logits = _last_logits(oracle, [row["input"] for row in ROWS], (layer, swap))
-    table = _values(layer_sweep / f"layers={layer},pos={LAST}" / "logit_diff.json")
+    table = _values(layer_sweep / f"layers={layer},pos={pos}" / "logit_diff.json")
     for i, row in enumerate(ROWS):
         expected = (logits[i, _token(oracle, row["cf_answer"])]
                     - logits[i, _token(oracle, row["base_answer"])]).item()
