@@ -26,7 +26,7 @@ CORPUS = {
     "zero_ablation": ["experiment=zero_ablation"],
     "mean_ablation": ["experiment=mean_ablation"],
     "steer_renormalize": ["experiment=steer"],
-    "das": ["experiment=das"],
+    "das": ["experiment=das_mechanics"],
     "das_apply": ["experiment=das_apply"],
     "dbm": ["experiment=dbm"],
     "pca_harvest": ["experiment=pca"],
@@ -92,7 +92,7 @@ def test_hydra_only_keys_never_enter_the_document_or_its_digest():
 
 
 def test_a_document_value_can_be_overridden_from_the_command_line():
-    document = render(["experiment=das", "model=tiny_llama", "featurizers.rot.k=4",
+    document = render(["experiment=das_mechanics", "model=tiny_llama", "featurizers.rot.k=4",
                        "+featurizers.rot.file_path=runs:/abc/rot.safetensors"])
     assert document["featurizers"]["rot"] == {"kind": "subspace", "k": 4,
                                               "file_path": "runs:/abc/rot.safetensors"}
