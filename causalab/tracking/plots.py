@@ -60,7 +60,8 @@ def loss_curve(losses: Sequence[float], evals: Sequence[float] = (), *, title: s
 
 
 def layer_curve(points: Sequence[Point], layer_key: str) -> bytes:
-    """Each metric's mean against the layer; one line per combination of the other axes."""
+    """Each metric's mean against the layer (or any numeric axis: a rank, a weight); one line
+    per combination of the other axes."""
     metrics = _metric_names(points)
     figure = Figure(figsize=(6, 2.6 * len(metrics)), layout="constrained")
     grid = figure.subplots(len(metrics), 1, squeeze=False)
@@ -70,7 +71,7 @@ def layer_curve(points: Sequence[Point], layer_key: str) -> bytes:
             pairs.sort()
             axes.plot([p[0] for p in pairs], [p[1] for p in pairs], marker="o",
                       label=group or metric)
-        axes.set_xlabel("layer")
+        axes.set_xlabel("layer" if layer_key in _LAYER else layer_key)
         axes.set_ylabel(metric)
         axes.legend(fontsize="small")
     return _png(figure)
@@ -120,8 +121,9 @@ def _metric_names(points: Sequence[Point]) -> list[str]:
 
 def sweep_plots(points: Sequence[Point]) -> dict[str, bytes]:
     """The pictures a sweep deserves: a head heatmap when points differ in layers and heads,
-    a layer curve when they differ in a layer coordinate, nothing otherwise."""
-    points = [(c, {k: v for k, v in m.items() if "/" not in k}) for c, m in points if c]
+    a layer curve when they differ in a layer coordinate, else a curve against the first
+    numeric coordinate (a rank sweep, a penalty sweep), nothing otherwise."""
+    points = [(c, {k: v for k, v in m.items() if _scored(k)}) for c, m in points if c]
     if len(points) < 2 or not any(m for _, m in points):
         return {}
     layer = _axis(points[0][0], _LAYER)
@@ -130,4 +132,21 @@ def sweep_plots(points: Sequence[Point]) -> dict[str, bytes]:
         return {"plots/head_heatmap.png": head_heatmap(points, layer, head)}
     if layer and len({_scalar(c[layer]) for c, _ in points}) > 1:
         return {"plots/layer_curve.png": layer_curve(points, layer)}
+    numeric = _numeric_axis(points)
+    if numeric:
+        return {"plots/sweep_curve.png": layer_curve(points, numeric)}
     return {}
+
+
+def _scored(name: str) -> bool:
+    """A point's final score, not a count or a per-update/per-epoch series."""
+    return not (name.endswith("/eligible") or name.startswith(("train/", "eval/")))
+
+
+def _numeric_axis(points: Sequence[Point]) -> str | None:
+    for key in points[0][0]:
+        values = {_scalar(c.get(key)) for c, _ in points}
+        if len(values) > 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                   for v in values):
+            return key
+    return None

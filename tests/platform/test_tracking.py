@@ -257,7 +257,8 @@ def _swept(labels: list[dict]) -> list[Plan]:
 @pytest.mark.parametrize("axes,picture", [
     ({"layers": [[0], [1], [2]]}, "plots/layer_curve.png"),
     ({"layers": [[0], [1]], "heads": [[0], [1], [2]]}, "plots/head_heatmap.png"),
-], ids=["layer_curve", "head_heatmap"])
+    ({"k": [1, 4, 16]}, "plots/sweep_curve.png"),
+], ids=["layer_curve", "head_heatmap", "rank_curve"])
 def test_a_sweep_parent_gets_the_picture_its_axes_call_for(axes, picture, mlflow_server,
                                                            experiment_name):
     grid = [{}]
