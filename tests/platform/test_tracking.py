@@ -247,7 +247,7 @@ def test_a_das_rotation_applied_from_its_runs_uri_gives_the_score_the_fit_run_ga
 def _swept(labels: list[dict]) -> list[Plan]:
     plans = []
     for coordinates in labels:
-        label = ",".join(f"{k}={v[0]}" for k, v in coordinates.items())
+        label = ",".join(f"{k}={v[0] if isinstance(v, list) else v}" for k, v in coordinates.items())
         plan = _plan(label, label)
         plans.append(Plan(name=label, directory=label, children=(), model=plan.model,
                           digest=plan.digest, document=plan.document, coordinates=coordinates))
