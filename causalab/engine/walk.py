@@ -266,13 +266,86 @@ def _forward_reads(model: Any, pass_: Pass, forward: Forward, state: dict, run_r
         keys[generate.GENERATED] = (_batch_key(batch), generate.GENERATED, forward.decode)
     if any(key not in cache for key in keys.values()):
         every = tuple(range(pass_.rows))
-        fresh = run(model, pass_, forward, state, every, resolved, values)
+        if forward.decode:
+            fresh = run(model, pass_, forward, state, every, resolved, values)
+        else:
+            fresh = _shared_prompt_reads(model, pass_, forward, state, resolved, values, keys)
         for name, key in keys.items():
             cache[key] = output_rules.Published(
                 fresh[name].value.detach(), fresh[name].counts, pass_.rows, "none")
     if run_rows == tuple(range(pass_.rows)):
         return {name: cache[key] for name, key in keys.items()}
     return {name: cache[key].slice_rows(run_rows) for name, key in keys.items()}
+
+
+# The whole tensor of an un-intervened address is kept when it is at most this big, and
+# while the document's kept tensors stay under the budget; a larger one is kept gathered.
+_WHOLE_BYTES = 32 * 2 ** 20
+_WHOLE_BUDGET = 512 * 2 ** 20
+_WHOLE_SPENT = "whole tensor bytes"
+
+
+def _whole_key(pass_: Pass, forward: Forward, read: ReadOp) -> tuple | None:
+    """The cache key of ``read``'s whole address tensor, or None when it is kept gathered:
+    only plain (not vocabulary-wide, not key-axis) prompt reads of known width."""
+    address = read.address
+    if read.view != "raw" or not address.full_width or address.key_axis or read.pos.frame != "prompt":
+        return None
+    batch = pass_.inputs[forward.input]
+    return ("whole", _batch_key(batch), address.component, address.layer)
+
+
+def _whole_bytes(pass_: Pass, forward: Forward, read: ReadOp) -> int:
+    seq = len(pass_.inputs[forward.input].input_ids[0]) if pass_.rows else 0
+    return pass_.rows * seq * int(read.address.full_width) * 4
+
+
+def _shared_prompt_reads(model: Any, pass_: Pass, forward: Forward, state: dict,
+                         resolved: dict, values: dict, keys: dict) -> dict:
+    """An un-intervened prompt forward's reads over all rows, for the document-wide cache.
+
+    A small address is kept whole, so a later point reading it at other positions (the
+    counterfactual forward of a position sweep) is served without a forward of its own;
+    its reads are gathered from the kept tensor exactly as the trace would have.
+    """
+    cache = state["shared"]
+    wholes = {read.name: _whole_key(pass_, forward, read) for read in forward.reads}
+    fresh_whole = set()
+    for read in forward.reads:
+        key = wholes[read.name]
+        if key is None or key in cache or keys[read.name] in cache:
+            continue
+        size = _whole_bytes(pass_, forward, read)
+        if size > _WHOLE_BYTES or cache.get(_WHOLE_SPENT, 0) + size > _WHOLE_BUDGET:
+            wholes[read.name] = None
+            continue
+        cache[_WHOLE_SPENT] = cache.get(_WHOLE_SPENT, 0) + size
+        fresh_whole.add(read.name)
+    traced = frozenset(name for name, key in keys.items() if key not in cache
+                       and (wholes[name] is None or name in fresh_whole))
+    got = {}
+    if traced:
+        got = _run_forward(model, pass_, forward, state, tuple(range(pass_.rows)), resolved,
+                           values, whole=frozenset(fresh_whole))
+    out = {}
+    for read in forward.reads:
+        if read.name in fresh_whole:
+            cache[wholes[read.name]] = got[read.name].value.detach()
+        if keys[read.name] in cache:
+            out[read.name] = cache[keys[read.name]]
+        elif wholes[read.name] is not None:
+            out[read.name] = _from_whole(cache[wholes[read.name]], pass_, forward, read, resolved)
+        else:
+            out[read.name] = got[read.name]
+    return out
+
+
+def _from_whole(tensor: torch.Tensor, pass_: Pass, forward: Forward, read: ReadOp,
+                resolved: dict) -> output_rules.Published:
+    windows, _ = resolved[("read", read.name, forward.input)]
+    window = Window.from_windows(windows, ragged=read.pos.ragged)
+    counts = None if window.width is not None else window.counts
+    return output_rules.Published(gather(tensor, read.address, window), counts, pass_.rows, "none")
 
 
 def _chunks(rows: tuple, batch_size: int | None) -> list[tuple]:
@@ -282,13 +355,14 @@ def _chunks(rows: tuple, batch_size: int | None) -> list[tuple]:
 
 
 def _gathered(pass_: Pass, forward: Forward, run_rows: tuple, resolved: dict,
-              pieces: dict) -> dict:
-    """Per-chunk raw reads concatenated in ``run_rows`` order, with their prompt layouts."""
+              pieces: dict, whole: frozenset = frozenset()) -> dict:
+    """Per-chunk raw reads concatenated in ``run_rows`` order, with their prompt layouts;
+    a read in ``whole`` is its address's whole tensor, ``(rows, …)``."""
     out = {}
     for read in forward.reads:
         value = torch.cat(pieces[read.name], 0) if len(pieces[read.name]) > 1 else pieces[read.name][0]
         counts = None
-        if read.pos.frame != "generated":
+        if read.pos.frame != "generated" and read.name not in whole:
             windows, _ = resolved[("read", read.name, forward.input)]
             layout = Window.from_windows([windows[r] for r in run_rows], ragged=read.pos.ragged)
             counts = None if layout.width is not None else layout.counts
@@ -297,17 +371,20 @@ def _gathered(pass_: Pass, forward: Forward, run_rows: tuple, resolved: dict,
 
 
 def _run_forward(model: Any, pass_: Pass, forward: Forward, state: dict, run_rows: tuple,
-                 resolved: dict, values: dict) -> dict:
-    """One trace per window of rows; raw reads concatenated in ``run_rows`` order."""
+                 resolved: dict, values: dict, whole: frozenset = frozenset()) -> dict:
+    """One trace per window of rows; raw reads concatenated in ``run_rows`` order (the
+    reads named in ``whole`` as their address's whole tensor)."""
     local = {row: i for i, row in enumerate(run_rows)}
     pieces: dict[str, list] = {read.name: [] for read in forward.reads}
     for chunk in _chunks(run_rows, state["batch_size"]):
         prepared = _prepare(pass_, forward, state, chunk, resolved, values, local, forward.taps)
+        for name in whole:
+            prepared[("read", name)]["whole"] = True
         inputs, position_ids = _prompt_inputs(model, pass_.inputs[forward.input], chunk)
         got = _trace(model, inputs, position_ids, forward.taps, prepared)
         for name in pieces:
             pieces[name].append(got[name])
-    return _gathered(pass_, forward, run_rows, resolved, pieces)
+    return _gathered(pass_, forward, run_rows, resolved, pieces, whole)
 
 
 def _run_decode(model: Any, pass_: Pass, forward: Forward, state: dict, run_rows: tuple,
@@ -482,6 +559,10 @@ def _issue(places: Places, taps: tuple, prepared: dict, got: dict) -> None:
             original = places.original[(address.component, address.layer)]
             places.put(address, apply_write(activation, op, window, entry["featurizer"],
                                             entry["operand"], original))
+            continue
+        if entry.get("whole"):
+            # Kept past this forward: a copy, safe from any in-place update after the tap.
+            got[name] = activation.detach().clone()
             continue
         value = gather(activation, address, window)
         if op.view == "logits":
