@@ -170,8 +170,7 @@ def _resolved(model: Any, pass_: Pass, state: dict) -> dict:
                 resolved[op_key] = (((),) * pass_.rows, (position_rules.MISSING,) * pass_.rows)
                 continue
             where = ("interventions", pass_.intervention, kind + "s", op.name)
-            found = [_resolve_row(op.pos, batch, row, decode, where) for row in range(pass_.rows)]
-            resolved[op_key] = (tuple(w for w, _ in found), tuple(r for _, r in found))
+            resolved[op_key] = _windows(op.pos, batch, pass_.rows, decode, where, state)
             if kind == "write":
                 _refuse_empty_write(op, resolved[op_key], pass_, where)
             elif pass_.dynamic:
@@ -180,6 +179,21 @@ def _resolved(model: Any, pass_: Pass, state: dict) -> dict:
     _check_operand_windows(pass_, resolved)
     state["windows"][key] = resolved
     return resolved
+
+
+def _windows(spec, batch: PromptBatch, rows: int, decode, where: tuple, state: dict) -> tuple:
+    """(windows, reasons) of ``spec`` on every row; an unscoped prompt cut depends on the
+    masks and prefix alone, so a document's points share it."""
+    key = None
+    if spec.frame == "prompt" and spec.variable is None and spec.segment is None:
+        key = ("positions", spec, batch.attention_mask, batch.prefix, rows)
+        if key in state["shared"]:
+            return state["shared"][key]
+    found = [_resolve_row(spec, batch, row, decode, where) for row in range(rows)]
+    result = (tuple(w for w, _ in found), tuple(r for _, r in found))
+    if key is not None:
+        state["shared"][key] = result
+    return result
 
 
 def _resolve_row(spec, batch: PromptBatch, row: int, decode, where: tuple):
@@ -278,26 +292,26 @@ def _forward_reads(model: Any, pass_: Pass, forward: Forward, state: dict, run_r
     return {name: cache[key].slice_rows(run_rows) for name, key in keys.items()}
 
 
-# The whole tensor of an un-intervened address is kept when it is at most this big, and
-# while the document's kept tensors stay under the budget; a larger one is kept gathered.
-_WHOLE_BYTES = 32 * 2 ** 20
-_WHOLE_BUDGET = 512 * 2 ** 20
-_WHOLE_SPENT = "whole tensor bytes"
+# An un-intervened address tensor is kept whole when at most this big and while the
+# document's kept tensors fit the budget; otherwise its reads are kept gathered.
+_WHOLE_BYTES, _WHOLE_BUDGET, _WHOLE_SPENT = 32 * 2 ** 20, 512 * 2 ** 20, "whole bytes"
 
 
-def _whole_key(pass_: Pass, forward: Forward, read: ReadOp) -> tuple | None:
-    """The cache key of ``read``'s whole address tensor, or None when it is kept gathered:
-    only plain (not vocabulary-wide, not key-axis) prompt reads of known width."""
-    address = read.address
+def _whole_key(pass_: Pass, forward: Forward, read: ReadOp, cache: dict) -> tuple | None:
+    """The cache key of ``read``'s whole address tensor (a new one is charged to the
+    budget), or None: only plain prompt reads of known width (not vocabulary, not keys)."""
+    address, batch = read.address, pass_.inputs[forward.input]
     if read.view != "raw" or not address.full_width or address.key_axis or read.pos.frame != "prompt":
         return None
-    batch = pass_.inputs[forward.input]
-    return ("whole", _batch_key(batch), address.component, address.layer)
-
-
-def _whole_bytes(pass_: Pass, forward: Forward, read: ReadOp) -> int:
-    seq = len(pass_.inputs[forward.input].input_ids[0]) if pass_.rows else 0
-    return pass_.rows * seq * int(read.address.full_width) * 4
+    key = ("whole", _batch_key(batch), address.component, address.layer)
+    if key in cache:
+        return key
+    size = pass_.rows * len(batch.input_ids[0] if pass_.rows else ()) * address.full_width * 4
+    spent = cache.get(_WHOLE_SPENT, 0) + size
+    if size > _WHOLE_BYTES or spent > _WHOLE_BUDGET:
+        return None
+    cache[_WHOLE_SPENT] = spent
+    return key
 
 
 def _shared_prompt_reads(model: Any, pass_: Pass, forward: Forward, state: dict,
@@ -305,38 +319,28 @@ def _shared_prompt_reads(model: Any, pass_: Pass, forward: Forward, state: dict,
     """An un-intervened prompt forward's reads over all rows, for the document-wide cache.
 
     A small address is kept whole, so a later point reading it at other positions (the
-    counterfactual forward of a position sweep) is served without a forward of its own;
-    its reads are gathered from the kept tensor exactly as the trace would have.
+    counterfactual forward of a position sweep) needs no forward of its own: its reads
+    are gathered from the kept tensor exactly as the trace would have gathered them.
     """
     cache = state["shared"]
-    wholes = {read.name: _whole_key(pass_, forward, read) for read in forward.reads}
-    fresh_whole = set()
-    for read in forward.reads:
-        key = wholes[read.name]
-        if key is None or key in cache or keys[read.name] in cache:
-            continue
-        size = _whole_bytes(pass_, forward, read)
-        if size > _WHOLE_BYTES or cache.get(_WHOLE_SPENT, 0) + size > _WHOLE_BUDGET:
-            wholes[read.name] = None
-            continue
-        cache[_WHOLE_SPENT] = cache.get(_WHOLE_SPENT, 0) + size
-        fresh_whole.add(read.name)
-    traced = frozenset(name for name, key in keys.items() if key not in cache
-                       and (wholes[name] is None or name in fresh_whole))
+    todo = [read for read in forward.reads if keys[read.name] not in cache]
+    wholes = {read.name: _whole_key(pass_, forward, read, cache) for read in todo}
+    fresh = frozenset(name for name, key in wholes.items() if key is not None and key not in cache)
     got = {}
-    if traced:
+    if any(key is None or name in fresh for name, key in wholes.items()):
         got = _run_forward(model, pass_, forward, state, tuple(range(pass_.rows)), resolved,
-                           values, whole=frozenset(fresh_whole))
+                           values, whole=fresh)
     out = {}
     for read in forward.reads:
-        if read.name in fresh_whole:
-            cache[wholes[read.name]] = got[read.name].value.detach()
-        if keys[read.name] in cache:
-            out[read.name] = cache[keys[read.name]]
-        elif wholes[read.name] is not None:
-            out[read.name] = _from_whole(cache[wholes[read.name]], pass_, forward, read, resolved)
+        name = read.name
+        if name in fresh:
+            cache[wholes[name]] = got[name].value.detach()
+        if keys[name] in cache:
+            out[name] = cache[keys[name]]
+        elif wholes[name] is not None:
+            out[name] = _from_whole(cache[wholes[name]], pass_, forward, read, resolved)
         else:
-            out[read.name] = got[read.name]
+            out[name] = got[name]
     return out
 
 
@@ -380,7 +384,8 @@ def _run_forward(model: Any, pass_: Pass, forward: Forward, state: dict, run_row
         prepared = _prepare(pass_, forward, state, chunk, resolved, values, local, forward.taps)
         for name in whole:
             prepared[("read", name)]["whole"] = True
-        inputs, position_ids = _prompt_inputs(model, pass_.inputs[forward.input], chunk)
+        inputs, position_ids = _prompt_inputs(model, pass_.inputs[forward.input], chunk,
+                                              state["shared"])
         got = _trace(model, inputs, position_ids, forward.taps, prepared)
         for name in pieces:
             pieces[name].append(got[name])
@@ -423,7 +428,8 @@ def _decode_chunk(model: Any, pass_: Pass, forward: Forward, state: dict, chunk:
     """
     from transformers import DynamicCache
 
-    inputs, position_ids = _prompt_inputs(model, pass_.inputs[forward.input], chunk)
+    inputs, position_ids = _prompt_inputs(model, pass_.inputs[forward.input], chunk,
+                                              state["shared"])
     cache = DynamicCache(config=model._model.config)
     per_step, tokens = [], []
     for step in range(forward.decode):
@@ -523,12 +529,26 @@ def _operand(write: WriteOp, pass_: Pass, state: dict, chunk: tuple, values: dic
     return sliced.value
 
 
-def _prompt_inputs(model: Any, batch: PromptBatch, chunk: tuple) -> tuple[dict, torch.Tensor]:
-    """The rows ``chunk`` as model inputs, position ids taken from the mask (§18.7)."""
+def _prompt_inputs(model: Any, batch: PromptBatch, chunk: tuple,
+                   shared: dict) -> tuple[dict, torch.Tensor]:
+    """The rows ``chunk`` as model inputs, position ids taken from the mask (§18.7).
+
+    The whole batch is made into tensors once per document (a sweep point's batch is a
+    new object holding equal rows, hence the value key); a chunk is a row selection.
+    """
     device = model._model.get_input_embeddings().weight.device
-    ids = torch.tensor([batch.input_ids[r] for r in chunk], dtype=torch.long, device=device)
-    mask = torch.tensor([batch.attention_mask[r] for r in chunk], dtype=torch.long, device=device)
-    return {"input_ids": ids, "attention_mask": mask}, (mask.cumsum(-1) - 1).clamp(min=0)
+    key = ("inputs", _batch_key(batch), str(device))
+    whole = shared.get(key)
+    if whole is None:
+        ids = torch.tensor(batch.input_ids, dtype=torch.long, device=device)
+        mask = torch.tensor(batch.attention_mask, dtype=torch.long, device=device)
+        whole = shared[key] = (ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+    if chunk == tuple(range(len(batch.input_ids))):
+        ids, mask, position_ids = whole
+    else:
+        index = torch.tensor(chunk, dtype=torch.long, device=device)
+        ids, mask, position_ids = (t.index_select(0, index) for t in whole)
+    return {"input_ids": ids, "attention_mask": mask}, position_ids
 
 
 def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: tuple, prepared: dict,
