@@ -11,6 +11,7 @@ from causalab.compile.addresses import facts, resolve_address
 from causalab.compile.featurizers import featurizers_node
 from causalab.compile.passes import Context
 from causalab.compile.plan import ModelRef, Plan
+from causalab.compile.prompts import RememberingTokenizer
 from causalab.compile.steps import step_nodes
 from causalab.document import digest as point_digest
 from causalab.document import validate
@@ -75,7 +76,8 @@ def compile_document(raw: dict, *, data_root: str) -> Plan:
     checked = validate(raw)
     points = [point for point, _ in checked]
     ref = model_ref(points[0].document["model"])
-    config, tokenizer = load_config(ref.path), load_tokenizer(ref.path)
+    config = load_config(ref.path)
+    tokenizer = RememberingTokenizer(load_tokenizer(ref.path))
     plans = [compile_point(p, doc, model=ref, config=config, tokenizer=tokenizer,
                            data_root=data_root) for p, doc in checked]
     if len(plans) == 1 and not points[0].label:

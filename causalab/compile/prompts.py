@@ -15,6 +15,29 @@ from causalab.compile.rows import is_chat
 from causalab.errors import CompileError
 
 
+class RememberingTokenizer:
+    """A tokenizer that remembers its encodings for one compile.
+
+    The points of a sweep tokenize the same prompts and answers again and again; the ids
+    cannot differ, so each (text, special tokens) pair is encoded once. Everything else is the
+    tokenizer's own.
+    """
+
+    def __init__(self, tokenizer):
+        self._tokenizer = tokenizer
+        self._seen: dict[tuple[str, bool], list[int]] = {}
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        key = (text, add_special_tokens)
+        if key not in self._seen:
+            self._seen[key] = list(self._tokenizer(
+                text, add_special_tokens=add_special_tokens)["input_ids"])
+        return {"input_ids": list(self._seen[key])}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+
 def prefix_length(tokenizer) -> int:
     """Tokens the tokenizer puts before every prompt: BOS on Llama-like, 0 on GPT-2-like."""
     return len(tokenizer("")["input_ids"])
