@@ -33,13 +33,17 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     """Run a raw document end to end and return the written paths, in order.
 
     ``events`` (a ``causalab.engine.events.Events``) may veto a point from ``point_start``.
-    A point that raises is reported to ``point_end`` with its error and the other points
-    still run; the first error is raised once they have. An interrupt stops at once.
+    Points whose intervened forwards fuse (``causalab.engine.fusion``) are started together,
+    computed together, then written and ended one by one; each point still sees
+    ``point_start``, its metrics and ``point_end`` in that order. A point that raises is
+    reported to ``point_end`` with its error and the other points still run; the first error
+    is raised once they have. An interrupt stops at once, ending every started point.
     """
     from causalab.engine import record
     from causalab.engine.events import Events
     from causalab.engine.load import load_model, served_dtype
-    from causalab.engine.walk import run_plan
+    from causalab.engine.fusion import groups
+    from causalab.engine.walk import prefetch, run_plan
     from causalab.errors import UsageError
 
     if batch_size is not None and (isinstance(batch_size, bool) or batch_size <= 0):
@@ -53,21 +57,26 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     saves: list[str] = []
     shared: dict = {}
     failed: Exception | None = None
-    for point in points:
-        if events.point_start(point) is False:
-            continue
+    for group in groups(points, batch_size):
+        started = [point for point in group if events.point_start(point) is not False]
         try:
-            done = run_plan(point, model, out=out, batch_size=batch_size, events=events,
-                            shared=shared)
-        except Exception as error:
-            events.point_end(point, [], error)
-            failed = failed or error
-            continue
+            prefetch(started, model, batch_size=batch_size, shared=shared)
         except BaseException as error:
-            events.point_end(point, [], error)
+            _abandon(events, started, error)
             raise
-        events.point_end(point, [str(Path(p).relative_to(out)) for p in done], None)
-        saves += done
+        for index, point in enumerate(started):
+            try:
+                done = run_plan(point, model, out=out, batch_size=batch_size, events=events,
+                                shared=shared)
+            except Exception as error:
+                events.point_end(point, [], error)
+                failed = failed or error
+                continue
+            except BaseException as error:
+                _abandon(events, started[index:], error)
+                raise
+            events.point_end(point, [str(Path(p).relative_to(out)) for p in done], None)
+            saves += done
     if failed is not None:
         raise failed
     written.append(record.write_run_record(out, type(model).__name__, batch_size,
@@ -75,3 +84,9 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     written += saves
     events.run_end(written)
     return written
+
+
+def _abandon(events, points: list, error: BaseException) -> None:
+    """An interrupt: every started point that has not ended ends with it."""
+    for point in points:
+        events.point_end(point, [], error)

@@ -5,7 +5,9 @@ rows, taps issued in the plan's order, writes through the seam's one ``apply_wri
 through its one ``gather``. It never reads a document, a data table or a config: what it
 needs was compiled into the plan, except positions, which it resolves per row against the
 ids the model runs on (FORMAT §6). Un-intervened forwards are shared: their reads are kept
-per document, keyed by the exact ids, so the points of a sweep compute them once.
+per document, keyed by the exact ids, so the points of a sweep compute them once; the
+intervened forwards of sweep points that ``causalab.engine.fusion`` finds alike run as one
+trace over their rows stacked (``prefetch``), each point's taps on its own rows.
 A decoding forward (``decode > 0``, FORMAT §11) is one trace per decode step over one KV
 cache; which taps act at which step and how stacked generated reads are cut is
 ``causalab.engine.generate``'s business.
@@ -18,12 +20,11 @@ from typing import Any
 
 import torch
 
-from causalab.compile import positions as position_rules
-from causalab.compile.plan import (Featurizers, Fit, Forward, Observe, Pass, Plan, PromptBatch,
-                                   ReadOp, SaveOp, Weights, WriteOp)
-from causalab.engine import generate
+from causalab.compile.plan import (Featurizers, Fit, Forward, Observe, Pass, Plan, ReadOp,
+                                   SaveOp, Weights, WriteOp)
+from causalab.engine import forwards, fusion, generate, record, steps
 from causalab.engine import outputs as output_rules
-from causalab.engine import record, steps
+from causalab.engine import windows as window_rules
 from causalab.engine.events import Events
 from causalab.engine.metrics import score
 from causalab.engine.seam import Window, apply_write, express, gather
@@ -32,6 +33,8 @@ from causalab.errors import RunError
 from causalab.files import DOCUMENT
 
 _KEY_AXIS = ("attention_scores", "attention_probs")
+# A fused point's pass result, waiting in the document cache for the point's own walk.
+_PREFETCHED = "prefetched"
 
 
 def new_state(*, shared: dict | None = None, model_ref: Any = None, digest: str = "") -> dict:
@@ -77,7 +80,11 @@ def _run_node(node: Any, model: Any, state: dict, out: str, directory: Path) -> 
         steps.build_featurizers(node, model, state)
         return []
     if isinstance(node, Observe):
-        result = run_pass(model, node.pass_, state, batch_size=state["batch_size"])
+        kept = state["shared"].pop((_PREFETCHED, id(node.pass_)), None)
+        if kept is not None and kept[0] is node.pass_:
+            result = kept[1]
+        else:
+            result = run_pass(model, node.pass_, state, batch_size=state["batch_size"])
         return steps.finish_observe(node, result, state, directory)
     if isinstance(node, Fit):
         runner = functools.partial(run_pass, batch_size=state["batch_size"])
@@ -85,6 +92,127 @@ def _run_node(node: Any, model: Any, state: dict, out: str, directory: Path) -> 
     if isinstance(node, Weights):
         return steps.run_weights(node, state, directory)
     raise RunError((getattr(node, "name", type(node).__name__),), "unknown plan node")
+
+
+def prefetch(points: list, model: Any, *, batch_size: int | None = None,
+             shared: dict) -> None:
+    """Run the passes of ``points`` (one ``fusion.groups`` run) side by side, each
+    intervened forward one trace over every point's rows; a point's results wait in
+    ``shared`` for its own walk, which then runs no forward of its own.
+
+    A failure leaves nothing behind: the points then run one at a time, and a point's own
+    error is met on its own walk, at its own path, as if fusion had never been tried.
+    """
+    if len(points) < 2:
+        return
+    states = []
+    for point in points:
+        state = new_state(shared=shared, model_ref=point.model, digest=point.digest or "")
+        state["point"], state["batch_size"] = point, batch_size
+        states.append(state)
+    kept = []
+    try:
+        for index in range(len(points[0].children)):
+            passes = [point.children[index].pass_ for point in points]
+            for pass_, result in zip(passes, _lockstep(model, passes, states)):
+                kept.append((_PREFETCHED, id(pass_)))
+                shared[kept[-1]] = (pass_, result)
+    except Exception:
+        for key in kept:
+            shared.pop(key, None)
+
+
+def _lockstep(model: Any, passes: list, states: list) -> list[dict]:
+    """``run_pass`` over several passes of one signature at once (every row, no grad):
+    un-intervened forwards from the document cache, intervened ones fused."""
+    rows = tuple(range(passes[0].rows))
+    resolved = [window_rules.resolve_pass(model, p, s) for p, s in zip(passes, states)]
+    values: list[dict] = [{} for _ in passes]
+    with torch.no_grad():
+        for index, forward in enumerate(passes[0].forwards):
+            each = [pass_.forwards[index] for pass_ in passes]
+            if forward.writes:
+                raws = _run_fused(model, passes, each, states, rows, resolved, values)
+            else:
+                _share_unintervened(model, passes, each, states, resolved)
+                raws = [_forward_reads(model, passes[i], each[i], states[i], rows, resolved[i],
+                                       values[i]) for i in range(len(passes))]
+            for own, raw, known, state in zip(each, raws, values, states):
+                for read in own.reads:
+                    known[read.name] = _featurized(raw[read.name], read, state)
+        results = [_results(pass_, rows, found, known)
+                   for pass_, found, known in zip(passes, resolved, values)]
+    for result in results:
+        result["generated"] = {}
+    return results
+
+
+def _share_unintervened(model: Any, passes: list, each: list, states: list,
+                        resolved: list) -> None:
+    """Put every read the passes' un-intervened forwards still lack into the document
+    cache, from one trace over the rows they share: each whole address is tapped once and
+    serves every position read there, as a later point would be served from it."""
+    cache, rows, device = states[0]["shared"], tuple(range(passes[0].rows)), _device_of(states[0])
+    wanted, prepared, keyed, pending = {}, {}, [], set()
+    for unit, (pass_, forward) in enumerate(zip(passes, each)):
+        batch = pass_.inputs[forward.input]
+        for index, read in enumerate(forward.reads):
+            key = forwards.read_key(batch, read)
+            if key in cache or key in wanted:
+                continue
+            whole = forwards.whole_key(pass_, forward, read, cache, pending)
+            wanted[key] = (unit, read, whole)
+            if whole is not None and (whole in cache or whole in pending):
+                continue
+            windows, _ = resolved[unit][("read", read.name, forward.input)]
+            window = Window.from_windows(windows, ragged=read.pos.ragged)
+            out = (unit, read.name) if whole is None else whole
+            pending.update(() if whole is None else (whole,))
+            prepared[out] = {"kind": "read", "op": read, "out": out, "whole": whole is not None,
+                             "window": window if device is None else window.to(device)}
+            keyed.append(((tuple(read.address.order), unit, index), out))
+    if not wanted:
+        return
+    got = {}
+    if prepared:
+        inputs, position_ids = forwards.prompt_inputs(
+            model, passes[0].inputs[each[0].input], rows, cache)
+        got = _trace(model, inputs, position_ids, [out for _, out in sorted(keyed)], prepared)
+    for whole in pending:
+        cache[whole] = got[whole].detach()
+    for key, (unit, read, whole) in wanted.items():
+        if whole is not None:
+            found = forwards.from_whole(cache[whole], passes[unit], each[unit], read,
+                                        resolved[unit])
+        else:
+            window = prepared[(unit, read.name)]["window"]
+            counts = None if window.width is not None else window.counts
+            found = output_rules.Published(got[(unit, read.name)], counts, len(rows), "none")
+        cache[key] = output_rules.Published(found.value.detach(), found.counts, len(rows), "none")
+
+
+def _run_fused(model: Any, passes: list, each: list, states: list, rows: tuple,
+               resolved: list, values: list) -> list[dict]:
+    """One trace over every pass's rows stacked: pass ``i`` holds batch rows ``i·n …
+    (i+1)·n − 1`` and its taps act there only; raw reads come back per pass."""
+    local = {row: i for i, row in enumerate(rows)}
+    prepared = {}
+    for unit, (pass_, forward, state) in enumerate(zip(passes, each, states)):
+        entries = _prepare(pass_, forward, state, rows, resolved[unit], values[unit], local,
+                           forward.taps)
+        for (kind, name), entry in entries.items():
+            entry["window"] = fusion.shifted(entry["window"], unit * len(rows))
+            entry["out"] = (unit, name)
+            prepared[(unit, kind, name)] = entry
+    inputs, position_ids = forwards.prompt_inputs(model, passes[0].inputs[each[0].input], rows,
+                                                  states[0]["shared"])
+    copies = len(passes)
+    inputs = {key: tensor.repeat(copies, 1) for key, tensor in inputs.items()}
+    got = _trace(model, inputs, position_ids.repeat(copies, 1), fusion.issue_order(each),
+                 prepared)
+    return [forwards.gathered(pass_, forward, rows, resolved[unit],
+                              {read.name: [got[(unit, read.name)]] for read in forward.reads})
+            for unit, (pass_, forward) in enumerate(zip(passes, each))]
 
 
 def run_pass(model: Any, pass_: Pass, state: dict | None, *, rows=None,
@@ -100,7 +228,7 @@ def run_pass(model: Any, pass_: Pass, state: dict | None, *, rows=None,
     """
     state = state if state is not None else new_state()
     run_rows = tuple(range(pass_.rows)) if rows is None else tuple(int(r) for r in rows)
-    resolved = _resolved(model, pass_, state)
+    resolved = window_rules.resolve_pass(model, pass_, state)
     values: dict[str, output_rules.Published] = {}
     generated: dict[str, torch.Tensor] = {}
     with torch.set_grad_enabled(grad):
@@ -143,124 +271,6 @@ def _featurized(raw: output_rules.Published, read: ReadOp, state: dict) -> outpu
     return output_rules.Published(express(featurizer, raw.value), raw.counts, raw.rows, "none")
 
 
-def _decode(model: Any):
-    tokenizer = model.tokenizer
-    return lambda ids: tokenizer.decode(list(ids))
-
-
-def _resolved(model: Any, pass_: Pass, state: dict) -> dict:
-    """Windows of every read and write over ALL rows of the pass, resolved once (§6.2, §6.5)."""
-    key = id(pass_)
-    if key in state["windows"]:
-        return state["windows"][key]
-    decode = _decode(model)
-    if pass_.dynamic:
-        for role, batch in pass_.inputs.items():
-            _check_tokenizer(model, batch, pass_)
-    resolved: dict = {}
-    for forward in pass_.forwards:
-        batch = pass_.inputs[forward.input]
-        for op in (*forward.writes, *forward.reads):
-            kind = "write" if isinstance(op, WriteOp) else "read"
-            op_key = (kind, op.name, forward.input)
-            if op_key in resolved:
-                continue
-            if op.pos.frame == "generated":
-                # Known once the continuation is: filled in by _cut_generated.
-                resolved[op_key] = (((),) * pass_.rows, (position_rules.MISSING,) * pass_.rows)
-                continue
-            where = ("interventions", pass_.intervention, kind + "s", op.name)
-            resolved[op_key] = _windows(op.pos, batch, pass_.rows, decode, where, state)
-            if kind == "write":
-                _refuse_empty_write(op, resolved[op_key], pass_, where)
-            elif pass_.dynamic:
-                resolved[("provenance", op.name, forward.input)] = _provenance(
-                    resolved[op_key], batch, decode)
-    _check_operand_windows(pass_, resolved)
-    state["windows"][key] = resolved
-    return resolved
-
-
-def _windows(spec, batch: PromptBatch, rows: int, decode, where: tuple, state: dict) -> tuple:
-    """(windows, reasons) of ``spec`` on every row; an unscoped prompt cut depends on the
-    masks and prefix alone, so a document's points share it."""
-    key = None
-    if spec.frame == "prompt" and spec.variable is None and spec.segment is None:
-        key = ("positions", spec, batch.attention_mask, batch.prefix, rows)
-        if key in state["shared"]:
-            return state["shared"][key]
-    found = [_resolve_row(spec, batch, row, decode, where) for row in range(rows)]
-    result = (tuple(w for w, _ in found), tuple(r for _, r in found))
-    if key is not None:
-        state["shared"][key] = result
-    return result
-
-
-def _resolve_row(spec, batch: PromptBatch, row: int, decode, where: tuple):
-    try:
-        return position_rules.resolve(spec, batch, row, decode)
-    except RunError as error:
-        raise RunError(where + ("pos",) + error.path, error.message) from None
-
-
-def _check_tokenizer(model: Any, batch: PromptBatch, pass_: Pass) -> None:
-    """R4: row 0's ids must decode to the prompt recorded at compile time."""
-    if not batch.prompts:
-        return
-    start, end = position_rules.content_span(batch.attention_mask[0], (batch.role, 0))
-    ids = list(batch.input_ids[0][start + batch.prefix:end])
-    tokenizer = model.tokenizer
-    seen = {tokenizer.decode(ids), tokenizer.decode(ids, skip_special_tokens=True)}
-    if batch.prompts[0] not in seen:
-        raise RunError(("interventions", pass_.intervention, batch.role),
-                       f"tokenizer skew: row 0 decodes to {sorted(seen)[0]!r}, "
-                       f"not the recorded prompt {batch.prompts[0]!r}")
-
-
-def _provenance(found: tuple, batch: PromptBatch, decode) -> dict:
-    windows, reasons = found
-    tokens = tuple(tuple(decode([batch.input_ids[row][p]]) for p in window)
-                   for row, window in enumerate(windows))
-    return {"windows": windows, "reasons": reasons, "tokens": tokens}
-
-
-def _refuse_empty_write(write: WriteOp, found: tuple, pass_: Pass, where: tuple) -> None:
-    """R1: a write may not skip a row (a read may)."""
-    windows, reasons = found
-    empty = {pass_.example_ids[row] if row < len(pass_.example_ids) else str(row): reasons[row]
-             for row, window in enumerate(windows) if not window}
-    if empty:
-        raise RunError(where, f"write {write.name!r} has an empty window on rows {empty}; "
-                              "a read may skip a row, a write may not")
-
-
-def _check_operand_windows(pass_: Pass, resolved: dict) -> None:
-    """R2: a ragged write meets a read operand over the same number of positions per row."""
-    for forward in pass_.forwards:
-        for write in forward.writes:
-            if write.operand.kind != "read" or not write.pos.ragged or write.pos.frame == "generated":
-                continue
-            source = next(((f.input, r) for f in pass_.forwards for r in f.reads
-                           if r.name == write.operand.name), None)
-            if source is None:
-                continue
-            mine, _ = resolved[("write", write.name, forward.input)]
-            theirs, _ = resolved[("read", source[1].name, source[0])]
-            bad = [row for row in range(pass_.rows) if len(mine[row]) != len(theirs[row])]
-            if bad:
-                raise RunError(("interventions", pass_.intervention, "writes", write.name, "operand"),
-                               f"write {write.name!r} and its operand {write.operand.name!r} cover "
-                               f"different numbers of positions on rows {bad}")
-
-
-def _batch_key(batch: PromptBatch) -> tuple:
-    return (batch.input_ids, batch.attention_mask)
-
-
-def _read_key(batch: PromptBatch, read: ReadOp, decode: int = 0) -> tuple:
-    return (_batch_key(batch), read.address, read.pos, read.view, decode)
-
-
 def _forward_reads(model: Any, pass_: Pass, forward: Forward, state: dict, run_rows: tuple,
                    resolved: dict, values: dict) -> dict:
     """Raw gathered reads of one forward over ``run_rows`` (pre-featurizer).
@@ -275,9 +285,9 @@ def _forward_reads(model: Any, pass_: Pass, forward: Forward, state: dict, run_r
     if forward.writes:
         return run(model, pass_, forward, state, run_rows, resolved, values)
     cache = state["shared"]
-    keys = {read.name: _read_key(batch, read, forward.decode) for read in forward.reads}
+    keys = {read.name: forwards.read_key(batch, read, forward.decode) for read in forward.reads}
     if forward.decode:
-        keys[generate.GENERATED] = (_batch_key(batch), generate.GENERATED, forward.decode)
+        keys[generate.GENERATED] = (forwards.batch_key(batch), generate.GENERATED, forward.decode)
     if any(key not in cache for key in keys.values()):
         every = tuple(range(pass_.rows))
         if forward.decode:
@@ -292,28 +302,6 @@ def _forward_reads(model: Any, pass_: Pass, forward: Forward, state: dict, run_r
     return {name: cache[key].slice_rows(run_rows) for name, key in keys.items()}
 
 
-# An un-intervened address tensor is kept whole when at most this big and while the
-# document's kept tensors fit the budget; otherwise its reads are kept gathered.
-_WHOLE_BYTES, _WHOLE_BUDGET, _WHOLE_SPENT = 32 * 2 ** 20, 512 * 2 ** 20, "whole bytes"
-
-
-def _whole_key(pass_: Pass, forward: Forward, read: ReadOp, cache: dict) -> tuple | None:
-    """The cache key of ``read``'s whole address tensor (a new one is charged to the
-    budget), or None: only plain prompt reads of known width (not vocabulary, not keys)."""
-    address, batch = read.address, pass_.inputs[forward.input]
-    if read.view != "raw" or not address.full_width or address.key_axis or read.pos.frame != "prompt":
-        return None
-    key = ("whole", _batch_key(batch), address.component, address.layer)
-    if key in cache:
-        return key
-    size = pass_.rows * len(batch.input_ids[0] if pass_.rows else ()) * address.full_width * 4
-    spent = cache.get(_WHOLE_SPENT, 0) + size
-    if size > _WHOLE_BYTES or spent > _WHOLE_BUDGET:
-        return None
-    cache[_WHOLE_SPENT] = spent
-    return key
-
-
 def _shared_prompt_reads(model: Any, pass_: Pass, forward: Forward, state: dict,
                          resolved: dict, values: dict, keys: dict) -> dict:
     """An un-intervened prompt forward's reads over all rows, for the document-wide cache.
@@ -324,7 +312,7 @@ def _shared_prompt_reads(model: Any, pass_: Pass, forward: Forward, state: dict,
     """
     cache = state["shared"]
     todo = [read for read in forward.reads if keys[read.name] not in cache]
-    wholes = {read.name: _whole_key(pass_, forward, read, cache) for read in todo}
+    wholes = {read.name: forwards.whole_key(pass_, forward, read, cache) for read in todo}
     fresh = frozenset(name for name, key in wholes.items() if key is not None and key not in cache)
     got = {}
     if any(key is None or name in fresh for name, key in wholes.items()):
@@ -338,39 +326,9 @@ def _shared_prompt_reads(model: Any, pass_: Pass, forward: Forward, state: dict,
         if keys[name] in cache:
             out[name] = cache[keys[name]]
         elif wholes[name] is not None:
-            out[name] = _from_whole(cache[wholes[name]], pass_, forward, read, resolved)
+            out[name] = forwards.from_whole(cache[wholes[name]], pass_, forward, read, resolved)
         else:
             out[name] = got[name]
-    return out
-
-
-def _from_whole(tensor: torch.Tensor, pass_: Pass, forward: Forward, read: ReadOp,
-                resolved: dict) -> output_rules.Published:
-    windows, _ = resolved[("read", read.name, forward.input)]
-    window = Window.from_windows(windows, ragged=read.pos.ragged)
-    counts = None if window.width is not None else window.counts
-    return output_rules.Published(gather(tensor, read.address, window), counts, pass_.rows, "none")
-
-
-def _chunks(rows: tuple, batch_size: int | None) -> list[tuple]:
-    if not batch_size or batch_size >= len(rows):
-        return [rows]
-    return [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
-
-
-def _gathered(pass_: Pass, forward: Forward, run_rows: tuple, resolved: dict,
-              pieces: dict, whole: frozenset = frozenset()) -> dict:
-    """Per-chunk raw reads concatenated in ``run_rows`` order, with their prompt layouts;
-    a read in ``whole`` is its address's whole tensor, ``(rows, …)``."""
-    out = {}
-    for read in forward.reads:
-        value = torch.cat(pieces[read.name], 0) if len(pieces[read.name]) > 1 else pieces[read.name][0]
-        counts = None
-        if read.pos.frame != "generated" and read.name not in whole:
-            windows, _ = resolved[("read", read.name, forward.input)]
-            layout = Window.from_windows([windows[r] for r in run_rows], ragged=read.pos.ragged)
-            counts = None if layout.width is not None else layout.counts
-        out[read.name] = output_rules.Published(value, counts, len(run_rows), "none")
     return out
 
 
@@ -380,16 +338,16 @@ def _run_forward(model: Any, pass_: Pass, forward: Forward, state: dict, run_row
     reads named in ``whole`` as their address's whole tensor)."""
     local = {row: i for i, row in enumerate(run_rows)}
     pieces: dict[str, list] = {read.name: [] for read in forward.reads}
-    for chunk in _chunks(run_rows, state["batch_size"]):
+    for chunk in forwards.chunks(run_rows, state["batch_size"]):
         prepared = _prepare(pass_, forward, state, chunk, resolved, values, local, forward.taps)
         for name in whole:
             prepared[("read", name)]["whole"] = True
-        inputs, position_ids = _prompt_inputs(model, pass_.inputs[forward.input], chunk,
+        inputs, position_ids = forwards.prompt_inputs(model, pass_.inputs[forward.input], chunk,
                                               state["shared"])
         got = _trace(model, inputs, position_ids, forward.taps, prepared)
         for name in pieces:
             pieces[name].append(got[name])
-    return _gathered(pass_, forward, run_rows, resolved, pieces, whole)
+    return forwards.gathered(pass_, forward, run_rows, resolved, pieces, whole)
 
 
 def _run_decode(model: Any, pass_: Pass, forward: Forward, state: dict, run_rows: tuple,
@@ -398,12 +356,12 @@ def _run_decode(model: Any, pass_: Pass, forward: Forward, state: dict, run_rows
     local = {row: i for i, row in enumerate(run_rows)}
     pieces: dict[str, list] = {read.name: [] for read in forward.reads}
     tokens = []
-    for chunk in _chunks(run_rows, state["batch_size"]):
+    for chunk in forwards.chunks(run_rows, state["batch_size"]):
         per_step, ids = _decode_chunk(model, pass_, forward, state, chunk, resolved, values, local)
         tokens.append(ids)
         for read in forward.reads:
             pieces[read.name].append(_step_value(pass_, read, per_step, forward.decode))
-    out = _gathered(pass_, forward, run_rows, resolved, pieces)
+    out = forwards.gathered(pass_, forward, run_rows, resolved, pieces)
     out[generate.GENERATED] = output_rules.Published(torch.cat(tokens, 0), None, len(run_rows), "none")
     return out
 
@@ -428,7 +386,7 @@ def _decode_chunk(model: Any, pass_: Pass, forward: Forward, state: dict, chunk:
     """
     from transformers import DynamicCache
 
-    inputs, position_ids = _prompt_inputs(model, pass_.inputs[forward.input], chunk,
+    inputs, position_ids = forwards.prompt_inputs(model, pass_.inputs[forward.input], chunk,
                                               state["shared"])
     cache = DynamicCache(config=model._model.config)
     per_step, tokens = [], []
@@ -450,7 +408,7 @@ def _decode_chunk(model: Any, pass_: Pass, forward: Forward, state: dict, chunk:
 def _cut_generated(model: Any, pass_: Pass, forward: Forward, raw: dict, ids: torch.Tensor,
                    run_rows: tuple, resolved: dict) -> dict:
     """Resolve each generated-frame read on the continuation and cut its stacked steps."""
-    decode_text = _decode(model)
+    decode_text = window_rules.decoder(model)
     stops = generate.eos_ids(model)
     batch = pass_.inputs[forward.input]
     cut = dict(raw)
@@ -529,28 +487,6 @@ def _operand(write: WriteOp, pass_: Pass, state: dict, chunk: tuple, values: dic
     return sliced.value
 
 
-def _prompt_inputs(model: Any, batch: PromptBatch, chunk: tuple,
-                   shared: dict) -> tuple[dict, torch.Tensor]:
-    """The rows ``chunk`` as model inputs, position ids taken from the mask (§18.7).
-
-    The whole batch is made into tensors once per document (a sweep point's batch is a
-    new object holding equal rows, hence the value key); a chunk is a row selection.
-    """
-    device = model._model.get_input_embeddings().weight.device
-    key = ("inputs", _batch_key(batch), str(device))
-    whole = shared.get(key)
-    if whole is None:
-        ids = torch.tensor(batch.input_ids, dtype=torch.long, device=device)
-        mask = torch.tensor(batch.attention_mask, dtype=torch.long, device=device)
-        whole = shared[key] = (ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
-    if chunk == tuple(range(len(batch.input_ids))):
-        ids, mask, position_ids = whole
-    else:
-        index = torch.tensor(chunk, dtype=torch.long, device=device)
-        ids, mask, position_ids = (t.index_select(0, index) for t in whole)
-    return {"input_ids": ids, "attention_mask": mask}, position_ids
-
-
 def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: tuple, prepared: dict,
            cache: Any = None) -> dict:
     """One nnterp trace: the taps in order; with a KV cache (a decode step) also the
@@ -568,10 +504,15 @@ def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: tuple, pr
 
 
 def _issue(places: Places, taps: tuple, prepared: dict, got: dict) -> None:
-    """The taps, in the plan's forward order; writes at an address before its reads."""
-    for kind, name in taps:
-        entry = prepared[(kind, name)]
-        op, window = entry["op"], entry["window"]
+    """The taps, in the plan's forward order; writes at an address before its reads.
+
+    A tap is a key of ``prepared``; its value lands in ``got`` under the entry's ``out``
+    (a fused point's ``(point, name)``) or the op's name.
+    """
+    for tap in taps:
+        entry = prepared[tap]
+        kind, op, window = entry["kind"], entry["op"], entry["window"]
+        name = entry.get("out", op.name)
         address = op.address
         places.settle(address.order)
         activation = places.get(address)

@@ -1,0 +1,104 @@
+"""Forwards' data: the document-wide cache keys, the input tensors, and reads put back together.
+
+Plain torch and python around the walk's traces: it never opens a trace and never decides
+which forward runs. A forward's inputs are tensors made once per document from a prompt
+batch (left padding, position ids from the mask); its reads come back per chunk of rows and
+are concatenated here. An un-intervened address may be kept whole (bounded by a per-tensor
+size and a per-document budget) so later reads at other positions are gathered from it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from causalab.compile.plan import Forward, Pass, PromptBatch, ReadOp
+from causalab.engine import outputs as output_rules
+from causalab.engine.seam import Window, gather
+
+# An un-intervened address tensor is kept whole when at most this big and while the
+# document's kept tensors fit the budget; otherwise its reads are kept gathered.
+_WHOLE_BYTES, _WHOLE_BUDGET, _WHOLE_SPENT = 32 * 2 ** 20, 512 * 2 ** 20, "whole bytes"
+
+
+def batch_key(batch: PromptBatch) -> tuple:
+    """What makes two prompt batches the same model input: their ids and masks."""
+    return (batch.input_ids, batch.attention_mask)
+
+
+def read_key(batch: PromptBatch, read: ReadOp, decode: int = 0) -> tuple:
+    """The document-wide cache key of an un-intervened read."""
+    return (batch_key(batch), read.address, read.pos, read.view, decode)
+
+
+def whole_key(pass_: Pass, forward: Forward, read: ReadOp, cache: dict,
+              pending: frozenset | set = frozenset()) -> tuple | None:
+    """The cache key of ``read``'s whole address tensor (a new one, not already ``pending``
+    in this trace, is charged to the budget), or None: only plain prompt reads of known
+    width (not vocabulary, not keys)."""
+    address, batch = read.address, pass_.inputs[forward.input]
+    if read.view != "raw" or not address.full_width or address.key_axis or read.pos.frame != "prompt":
+        return None
+    key = ("whole", batch_key(batch), address.component, address.layer)
+    if key in cache or key in pending:
+        return key
+    size = pass_.rows * len(batch.input_ids[0] if pass_.rows else ()) * address.full_width * 4
+    spent = cache.get(_WHOLE_SPENT, 0) + size
+    if size > _WHOLE_BYTES or spent > _WHOLE_BUDGET:
+        return None
+    cache[_WHOLE_SPENT] = spent
+    return key
+
+
+def from_whole(tensor: torch.Tensor, pass_: Pass, forward: Forward, read: ReadOp,
+                resolved: dict) -> output_rules.Published:
+    """``read`` over every row of the pass, gathered from its address's kept whole tensor."""
+    windows, _ = resolved[("read", read.name, forward.input)]
+    window = Window.from_windows(windows, ragged=read.pos.ragged)
+    counts = None if window.width is not None else window.counts
+    return output_rules.Published(gather(tensor, read.address, window), counts, pass_.rows, "none")
+
+
+def chunks(rows: tuple, batch_size: int | None) -> list[tuple]:
+    """``rows`` cut into windows of at most ``batch_size`` (all at once when None)."""
+    if not batch_size or batch_size >= len(rows):
+        return [rows]
+    return [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
+
+
+def gathered(pass_: Pass, forward: Forward, run_rows: tuple, resolved: dict,
+              pieces: dict, whole: frozenset = frozenset()) -> dict:
+    """Per-chunk raw reads concatenated in ``run_rows`` order, with their prompt layouts;
+    a read in ``whole`` is its address's whole tensor, ``(rows, …)``."""
+    out = {}
+    for read in forward.reads:
+        value = torch.cat(pieces[read.name], 0) if len(pieces[read.name]) > 1 else pieces[read.name][0]
+        counts = None
+        if read.pos.frame != "generated" and read.name not in whole:
+            windows, _ = resolved[("read", read.name, forward.input)]
+            layout = Window.from_windows([windows[r] for r in run_rows], ragged=read.pos.ragged)
+            counts = None if layout.width is not None else layout.counts
+        out[read.name] = output_rules.Published(value, counts, len(run_rows), "none")
+    return out
+
+
+def prompt_inputs(model: Any, batch: PromptBatch, chunk: tuple,
+                   shared: dict) -> tuple[dict, torch.Tensor]:
+    """The rows ``chunk`` as model inputs, position ids taken from the mask (§18.7).
+
+    The whole batch is made into tensors once per document (a sweep point's batch is a
+    new object holding equal rows, hence the value key); a chunk is a row selection.
+    """
+    device = model._model.get_input_embeddings().weight.device
+    key = ("inputs", batch_key(batch), str(device))
+    whole = shared.get(key)
+    if whole is None:
+        ids = torch.tensor(batch.input_ids, dtype=torch.long, device=device)
+        mask = torch.tensor(batch.attention_mask, dtype=torch.long, device=device)
+        whole = shared[key] = (ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+    if chunk == tuple(range(len(batch.input_ids))):
+        ids, mask, position_ids = whole
+    else:
+        index = torch.tensor(chunk, dtype=torch.long, device=device)
+        ids, mask, position_ids = (t.index_select(0, index) for t in whole)
+    return {"input_ids": ids, "attention_mask": mask}, position_ids
