@@ -67,6 +67,11 @@ def _report(out: str, written: list[str], events, summary) -> None:
         return
     from causalab.tracking import ui_command
 
+    for label, run_id in events.skipped.items():
+        metrics = events.client.get_run(run_id).data.metrics
+        shown = " ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())
+                         if not k.endswith("/eligible") and not k.startswith(("train/", "eval/")))
+        print(f"{label or '<root>'}  done before in run {run_id}: {shown}")
     runs = len(events.point_runs)
     skipped = f", {len(events.skipped)} skipped as done" if events.skipped else ""
     print(f"mlflow: {runs} run(s){skipped} in experiment {events.experiment!r} at {events.uri}")
