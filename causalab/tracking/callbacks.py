@@ -61,13 +61,14 @@ class MultirunParent(Callback):
         tags = {store.KIND: "multirun", store.VERSION: store.code_version(),
                 store.OVERRIDES: json.dumps(overrides_of(sweep), sort_keys=True)}
         run_id = store.create_run(mlflow, experiment, " ".join(sweep) or "multirun", tags)
-        store.log_batch(mlflow, run_id, params=overrides_of(sweep))
         self._parent = {"run_id": run_id, "experiment": name, "experiment_id": experiment,
                         "tracking_uri": uri}
+        # Registered before anything else is sent, so a failure from here on still ends it.
+        atexit.register(self._abandon)
+        store.log_batch(mlflow, run_id, params=overrides_of(sweep))
         folder = Path(str(config.hydra.sweep.dir))
         folder.mkdir(parents=True, exist_ok=True)
         (folder / PARENT_FILE).write_text(json.dumps(self._parent))
-        atexit.register(self._abandon)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         if self._parent is None:

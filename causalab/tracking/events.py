@@ -142,11 +142,12 @@ class TrackingEvents(Events):
                      store.COORDINATES: json.dumps(coordinates, sort_keys=True, default=str)})
         run_id = store.create_run(self.client, self.experiment_id, name, tags,
                                   self.sweep_run_id or self.parent_run_id)
+        # Open before anything else is sent, so a failure from here on still ends it.
+        self._open[id(point)] = _PointRun(run_id, _steps(point), _fits(point))
+        self.point_runs[label] = run_id
         params = self._params(point.document)
         params.update({str(k): store.param_value(v) for k, v in coordinates.items()})
         store.log_batch(self.client, run_id, params=params)
-        self.point_runs[label] = run_id
-        self._open[id(point)] = _PointRun(run_id, _steps(point), _fits(point))
         return True
 
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
@@ -182,9 +183,31 @@ class TrackingEvents(Events):
             self._add(run, self._fit_key(run, step, "eval/kept"), kept, epoch)
 
     def point_end(self, point: Any, written: list[str], error: BaseException | None) -> None:
-        run = self._open.pop(id(point), None)
+        run = self._open.get(id(point))
         if run is None:
             return
+        try:
+            self._upload(point, run, written, error)
+        except BaseException as failure:
+            self._end(run.run_id, error or failure)
+            self._open.pop(id(point), None)
+            self.failed.append(run.run_id)
+            raise
+        self._done.append((dict(getattr(point, "coordinates", None) or {}), dict(run.means)))
+        if error is not None:
+            self._end(run.run_id, error)
+            self.failed.append(run.run_id)
+            if self.sweep_run_id:
+                self._end(self.sweep_run_id, error)
+        elif not getattr(point, "directory", ""):
+            self._deferred = run
+        else:
+            self._end(run.run_id, None)
+        self._open.pop(id(point), None)
+
+    def _upload(self, point: Any, run: _PointRun, written: list[str],
+                error: BaseException | None) -> None:
+        """Send a point's buffered numbers, its files, its config and its loss plots."""
         self._flush(run)
         directory = getattr(point, "directory", "") or ""
         files = [(str(Path(self.out) / path), _inside(path, directory)) for path in written]
@@ -195,16 +218,6 @@ class TrackingEvents(Events):
             self._log_root_document(run.run_id)
         self._log_config(run.run_id)
         self._log_losses(run)
-        self._done.append((dict(getattr(point, "coordinates", None) or {}), dict(run.means)))
-        if error is not None:
-            self._end(run.run_id, error)
-            self.failed.append(run.run_id)
-            if self.sweep_run_id:
-                self._end(self.sweep_run_id, error)
-        elif not directory:
-            self._deferred = run
-        else:
-            self._end(run.run_id, None)
 
     def run_end(self, written: list[str]) -> None:
         record = [p for p in written if Path(p).name == RUN_RECORD]

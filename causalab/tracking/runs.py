@@ -131,6 +131,14 @@ def terminate(mlflow: MlflowClient, run_id: str, status: str) -> None:
         mlflow.set_terminated(run_id, status)
 
 
+def _param_values(params: Mapping[str, Any]) -> dict[str, str]:
+    """Params MLflow accepts: keys in its character set and length, values cut to its limit.
+
+    Two names that sanitise alike keep the last value: MLflow refuses one key twice.
+    """
+    return {_key(k): str(v)[:MAX_PARAM_VAL_LENGTH] for k, v in params.items() if v is not None}
+
+
 def _tag_values(tags: Mapping[str, Any]) -> dict[str, str]:
     return {_key(k): str(v)[:MAX_TAG_VAL_LENGTH] for k, v in tags.items() if v is not None}
 
@@ -154,7 +162,7 @@ def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Metric] = 
     metrics = list(metrics)
     for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
         mlflow.log_batch(run_id, metrics=metrics[start:start + MAX_METRICS_PER_BATCH])
-    items = [Param(k, v) for k, v in (params or {}).items()]
+    items = [Param(k, v) for k, v in _param_values(params or {}).items()]
     for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
         mlflow.log_batch(run_id, params=items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
     tag_items = [RunTag(k, v) for k, v in _tag_values(tags or {}).items()]

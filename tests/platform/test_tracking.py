@@ -278,3 +278,17 @@ def test_a_sweep_parent_gets_the_picture_its_axes_call_for(axes, picture, mlflow
     local = client.download_artifacts(events.sweep_run_id, picture)
     assert Path(local).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert client.get_run(events.sweep_run_id).info.status == "FINISHED"
+
+
+def test_an_axis_named_outside_mlflows_key_charset_is_logged_sanitised_and_every_run_ends(
+        mlflow_server, experiment_name, tmp_path):
+    document = _corpus("head_patching")
+    document["sites"]["head_out"]["heads"] = {"sweep": [[0], [1]], "as": "layer+x"}
+    events = _track(document, mlflow_server, experiment_name, tmp_path,
+                    job_params={"site:a=b": "1"})
+    runs = _runs(mlflow_server, experiment_name)
+    assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
+    children = _children(runs, events.sweep_run_id)
+    assert sorted(r.data.params["layer_x"] for r in children) == ["0", "1"]
+    assert all(r.data.params["site:a_b"] == "1" for r in runs)
+    assert not any("+" in key or "=" in key for r in runs for key in r.data.params)
