@@ -28,12 +28,18 @@ _SAE_KINDS = ("sae", "linear")
 _BASIS_KINDS = ("subspace", "pca")
 
 Resolver = Callable[[str], str]
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
+
+
+def is_uri(file_path: str) -> bool:
+    """A ``runs:/`` (or other scheme) bundle: fetched and checked where the run runs."""
+    return _URI.match(file_path) is not None
 
 
 def local_bundle_path(file_path: str, resolver: Resolver | None = None) -> str:
     """The local path of a bundle. A URI (``runs:/<id>/<path>``) goes through ``resolver``,
     which the tracking layer supplies; anything else is returned unchanged."""
-    if resolver is not None and re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/", file_path):
+    if resolver is not None and is_uri(file_path):
         return resolver(file_path)
     return file_path
 

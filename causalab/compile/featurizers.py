@@ -7,10 +7,9 @@ checked where the run fetches it.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
-from causalab.compile.bundles import check_bundle, read_stamp
+from causalab.compile.bundles import check_bundle, is_uri, read_stamp
 from causalab.compile.plan import Address, FeaturizerSpec, Featurizers, ModelRef
 from causalab.errors import CompileError
 
@@ -51,18 +50,13 @@ def _trainers(document: dict) -> dict[str, tuple[str, int]]:
 
 def bundle_rank(file_path: str, path: tuple) -> int | None:
     """``k`` of an sae/linear bundle: the second axis of ``W_enc`` in the safetensors header."""
-    if _is_uri(file_path):
+    if is_uri(file_path):
         return None
     _, shapes = read_stamp(file_path, at=path)
     entry = shapes.get("W_enc")
     if not entry or len(entry) != 2:
         raise CompileError(path, f"bundle {file_path!r} has no 2-axis W_enc tensor")
     return int(entry[1])
-
-
-def _is_uri(file_path: str) -> bool:
-    """A ``runs:/`` (or other scheme) bundle is fetched and checked where the run runs."""
-    return re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/", file_path) is not None
 
 
 def stamp(name: str, kind: str, k: int | None, d: int, site: str, address: Address,
@@ -103,7 +97,7 @@ def _spec(name: str, raw: dict, site: str, address: Address, trainer, model: Mod
         parametrization=raw.get("parametrization", "cayley"),
         stamp=stamp(name, kind, k, d, site, address, model, digest),
         trained_by=trainer[0] if trainer else None)
-    if spec.file_path is not None and not _is_uri(spec.file_path):
+    if spec.file_path is not None and not is_uri(spec.file_path):
         check_bundle(spec)
     return spec
 
@@ -117,5 +111,5 @@ def featurizers_node(document: dict, addresses: dict[str, Address], model: Model
     sites, trainers = sites_of(document), _trainers(document)
     specs = tuple(
         _spec(name, raw, sites[name], addresses[sites[name]], trainers.get(name), model, digest)
-        for name, raw in declared.items() if name in sites)
+        for name, raw in declared.items())
     return Featurizers(name=NODE_NAME, featurizers=specs)

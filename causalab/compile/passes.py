@@ -29,6 +29,8 @@ class Context:
     facts: Facts
     addresses: dict[str, Address]
     featurizers: dict[str, Any] = field(default_factory=dict)
+    # The validated schema object of ``document`` (built on first need when not given).
+    schema: Any = None
     # Output name -> {reduce, rows, width, k}: what earlier steps published (C10, C19).
     published: dict[str, dict] = field(default_factory=dict)
 
@@ -79,12 +81,11 @@ def _write_ops(entry: Entry, ctx: Context) -> dict[str, WriteOp]:
 
 
 def _tables(rows: dict, roles: list[str], path: tuple, ctx: Context) -> dict[str, Table]:
-    """Each used role's rows; every role must give the same number of rows (C1)."""
-    tables: dict[str, Table] = {}
-    for role in roles:
-        if role not in rows:
-            raise CompileError(path, f"no rows for role {role!r}, which a forward runs on")
-        tables[role] = load_rows(rows[role], ctx.data_root, path + (role,))
+    """Each used role's rows; every role must give the same number of rows (C1).
+
+    Validate (V10) has already refused a step lacking rows for a role a forward runs on.
+    """
+    tables = {role: load_rows(rows[role], ctx.data_root, path + (role,)) for role in roles}
     counts = {role: len(t.rows) for role, t in tables.items()}
     for role, count in counts.items():
         if count != counts[roles[0]]:

@@ -50,7 +50,7 @@ def compile_point(point, document, *, model: ModelRef, config: Any, tokenizer: A
     sites = addresses(raw, config)
     node = featurizers_node(raw, sites, model, digest)
     ctx = Context(document=raw, config=config, tokenizer=tokenizer, data_root=data_root,
-                  facts=facts(config), addresses=sites,
+                  facts=facts(config), addresses=sites, schema=document,
                   featurizers={s.name: s for s in node.featurizers} if node else {})
     children = [node] if node else []
     for name, step in raw["steps"].items():

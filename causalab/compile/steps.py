@@ -12,13 +12,17 @@ from causalab.compile import schedule
 from causalab.compile.passes import Context, Entry, build_pass, entries, pass_tables
 from causalab.compile.plan import Fit, Observe, OutputOp, Pass, Plan, SaveOp, Weights
 from causalab.compile.rows import shared_rows
+from causalab.document import validate_point
+from causalab.document.references import step_entries
+from causalab.document.step_references import produced
 from causalab.errors import CompileError
+from causalab.files import TABLE_SUFFIX
 
 
 def save_ops(saves: list[dict] | None) -> tuple[SaveOp, ...]:
     """``.json`` saves are metric tables; anything else is a tensor."""
     return tuple(SaveOp(value=s["value"], file_path=s["file_path"],
-                        kind="table" if s["file_path"].endswith(".json") else "tensor")
+                        kind="table" if s["file_path"].endswith(TABLE_SUFFIX) else "tensor")
                  for s in saves or [])
 
 
@@ -126,13 +130,19 @@ def step_nodes(step: str, raw: dict, ctx: Context, directory: str) -> tuple:
         return (build(step, raw, found[0], ctx),)
     nested = []
     names = [e.name for e in found]
+    if ctx.schema is None:
+        ctx.schema = validate_point(ctx.document)
+    declared = {e.name: e for e in step_entries(ctx.schema)[step]}
     for entry in found:
         # A list entry sees what earlier steps published, never a sibling's outputs.
         before = dict(ctx.published)
-        own = dict(raw, saves=_entry_saves(raw.get("saves"), entry, names, raw))
+        mine = declared[entry.name]
+        own = dict(raw, saves=_entry_saves(raw.get("saves"), entry, names,
+                                           produced(ctx.schema, step, mine)))
         if raw["kind"] == "fit":
-            own["eval"] = dict(raw["eval"], saves=_entry_saves(raw["eval"].get("saves"), entry,
-                                                               names, raw))
+            own["eval"] = dict(raw["eval"], saves=_entry_saves(
+                raw["eval"].get("saves"), entry, names,
+                produced(ctx.schema, step, mine, evaluation=True)))
         node = build(step, own, entry, ctx)
         ctx.published = before
         where = f"{directory}/{step}/{entry.name}" if directory else f"{step}/{entry.name}"
@@ -140,20 +150,8 @@ def step_nodes(step: str, raw: dict, ctx: Context, directory: str) -> tuple:
     return tuple(nested)
 
 
-def produces(entry: Entry, raw: dict) -> set[str]:
-    """Result names one entry of a step produces (§9.2, §9.5)."""
-    body = entry.body
-    names = set(body.get("metrics", {})) | set(raw.get("outputs") or {})
-    if body.get("decode", 0):
-        names |= {f"{r['model']}.generated" for r in body["reads"].values() if "model" in r}
-        names |= {f"{r.get('model', 'original')}.{r['input']}.generated"
-                  for r in body["reads"].values()}
-    if raw["kind"] == "fit":
-        names |= {"train/loss", "train/eval"}
-    return names
-
-
-def _entry_saves(saves: list | None, entry: Entry, names: list[str], raw: dict) -> list:
+def _entry_saves(saves: list | None, entry: Entry, names: list[str],
+                 produced_here: set[str]) -> list:
     """The saves of a list step that belong to this entry: qualified, or bare and produced."""
     mine = []
     for save in saves or []:
@@ -161,6 +159,6 @@ def _entry_saves(saves: list | None, entry: Entry, names: list[str], raw: dict) 
         if rest and head in names:
             if head == entry.name:
                 mine.append(dict(save, value=rest))
-        elif save["value"] in produces(entry, raw):
+        elif save["value"] in produced_here:
             mine.append(save)
     return mine

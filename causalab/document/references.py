@@ -54,7 +54,19 @@ def step_entries(doc: Document) -> dict[str, list[Entry]]:
             raise DocumentError(at, f"{step.kind} needs interventions: a declared name "
                                 f"({declared}), an inline intervention object, or a list")
         out[s] = [_entry(doc, s, value, at + sub) for value, sub in step_interventions(step)]
+        _refuse_repeats(out[s], at)
     return out
+
+
+def _refuse_repeats(entries: list[Entry], at: Path) -> None:
+    """One intervention twice in a list would write its files over its own first entry's."""
+    seen: set[str] = set()
+    for j, entry in enumerate(entries):
+        if entry.name in seen:
+            raise DocumentError(at + ("interventions", j),
+                                f"{entry.name!r} is already listed in this step; "
+                                "each intervention runs once per step")
+        seen.add(entry.name)
 
 
 def _entry(doc: Document, step: str, value: str | Intervention, at: Path) -> Entry:
@@ -228,6 +240,11 @@ def _check_featurizer_sites(doc: Document, entries: dict[str, list[Entry]]) -> N
             if node.featurizer != IDENTITY and node.site not in sites.setdefault(
                     node.featurizer, []):
                 sites[node.featurizer].append(node.site)
+    for name in doc.featurizers:
+        if name not in sites:
+            raise DocumentError(("featurizers", name),
+                                f"featurizer {name!r} is declared but no read or write uses it, "
+                                "so it has no site to take its width from")
     for name, found in sites.items():
         if len(found) > 1:
             raise DocumentError(("featurizers", name), f"one featurizer is one parameter set "

@@ -88,6 +88,15 @@ def _check_outputs(step: Observe, mine: list[Entry], published: dict[str, str],
     published.update({o: at[1] for o in step.outputs})
 
 
+def produced(doc: Document, step: str, entry: Entry, *, evaluation: bool = False) -> set[str]:
+    """Result names one entry of a step produces: what its saves (``evaluation``: a fit's
+    eval saves) may name bare. The one definition validate and the compiler both use."""
+    node = doc.steps[step]
+    if isinstance(node, Fit) and not evaluation:
+        return set(_fitted(doc, node))
+    return set(_observed(entry, node if isinstance(node, Observe) else None))
+
+
 def _generated(entry: Entry) -> set[str]:
     body = entry.body
     if body.decode <= 0:

@@ -117,6 +117,22 @@ def test_a_list_of_interventions_nests_one_plan_per_entry(compile_doc, patching)
     assert first.children[0].saves[0].value == "iia" and second.children[0].saves[0].value == "logit_diff"
 
 
+def test_a_bare_save_of_generated_ids_goes_to_the_one_list_entry_that_decodes(compile_doc,
+                                                                              patching):
+    patching["interventions"]["probe"] = {
+        "decode": 2,
+        "reads": {"step": {"site": "head", "input": "base",
+                           "pos": {"frame": "generated", "index": 0}}},
+        "metrics": {"p": {"kind": "token_prob", "of": "step", "token": "base_answer"}}}
+    step = patching["steps"]["patch"]
+    step["interventions"] = ["patch", "probe"]
+    step["rows"] = {"base": "days#train", "counterfactual": "days#train"}
+    step["saves"] = [{"value": "original.generated", "file_path": "ids.safetensors"}]
+    first, second = compile_doc(patching).children
+    assert first.children[0].saves == ()
+    assert [s.value for s in second.children[0].saves] == ["original.generated"]
+
+
 def test_a_plan_round_trips_through_json(compile_doc, patching):
     plan = compile_doc(_fit(patching))
     again = plan_from_json(json.loads(json.dumps(plan_to_json(plan))))
