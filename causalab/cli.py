@@ -46,7 +46,7 @@ def _read_document(path: str) -> dict:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise UsageError((), f"cannot read document {path!r}: {err.strerror or err}") from None
-    return load_json(text)
+    return load_json(text, name=path)
 
 
 # --- verbs that need no model -------------------------------------------------------------

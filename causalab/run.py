@@ -23,6 +23,7 @@ from hydra.types import RunMode
 
 from causalab.cli import process_settings
 from causalab.errors import CausalabError
+from causalab.files import DEFAULT_DATA_ROOT
 from causalab.render import CONF, document_of
 
 _GROUPS = ("experiment", "model", "site", "data")
@@ -91,7 +92,7 @@ def _run(config) -> None:
     with events if events is not None else nullcontext():
         written = run_document(document, out=out, batch_size=options.get("batch_size"),
                                device_map=options.get("device_map") or "cpu",
-                               data_root=options.get("data_root") or "documents/data",
+                               data_root=options.get("data_root") or DEFAULT_DATA_ROOT,
                                events=Chain(events, PointProgress(), summary))
     _report(out, written, events, summary)
 

@@ -5,8 +5,11 @@ different safetensors metadata or shard layout) have one revision. It reads safe
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
+
+from causalab.errors import ModelError
 
 DIGEST_LENGTH = 64
 
@@ -24,14 +27,28 @@ def tensor_digest(tensors: dict) -> str:
 
 
 def directory_digest(path: str | Path) -> str:
-    """The tensor digest of every ``*.safetensors`` file in a model directory, merged."""
+    """The tensor digest of every ``*.safetensors`` file in a model directory, merged.
+
+    Remembered in this process per directory and per name, size and mtime of each file, so a
+    built-in resolved again (every compile) is not reloaded and rehashed; rewritten weights
+    change the key. A directory without weights is a ``ModelError`` at ``model.key``.
+    """
+    directory = Path(path).resolve()
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ModelError(("model", "key"), f"{path} holds no *.safetensors weights, so its "
+                                           "tensor digest (the pinned revision) cannot be checked")
+    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    return _digest_of(str(directory), stamp)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_of(directory: str, stamp: tuple) -> str:
     from safetensors.torch import load_file
 
     tensors: dict = {}
-    for file in sorted(Path(path).glob("*.safetensors")):
-        tensors.update(load_file(str(file)))
-    if not tensors:
-        raise FileNotFoundError(f"no safetensors weights in {path}")
+    for name, _, _ in stamp:
+        tensors.update(load_file(str(Path(directory) / name)))
     return tensor_digest(tensors)
 
 

@@ -136,6 +136,14 @@ def test_a_broken_document_is_refused_in_one_line_naming_its_path(capsys, tmp_pa
     assert err.startswith("error: sites.target.layer:")
 
 
+def test_a_document_that_is_not_json_is_refused_in_one_line_naming_its_file(capsys, tmp_path):
+    path = tmp_path / "typo.json"
+    path.write_text('{"model": {"key": "causalab:tiny-llama",}}')
+    status, out, err = cli(capsys, "validate", str(path))
+    assert status == 1 and out == ""
+    assert err.count("\n") == 1 and str(path) in err and "line 1" in err
+
+
 def test_explain_refuses_a_validate_time_error_before_compiling(capsys, tmp_path):
     path = _broken(tmp_path, lambda d: d["interventions"]["patch"]["reads"]["v_cf"].update(
         site="nowhere"))

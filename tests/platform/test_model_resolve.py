@@ -1,0 +1,41 @@
+"""Resolving model keys as the compile path does: local directories and shipped built-ins.
+
+Only ``resolve`` and the tensor digest are exercised; no model is loaded into nnterp.
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from causalab.errors import ModelError
+from causalab.models import BUILTINS, resolve
+from causalab.models import digest
+
+
+def test_a_local_directory_pinned_by_digest_without_weights_is_refused_at_model_key(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelError) as caught:
+        resolve(str(tmp_path), "a" * 64)
+    assert caught.value.path == ("model", "key")
+
+
+def test_a_shipped_built_in_is_hashed_once_per_process_until_its_weights_change(tmp_path):
+    first = resolve("causalab:weekday-gpt2")
+    before = digest._digest_of.cache_info()
+    again = resolve("causalab:weekday-gpt2", first.revision)
+    after = digest._digest_of.cache_info()
+    assert again.revision == first.revision == BUILTINS["weekday-gpt2"]["revision"]
+    assert after.hits == before.hits + 1 and after.misses == before.misses
+    copy = tmp_path / "copy"
+    shutil.copytree(first.path, copy)
+    assert resolve(str(copy), first.revision).revision == first.revision
+    weights = sorted(copy.glob("*.safetensors"))[0]
+    tensors = load_file(str(weights))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1
+    save_file(tensors, str(weights))
+    with pytest.raises(ModelError) as caught:
+        resolve(str(copy), first.revision)
+    assert caught.value.path == ("model", "revision")
