@@ -43,7 +43,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     from causalab.engine.events import Events
     from causalab.engine.load import load_model, served_dtype
     from causalab.engine.fusion import groups
-    from causalab.engine.walk import prefetch, run_plan
+    from causalab.engine.walk import discard_prefetched, prefetch, run_plan
     from causalab.errors import UsageError
 
     if batch_size is not None and (isinstance(batch_size, bool) or batch_size <= 0):
@@ -75,6 +75,8 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
             except BaseException as error:
                 _abandon(events, started[index:], error)
                 raise
+            finally:
+                discard_prefetched(point, shared)
             events.point_end(point, [str(Path(p).relative_to(out)) for p in done], None)
             saves += done
     if failed is not None:

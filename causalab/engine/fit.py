@@ -35,8 +35,7 @@ def anneal_temperature(start: float, end: float, update: int, updates: int) -> f
 
 
 def _metric_values(result: dict, name: str) -> Tensor:
-    value = result["metrics"][name]
-    return value[0] if isinstance(value, (tuple, list)) else value
+    return result["metrics"][name][0]
 
 
 def _mean(values: Tensor, at: tuple) -> Tensor:
@@ -61,12 +60,8 @@ def objective_loss(fit: Fit, result: dict, featurizers: dict) -> Tensor:
 def _metrics_only(result: dict) -> dict:
     """A pass result cut to its metric values, detached: stored per update and per epoch
     without holding a graph or the pass's reads (logits of every row would add up)."""
-    metrics = {}
-    for name, value in result.get("metrics", {}).items():
-        if isinstance(value, (tuple, list)):
-            metrics[name] = (value[0].detach(), *value[1:])
-        else:
-            metrics[name] = value.detach()
+    metrics = {name: (values.detach(), eligible)
+               for name, (values, eligible) in result["metrics"].items()}
     return {"metrics": metrics, "rows": result.get("rows")}
 
 
@@ -127,7 +122,7 @@ def _train_epoch(fit: Fit, model, featurizers: dict, state, batches, context: di
         value = float(loss.detach())
         context["losses"].append(value)
         context["passes"].append(_metrics_only(result))
-        context["events"].fit_update(context["point"], fit.name, update, value)
+        context["events"].fit_update(context["point"], context["step"], update, value)
         context["progress"].update(loss=f"update {update + 1} loss {value:.4g}")
     for name in fit.params:
         featurizers[name].training = False
@@ -144,7 +139,7 @@ def _eval_epoch(fit: Fit, model, featurizers: dict, state, context: dict) -> lis
 
 
 def run_fit(fit: Fit, model, featurizers: dict, state: Any, *, run_pass: Callable, events,
-            point: Any = None) -> dict:
+            point: Any = None, step: str | None = None) -> dict:
     """Run a fit step and return its results.
 
     ``featurizers`` maps names to live featurizer objects (shared with the walk);
@@ -152,6 +147,7 @@ def run_fit(fit: Fit, model, featurizers: dict, state: Any, *, run_pass: Callabl
     ``{"train/loss": (updates,), "train/eval": (epochs_run, 1 + gates), "updates": [...],
     "evals": [...], "eval": <last eval pass result>}``; ``updates`` and ``evals`` hold each
     inner pass's metrics (detached), ``eval`` the whole last eval result (for eval saves).
+    ``step`` names the step in events (default ``fit.name``; a list entry's ``<step>/<entry>``).
     """
     params = [p for name in fit.params for p in featurizers[name].parameters()]
     for parameter in params:
@@ -159,7 +155,7 @@ def run_fit(fit: Fit, model, featurizers: dict, state: Any, *, run_pass: Callabl
     context = {
         "optimizer": torch.optim.AdamW(params, lr=fit.lr, weight_decay=fit.weight_decay),
         "updates": sum(len(epoch) for epoch in fit.batches[: fit.epochs]),
-        "run_pass": run_pass, "events": events, "point": point,
+        "run_pass": run_pass, "events": events, "point": point, "step": step or fit.name,
         "losses": [], "passes": [], "evals": [],
         "progress": _FitProgress(fit.name, fit.epochs),
     }
@@ -169,7 +165,7 @@ def run_fit(fit: Fit, model, featurizers: dict, state: Any, *, run_pass: Callabl
             _train_epoch(fit, model, featurizers, state, fit.batches[epoch], context)
             row = _eval_epoch(fit, model, featurizers, state, context)
             rows.append(row)
-            events.fit_epoch(point, fit.name, epoch, row[0], row[1] if len(row) > 1 else None)
+            events.fit_epoch(point, context["step"], epoch, row[0], row[1] if len(row) > 1 else None)
             context["progress"].update(advance=1, eval=f"eval {fit.early_stop_metric} {row[0]:.4g}")
             if _improved(row[0], best, fit.early_stop_mode):
                 best, stale = row[0], 0

@@ -14,7 +14,8 @@ import torch
 
 from causalab.compile.plan import Forward, Pass, PromptBatch, ReadOp
 from causalab.engine import outputs as output_rules
-from causalab.engine.seam import Window, gather
+from causalab.engine import windows as window_rules
+from causalab.engine.seam import gather
 
 # An un-intervened address tensor is kept whole when at most this big and while the
 # document's kept tensors fit the budget; otherwise its reads are kept gathered.
@@ -27,8 +28,10 @@ def batch_key(batch: PromptBatch) -> tuple:
 
 
 def read_key(batch: PromptBatch, read: ReadOp, decode: int = 0) -> tuple:
-    """The document-wide cache key of an un-intervened read."""
-    return (batch_key(batch), read.address, read.pos, read.view, decode)
+    """The document-wide cache key of an un-intervened read: a scoped (dynamic) position's
+    windows depend on the rows' anchor values too, not on the ids alone."""
+    anchors = tuple(sorted(batch.anchors.items())) if read.pos.dynamic else ()
+    return (batch_key(batch), read.address, read.pos, read.view, decode, anchors)
 
 
 def whole_key(pass_: Pass, forward: Forward, read: ReadOp, cache: dict,
@@ -54,7 +57,7 @@ def from_whole(tensor: torch.Tensor, pass_: Pass, forward: Forward, read: ReadOp
                 resolved: dict) -> output_rules.Published:
     """``read`` over every row of the pass, gathered from its address's kept whole tensor."""
     windows, _ = resolved[("read", read.name, forward.input)]
-    window = Window.from_windows(windows, ragged=read.pos.ragged)
+    window = window_rules.layout(windows, range(len(windows)), read.pos.ragged)
     counts = None if window.width is not None else window.counts
     return output_rules.Published(gather(tensor, read.address, window), counts, pass_.rows, "none")
 
@@ -76,7 +79,7 @@ def gathered(pass_: Pass, forward: Forward, run_rows: tuple, resolved: dict,
         counts = None
         if read.pos.frame != "generated" and read.name not in whole:
             windows, _ = resolved[("read", read.name, forward.input)]
-            layout = Window.from_windows([windows[r] for r in run_rows], ragged=read.pos.ragged)
+            layout = window_rules.layout(windows, run_rows, read.pos.ragged)
             counts = None if layout.width is not None else layout.counts
         out[read.name] = output_rules.Published(value, counts, len(run_rows), "none")
     return out

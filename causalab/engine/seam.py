@@ -73,10 +73,6 @@ class Window:
     def total(self) -> int:
         return int(self.batch_rows.shape[0])
 
-    def to(self, device: torch.device | str) -> "Window":
-        return Window(self.batch_rows.to(device), self.positions.to(device), self.width,
-                      self.counts)
-
 
 def _feature_shape(activation: torch.Tensor, address: Address) -> tuple[int, ...]:
     """Shape of one position's features in the model's layout: ``(d,)``, ``(heads, X)`` or ``()``."""

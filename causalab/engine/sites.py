@@ -27,7 +27,6 @@ _DOWN_PROJECTION = ("down_proj", "c_proj", "fc2", "dense_4h_to_h")
 _PRE_MLP_NORM = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2")
 _POST_MLP_NORM = "post_feedforward_layernorm"
 _INTERIOR_ARGUMENT = {"attention_query": 1, "attention_key": 2}
-READ_ONLY = ("input_ids", "next_token_probs")
 # Where block_output sorts in forward order (FORMAT §5.2): a block_mid write settles before it.
 _BLOCK_OUTPUT_RANK = 60
 
@@ -45,6 +44,7 @@ class Places:
         self.nested_layers = nested_layers
         self.current: dict = {}
         self.original: dict = {}
+        self.written_logits: Any = None
         self._interface: dict = {}
         self._unsettled: set[int] = set()
 
@@ -56,9 +56,13 @@ class Places:
         return self.current[key]
 
     def put(self, address: Address, value: Any) -> None:
-        if address.component in READ_ONLY:
+        if address.read_only:
             raise RunError((address.component,), f"{address.component} cannot be written here")
         self.current[(address.component, address.layer)] = value
+        if address.component == "logits":
+            # Nothing downstream of the logits to store into: the written value is what a
+            # decode step's next token is chosen from.
+            self.written_logits = value
         _store(self, address, value)
         if address.component == "block_mid":
             self._unsettled.add(address.layer)
@@ -197,7 +201,6 @@ _LAYER_ACCESSORS = {
     "block_input": "layers_input",
     "block_output": "layers_output",
     "attention_input_norm": "attentions_input",
-    "attentions_input": "attentions_input",
     "attention_output": "attentions_output",
     "mlp_input_norm": "mlps_input",
     "mlp_input": "mlps_input",
@@ -222,8 +225,6 @@ def _fetch(places: Places, address: Address) -> Any:
         return getattr(model, accessor)[address.layer]
     if component == "logits":
         return _softcapped(model, model.lm_head.output)
-    if component == "next_token_probs":
-        return _softcapped(model, model.lm_head.output).softmax(-1)
     envoy, side = _module_tensor(places, address)
     if envoy is None:
         raise RunError((component,), f"{component} ({address.accessor}) cannot be reached on this model")

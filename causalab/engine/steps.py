@@ -58,6 +58,12 @@ def metric_rows(pass_: Pass, result: dict, name: str, digest: str, saved_as: str
                         digest, name=saved_as)
 
 
+def step_label(step: str, state: dict) -> str:
+    """The step as events name it: ``<step>/<intervention>`` inside a list entry's plan."""
+    entry = state.get("entry")
+    return f"{step}/{entry}" if entry else step
+
+
 def _report_metrics(pass_: Pass, result: dict, state: dict, step: str) -> None:
     for name, (values, eligible) in result["metrics"].items():
         mean = float(values.detach().float().mean()) if len(eligible) else None
@@ -73,10 +79,9 @@ def _plain(name: str, produced: dict) -> str:
 
 def finish_observe(node: Observe, result: dict, state: dict, directory: Path) -> list[str]:
     """Publish outputs, report metrics and write the step's saves (generated ids included)."""
-    node.pass_.results.update(result)
     published = _publish(node, result, state)
     node.results.update(result, outputs=published)
-    _report_metrics(node.pass_, result, state, node.name)
+    _report_metrics(node.pass_, result, state, step_label(node.name, state))
     written = []
     generated = result.get("generated", {})
     for save in node.saves:
@@ -112,7 +117,8 @@ def run_fit_step(node: Fit, model: Any, state: dict, directory: Path,
     from causalab.engine.fit import run_fit
 
     results = run_fit(node, model, state["featurizers"], state, run_pass=run_pass,
-                      events=state["events"], point=state["point"])
+                      events=state["events"], point=state["point"],
+                      step=step_label(node.name, state))
     node.results.update(results)
     written = []
     for save in node.saves:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from causalab.compile.plan import (Featurizers, Fit, Forward, Observe, Pass, Plan, ReadOp,
-                                   SaveOp, Weights, WriteOp)
+                                   Weights, WriteOp)
 from causalab.engine import forwards, fusion, generate, record, steps
 from causalab.engine import outputs as output_rules
 from causalab.engine import windows as window_rules
@@ -32,7 +32,6 @@ from causalab.engine.sites import Places, project_to_vocabulary
 from causalab.errors import RunError
 from causalab.files import DOCUMENT
 
-_KEY_AXIS = ("attention_scores", "attention_probs")
 # A fused point's pass result, waiting in the document cache for the point's own walk.
 _PREFETCHED = "prefetched"
 
@@ -41,7 +40,8 @@ def new_state(*, shared: dict | None = None, model_ref: Any = None, digest: str 
     """A plan's walk state: live featurizers, published outputs, and caches it may share."""
     return {"featurizers": {}, "specs": {}, "published": {}, "windows": {},
             "shared": {} if shared is None else shared, "model_ref": model_ref,
-            "digest": digest or "", "events": Events(), "point": None, "batch_size": None}
+            "digest": digest or "", "events": Events(), "point": None, "batch_size": None,
+            "entry": None}
 
 
 def run_plan(plan: Plan, model: Any, *, out: str, batch_size: int | None = None,
@@ -62,6 +62,9 @@ def run_plan(plan: Plan, model: Any, *, out: str, batch_size: int | None = None,
         state = dict(state, published=dict(state["published"]), windows={})
         state["digest"] = plan.digest or state["digest"]
         state["model_ref"] = plan.model or state["model_ref"]
+        # A list-intervention entry (no digest, no document of its own) names its step's
+        # events "<step>/<entry>", so sibling entries' metrics stay apart.
+        state["entry"] = plan.name if plan.digest is None and plan.document is None else None
     state["events"], state["batch_size"] = events, batch_size
     directory = Path(out) / plan.directory
     written: list[str] = []
@@ -122,6 +125,13 @@ def prefetch(points: list, model: Any, *, batch_size: int | None = None,
             shared.pop(key, None)
 
 
+def discard_prefetched(point: Plan, shared: dict) -> None:
+    """Drop what ``prefetch`` left for ``point`` and its walk did not take (it raised first)."""
+    for node in point.children:
+        if hasattr(node, "pass_"):
+            shared.pop((_PREFETCHED, id(node.pass_)), None)
+
+
 def _lockstep(model: Any, passes: list, states: list) -> list[dict]:
     """``run_pass`` over several passes of one signature at once (every row, no grad):
     un-intervened forwards from the document cache, intervened ones fused."""
@@ -152,7 +162,7 @@ def _share_unintervened(model: Any, passes: list, each: list, states: list,
     """Put every read the passes' un-intervened forwards still lack into the document
     cache, from one trace over the rows they share: each whole address is tapped once and
     serves every position read there, as a later point would be served from it."""
-    cache, rows, device = states[0]["shared"], tuple(range(passes[0].rows)), _device_of(states[0])
+    cache, rows = states[0]["shared"], tuple(range(passes[0].rows))
     wanted, prepared, keyed, pending = {}, {}, [], set()
     for unit, (pass_, forward) in enumerate(zip(passes, each)):
         batch = pass_.inputs[forward.input]
@@ -165,11 +175,11 @@ def _share_unintervened(model: Any, passes: list, each: list, states: list,
             if whole is not None and (whole in cache or whole in pending):
                 continue
             windows, _ = resolved[unit][("read", read.name, forward.input)]
-            window = Window.from_windows(windows, ragged=read.pos.ragged)
+            window = window_rules.layout(windows, rows, read.pos.ragged)
             out = (unit, read.name) if whole is None else whole
             pending.update(() if whole is None else (whole,))
             prepared[out] = {"kind": "read", "op": read, "out": out, "whole": whole is not None,
-                             "window": window if device is None else window.to(device)}
+                             "window": window}
             keyed.append(((tuple(read.address.order), unit, index), out))
     if not wanted:
         return
@@ -223,10 +233,16 @@ def run_pass(model: Any, pass_: Pass, state: dict | None, *, rows=None,
     eligible pass-row indices)}, "positions": {op: {...}}, "rows": run rows, "generated":
     {"<model>[.<input>].generated": int64 (rows, decode)}}``. Read values
     are in their featurizer's space, rectangular ``(rows, w, width)`` or flat ``(total,
-    width)`` as the plan's positions say, concatenated in ``rows`` order. With ``grad`` the
-    graph through featurizer parameters is kept (a fit's update).
+    width)`` as the plan's positions say, concatenated in ``rows`` order; ``"resolved"`` is
+    the pass's windows over all its rows (``windows.resolve_pass``: ``(kind, name, input
+    role) -> (windows, reasons)``, plus provenance). ``batch_size`` (default: the walk
+    state's) cuts ``rows`` into windows, one trace each. With ``grad`` the graph through
+    featurizer parameters is kept (a fit's update).
     """
     state = state if state is not None else new_state()
+    if batch_size is not None:
+        # The argument wins over the walk's own setting; a copy, so the caller's state keeps it.
+        state = dict(state, batch_size=batch_size)
     run_rows = tuple(range(pass_.rows)) if rows is None else tuple(int(r) for r in rows)
     resolved = window_rules.resolve_pass(model, pass_, state)
     values: dict[str, output_rules.Published] = {}
@@ -251,8 +267,11 @@ def _results(pass_: Pass, run_rows: tuple, resolved: dict, values: dict) -> dict
     for forward in pass_.forwards:
         for read in forward.reads:
             windows, _ = resolved[("read", read.name, read.input)]
-            layouts[read.name] = Window.from_windows([windows[r] for r in run_rows],
-                                                     ragged=read.pos.ragged)
+            if read.pos.frame == "generated":
+                layouts[read.name] = Window.from_windows([windows[r] for r in run_rows],
+                                                         ragged=read.pos.ragged)
+            else:
+                layouts[read.name] = window_rules.layout(windows, run_rows, read.pos.ragged)
     metrics = {}
     for metric in pass_.metrics:
         windows, _ = resolved[("read", metric.of, metric.input)]
@@ -312,8 +331,14 @@ def _shared_prompt_reads(model: Any, pass_: Pass, forward: Forward, state: dict,
     """
     cache = state["shared"]
     todo = [read for read in forward.reads if keys[read.name] not in cache]
-    wholes = {read.name: forwards.whole_key(pass_, forward, read, cache) for read in todo}
-    fresh = frozenset(name for name, key in wholes.items() if key is not None and key not in cache)
+    wholes, fresh, pending = {}, set(), set()
+    for read in todo:
+        # Two reads at one address: the first keeps (and is charged for) the whole tensor.
+        key = wholes[read.name] = forwards.whole_key(pass_, forward, read, cache, pending)
+        if key is not None and key not in cache and key not in pending:
+            pending.add(key)
+            fresh.add(read.name)
+    fresh = frozenset(fresh)
     got = {}
     if any(key is None or name in fresh for name, key in wholes.items()):
         got = _run_forward(model, pass_, forward, state, tuple(range(pass_.rows)), resolved,
@@ -438,7 +463,6 @@ def _prepare(pass_: Pass, forward: Forward, state: dict, chunk: tuple, resolved:
 
     A generated-frame op lands on ``last``, the last index of its decode step's sequence.
     """
-    device = _device_of(state)
     ops = {("write", w.name): w for w in forward.writes}
     ops.update({("read", r.name): r for r in forward.reads})
     prepared = {}
@@ -448,18 +472,14 @@ def _prepare(pass_: Pass, forward: Forward, state: dict, chunk: tuple, resolved:
             window = Window.from_windows([(last,)] * len(chunk))
         else:
             windows, _ = resolved[(kind, name, forward.input)]
-            window = Window.from_windows([windows[r] for r in chunk], ragged=op.pos.ragged)
-        entry = {"kind": kind, "op": op, "window": window if device is None else window.to(device)}
+            window = window_rules.layout(windows, chunk, op.pos.ragged)
+        entry = {"kind": kind, "op": op, "window": window}
         if kind == "write":
             name_f = op.featurizer
             entry["featurizer"] = state["featurizers"].get(name_f) if name_f != "identity" else None
             entry["operand"] = _operand(op, pass_, state, chunk, values, local, window)
         prepared[(kind, name)] = entry
     return prepared
-
-
-def _device_of(state: dict):
-    return state.get("device")
 
 
 def _operand(write: WriteOp, pass_: Pass, state: dict, chunk: tuple, values: dict,
@@ -492,14 +512,17 @@ def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: tuple, pr
     """One nnterp trace: the taps in order; with a KV cache (a decode step) also the
     greedy next token, under ``generate.GENERATED``."""
     nested = frozenset(entry["op"].address.layer for entry in prepared.values()
-                       if entry["op"].address.component in _KEY_AXIS)
+                       if entry["op"].address.key_axis)
     places = Places(model, nested)
     kwargs = {} if cache is None else {"cache": cache, "use_cache": True}
     got: dict = {}
     with model.trace(inputs, position_ids=position_ids, **kwargs):
         _issue(places, taps, prepared, got)
         if cache is not None:
-            got[generate.GENERATED] = model.output.logits[:, -1].argmax(-1)
+            # A write at ``logits`` chooses the next token; the model's own output lacks it.
+            logits = places.written_logits
+            logits = model.output.logits if logits is None else logits
+            got[generate.GENERATED] = logits[:, -1].argmax(-1)
     return got
 
 
@@ -531,10 +554,3 @@ def _issue(places: Places, taps: tuple, prepared: dict, got: dict) -> None:
         got[name] = value
     places.settle()
 
-
-def save_value(save: SaveOp, directory: Path, value: Any, metadata: dict | None = None) -> str:
-    """Write one save (a table's rows or a tensor) under ``directory``."""
-    path = directory / save.file_path
-    if save.kind == "table":
-        return record.write_json(path, value)
-    return record.write_tensor(path, value, metadata)

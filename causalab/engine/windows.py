@@ -13,6 +13,7 @@ from typing import Any
 
 from causalab.compile import positions as position_rules
 from causalab.compile.plan import Pass, PromptBatch, WriteOp
+from causalab.engine.seam import Window
 from causalab.errors import RunError
 
 
@@ -20,6 +21,18 @@ def decoder(model: Any):
     """``ids -> text`` with the model's tokenizer (what a scoped position matches against)."""
     tokenizer = model.tokenizer
     return lambda ids: tokenizer.decode(list(ids))
+
+
+def layout(windows: tuple, rows, ragged: bool) -> Window:
+    """The window of ``rows`` of a pass whose windows over ALL its rows are ``windows``.
+
+    Flat when the positions are ragged or the pass's rows differ in width (a read some rows
+    cannot place), decided once over every row (§6.2): a batch window of placed rows only
+    must not come back rectangular while another comes back flat.
+    """
+    widths = {len(window) for window in windows}
+    flat = ragged or len(widths) != 1 or 0 in widths
+    return Window.from_windows([windows[r] for r in rows], ragged=flat)
 
 
 def resolve_pass(model: Any, pass_: Pass, state: dict) -> dict:

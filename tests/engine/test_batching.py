@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -10,10 +11,21 @@ def _values(path) -> list:
     return [row["value"] for row in json.loads(path.read_text())]
 
 
+@pytest.fixture()
+def cuts(monkeypatch):
+    """Every row window the walk cut, recorded (the walk's own ``chunks``, unchanged)."""
+    from causalab.engine import forwards
+
+    seen, chunks = [], forwards.chunks
+    monkeypatch.setattr(forwards, "chunks",
+                        lambda rows, size: seen.append(chunks(rows, size)) or seen[-1])
+    return seen
+
+
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"],
                          ids=["llama", "gpt2", "gemma2", "qwen2"])
 def test_a_patching_table_is_the_same_whole_in_windows_of_one_and_row_by_row_unpadded(
-        family, tiny, kit, tmp_path):
+        family, tiny, kit, tmp_path, cuts):
     from causalab.pipeline import run_document
 
     resolved = tiny(family)
@@ -24,7 +36,9 @@ def test_a_patching_table_is_the_same_whole_in_windows_of_one_and_row_by_row_unp
     document = kit.patching_document(resolved)
     whole, ones = tmp_path / "whole", tmp_path / "ones"
     run_document(document, out=str(whole), data_root=data_root)
+    cuts.clear()
     run_document(document, out=str(ones), data_root=data_root, batch_size=1)
+    assert [(0,), (1,), (2,)] in cuts and all(len(c) == 1 for cut in cuts for c in cut)
     alone = []
     for i in range(len(rows)):
         out = tmp_path / f"alone{i}"
@@ -36,7 +50,7 @@ def test_a_patching_table_is_the_same_whole_in_windows_of_one_and_row_by_row_unp
     assert len({len(p[0]) for p in kit.PAIRS}) > 1
 
 
-def test_windows_concatenate_reads_and_outputs_in_row_order(tiny, kit, tmp_path):
+def test_windows_concatenate_reads_and_outputs_in_row_order(tiny, kit, tmp_path, cuts):
     from causalab.engine.load import load_model
     from causalab.engine.walk import run_pass
     import causalab.compile
@@ -47,7 +61,9 @@ def test_windows_concatenate_reads_and_outputs_in_row_order(tiny, kit, tmp_path)
     model = load_model(plan.model)
     pass_ = kit.step(plan, "patch").pass_
     whole = run_pass(model, pass_, None)
+    cuts.clear()
     windows = run_pass(model, pass_, None, batch_size=2)
+    assert [(0, 1), (2,)] in cuts
     for name in ("v_cf", "logits"):
         assert windows["reads"][name].shape == whole["reads"][name].shape
         assert (windows["reads"][name] - whole["reads"][name]).abs().max() < 1e-5
@@ -56,3 +72,39 @@ def test_windows_concatenate_reads_and_outputs_in_row_order(tiny, kit, tmp_path)
     assert eligible == (2, 0)
     full, _ = whole["metrics"]["logit_diff"]
     assert (values - full[[2, 0]]).abs().max() < 1e-5
+
+
+def _moved(pass_, name: str, index: int):
+    """``pass_`` with read ``name`` cut at ``{"index": index}`` instead."""
+    def read(op):
+        return replace(op, pos=replace(op.pos, index=index)) if op.name == name else op
+    forwards = tuple(replace(f, reads=tuple(read(r) for r in f.reads)) for f in pass_.forwards)
+    return replace(pass_, forwards=forwards)
+
+
+def test_a_read_some_rows_cannot_place_has_one_flat_layout_across_windows(tiny, kit, tmp_path, cuts):
+    from causalab.engine.load import load_model
+    from causalab.engine.walk import run_pass
+    import causalab.compile
+
+    resolved = tiny("tiny-llama")
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    late = {"late": {"site": "target", "pos": {"index": 5}, "model": "patched", "input": "base"}}
+    plan = causalab.compile.compile_document(kit.patching_document(resolved, extra_reads=late),
+                                             data_root=data_root)
+    model = load_model(plan.model)
+    # The compiler refuses a fixed cut some row cannot fit (C16); the walk must still not
+    # decide a layout per window, so the cut is moved past the short rows here.
+    pass_ = _moved(kit.step(plan, "patch").pass_, "late", 9)
+    whole = run_pass(model, pass_, None)
+    windows, _ = whole["resolved"][("read", "late", "base")]
+    assert [len(w) for w in windows] == [0, 0, 1]
+    assert whole["reads"]["late"].dim() == 2 and whole["reads"]["late"].shape[0] == 1
+    for size in (1, 2):
+        cuts.clear()
+        cut = run_pass(model, pass_, None, batch_size=size)
+        assert any(len(c) == size for chunk in cuts for c in chunk)
+        assert cut["layouts"]["late"].width is None
+        for name in ("late", "v_cf", "logits"):
+            assert cut["reads"][name].shape == whole["reads"][name].shape
+            assert (cut["reads"][name] - whole["reads"][name]).abs().max() < 1e-5

@@ -273,3 +273,29 @@ def test_a_decode_in_windows_of_rows_gives_the_whole_batchs_ids_and_reads(tiny, 
     assert torch.equal(whole["generated"]["steered.generated"], windows["generated"]["steered.generated"])
     for name in ("logits", "h"):
         assert torch.allclose(whole["reads"][name], windows["reads"][name], **TOL)
+
+
+def test_a_write_at_logits_chooses_the_decoded_token_as_a_hooked_head_would(
+        tiny, oracle, kit, rows, tmp_path):
+    resolved = tiny("tiny-llama")
+    model, tokenizer = oracle(resolved.path)
+    forced = 7
+    document = _decoding(kit.patching_document(resolved), 2, {"frame": "generated", "index": 1})
+    document["sites"]["lg"] = {"component": "logits"}
+    body = document["interventions"]["patch"]
+    body["writes"] = {"force": {"site": "lg", "pos": -1, "mechanism": "swap",
+                                "operand": 1e4, "features": [forced]}}
+    body["models"]["patched"]["writes"] = ["force"]
+    plan = kit.run_compiled(document, rows, tmp_path / "out")
+
+    def force(last):
+        last = last.clone()
+        last[:, forced] = 1e4
+        return last
+
+    base = kit.encode(tokenizer, [p[0] for p in kit.PAIRS])
+    head = lambda step: [(model.lm_head, _at_last(force))] if step == 0 else []
+    want, _, _ = _greedy(model, base, 2, head)
+    got = kit.step(plan, "patch").results["generated"]["patched.generated"]
+    assert torch.equal(got[:, 0], torch.full((3,), forced))
+    assert torch.equal(got, want)

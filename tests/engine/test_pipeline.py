@@ -98,3 +98,28 @@ def test_a_compile_refusal_fires_before_any_event_or_file(tiny, kit, tmp_path):
         run_document(document, out=str(tmp_path / "out"), data_root=data_root, events=events)
     assert caught.value.path[:2] == ("sites", "target")
     assert events.calls == [] and not (tmp_path / "out").exists()
+
+
+def test_each_entry_of_a_list_step_reports_its_metrics_under_its_own_step_name(tiny, kit, tmp_path):
+    import copy
+
+    from causalab.engine.events import Events
+    from causalab.pipeline import run_document
+
+    class Recording(Events):
+        def __init__(self):
+            self.metrics = []
+
+        def metric(self, point, step, name, mean, eligible):
+            self.metrics.append((step, name))
+
+    resolved = tiny("tiny-llama")
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    document = kit.patching_document(resolved)
+    document["interventions"]["other"] = copy.deepcopy(document["interventions"]["patch"])
+    document["steps"]["patch"]["interventions"] = ["patch", "other"]
+    document["steps"]["patch"]["saves"] = []
+    events = Recording()
+    run_document(document, out=str(tmp_path / "out"), data_root=data_root, events=events)
+    assert sorted(events.metrics) == [("patch/other", "iia"), ("patch/other", "logit_diff"),
+                                      ("patch/patch", "iia"), ("patch/patch", "logit_diff")]

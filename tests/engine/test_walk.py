@@ -211,3 +211,22 @@ def test_a_write_whose_anchor_is_missing_on_a_row_is_refused_naming_the_write(ti
         kit.run_compiled(document, data_root, tmp_path / "out")
     assert caught.value.path == ("interventions", "patch", "writes", "patch")
     assert "pair-2" in caught.value.message
+
+
+def test_the_shared_cache_keys_a_scoped_read_on_its_rows_anchor_values(tiny, kit, tmp_path):
+    from dataclasses import replace
+
+    import causalab.compile
+    from causalab.engine.forwards import read_key
+
+    resolved = tiny("tiny-llama")
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    plan = causalab.compile.compile_document(kit.patching_document(resolved), data_root=data_root)
+    pass_ = kit.step(plan, "patch").pass_
+    read = next(r for f in pass_.forwards for r in f.reads if r.name == "v_cf")
+    batch = pass_.inputs[read.input]
+    one = replace(batch, anchors={"day": ("Friday",) * pass_.rows})
+    other = replace(batch, anchors={"day": ("today",) * pass_.rows})
+    scoped = replace(read, pos=replace(read.pos, variable="day", ragged=True))
+    assert read_key(one, scoped) != read_key(other, scoped)
+    assert read_key(one, read) == read_key(other, read)
