@@ -21,7 +21,9 @@ from causalab.errors import CompileError
 
 EAGER_ONLY_MESSAGE = 'needs eager attention: set "attn_implementation": "eager" in model'
 # Standardized accessors outside the 21 components: module-boundary places with no width.
-EXTRA_ACCESSORS = {"attentions_input": (True, 6), "next_token_probs": (False, 1003)}
+# Accessors outside the 21 that nnterp exposes on every family (FORMAT §5.4): places without
+# width or heads. name -> (per layer, order within the layer, read-only: a derived value).
+EXTRA_ACCESSORS = {"attentions_input": (True, 6, False), "next_token_probs": (False, 1003, True)}
 _MLP_WIDE = ("mlp_activation", "mlp_neuron_output")
 _ATTENTION = ("attention_input_norm", "attention_query", "attention_key", "attention_scores",
               "attention_probs", "attention_z", "attention_premix", "attention_output")
@@ -134,7 +136,7 @@ def unavailable(component: str, layer: int | None, f: Facts,
 def _order(component: str, layer: int | None, f: Facts) -> tuple[int, int]:
     """The sort key ``(layer, n)``: whole-model places sort at -1 or at the layer count."""
     if component in EXTRA_ACCESSORS:
-        layered, n = EXTRA_ACCESSORS[component]
+        layered, n, _ = EXTRA_ACCESSORS[component]
         return (layer, n) if layered else (f.layers, n)
     where, n = _row(component)["order"]
     if where == "layer":
@@ -179,7 +181,8 @@ def resolve_address(component: str, layer: int | None, heads, units, config: Any
     _check_layer(component, layer, f, path)
     if component in EXTRA_ACCESSORS:
         return Address(component=component, layer=layer, accessor=component,
-                       order=_order(component, layer, f), seq_axis=1, width=None, full_width=None)
+                       order=_order(component, layer, f), seq_axis=1, width=None, full_width=None,
+                       read_only=EXTRA_ACCESSORS[component][2])
     why = unavailable(component, layer, f, attn_implementation)
     if why:
         raise CompileError(path + ("component",), f"{component} is unavailable here: {why}")

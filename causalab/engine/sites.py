@@ -201,6 +201,7 @@ _LAYER_ACCESSORS = {
     "block_input": "layers_input",
     "block_output": "layers_output",
     "attention_input_norm": "attentions_input",
+    "attentions_input": "attentions_input",
     "attention_output": "attentions_output",
     "mlp_input_norm": "mlps_input",
     "mlp_input": "mlps_input",
@@ -225,6 +226,8 @@ def _fetch(places: Places, address: Address) -> Any:
         return getattr(model, accessor)[address.layer]
     if component == "logits":
         return _softcapped(model, model.lm_head.output)
+    if component == "next_token_probs":
+        return _softcapped(model, model.lm_head.output).softmax(-1)
     envoy, side = _module_tensor(places, address)
     if envoy is None:
         raise RunError((component,), f"{component} ({address.accessor}) cannot be reached on this model")
