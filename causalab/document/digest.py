@@ -23,8 +23,3 @@ def digest(point_doc: dict) -> str:
     """
     return hashlib.sha256(canonical(point_doc).encode("utf-8")).hexdigest()
 
-
-# The package exports this function under the module's own name, so the attribute
-# `causalab.document.digest` is the function once the package is imported; this keeps the
-# spelling `causalab.document.digest.digest(doc)` working as well.
-digest.digest = digest  # type: ignore[attr-defined]
