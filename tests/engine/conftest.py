@@ -124,6 +124,20 @@ def run_compiled(document: dict, data_root: str, out, *, batch_size=None):
     return plan
 
 
+def unplaceable_write(resolved, root) -> tuple[dict, str]:
+    """(document, data root) whose zeroing write is anchored at each row's ``entity``, and
+    the third row's entity is in no prompt: the write has an empty window there (R1)."""
+    rows = pair_rows()
+    for row, entity in zip(rows, ["Monday", "Sunday", "Caturday"]):
+        row["entity"] = entity
+    data_root = write_table(root, "pairs", rows)
+    document = patching_document(resolved)
+    patch = document["interventions"]["patch"]
+    patch["writes"]["patch"]["pos"] = {"index": -1, "scope": {"variable": "entity"}}
+    patch["writes"]["patch"]["operand"] = 0.0
+    return document, data_root
+
+
 def step(plan, name: str):
     return next(node for node in plan.children if getattr(node, "name", None) == name)
 
@@ -133,4 +147,5 @@ def kit():
     """The helpers above, for test modules (conftest is not importable under importlib mode)."""
     return SimpleNamespace(pair_rows=pair_rows, write_table=write_table, encode=encode,
                            patching_document=patching_document, with_rows=with_rows,
-                           run_compiled=run_compiled, step=step, PAIRS=PAIRS, FAMILIES=FAMILIES)
+                           run_compiled=run_compiled, step=step, PAIRS=PAIRS, FAMILIES=FAMILIES,
+                           unplaceable_write=unplaceable_write)

@@ -73,14 +73,7 @@ def test_a_point_that_raises_is_reported_with_its_error_then_raised(tiny, kit, t
     from causalab.errors import RunError
     from causalab.pipeline import run_document
 
-    resolved = tiny("tiny-llama")
-    rows = kit.pair_rows()
-    for row, entity in zip(rows, ["Monday", "Sunday", "Caturday"]):
-        row["entity"] = entity
-    data_root = kit.write_table(tmp_path / "data", "pairs", rows)
-    document = kit.patching_document(resolved)
-    document["interventions"]["patch"]["writes"]["patch"]["pos"] = {"index": -1, "scope": {"variable": "entity"}}
-    document["interventions"]["patch"]["writes"]["patch"]["operand"] = 0.0
+    document, data_root = kit.unplaceable_write(tiny("tiny-llama"), tmp_path / "data")
     events = Recorder()
     with pytest.raises(RunError):
         run_document(document, out=str(tmp_path / "out"), data_root=data_root, events=events)

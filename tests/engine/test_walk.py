@@ -197,16 +197,8 @@ def test_the_same_document_run_twice_writes_byte_identical_tables_and_run_record
 
 
 def test_a_write_whose_anchor_is_missing_on_a_row_is_refused_naming_the_write(tiny, kit, tmp_path):
-    resolved = tiny("tiny-llama")
-    rows = kit.pair_rows()
-    for row, entity in zip(rows, ["Monday", "Sunday", "Caturday"]):
-        row["entity"] = entity
-    data_root = kit.write_table(tmp_path / "data", "pairs", rows)
-    document = kit.patching_document(resolved)
-    anchored = {"index": -1, "scope": {"variable": "entity"}}
-    document["interventions"]["patch"]["writes"]["patch"]["pos"] = anchored
+    document, data_root = kit.unplaceable_write(tiny("tiny-llama"), tmp_path / "data")
     document["interventions"]["patch"]["reads"]["v_cf"]["pos"] = -1
-    document["interventions"]["patch"]["writes"]["patch"]["operand"] = 0.0
     with pytest.raises(RunError) as caught:
         kit.run_compiled(document, data_root, tmp_path / "out")
     assert caught.value.path == ("interventions", "patch", "writes", "patch")
