@@ -10,15 +10,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from causalab.engine.featurizers.weighted import WeightedFeaturizer
 
-class Gate:
+
+class Gate(WeightedFeaturizer):
     """inverse(f′, err, x) = m ⊙ f′ + (1 − m) ⊙ x over the last axis (d units)."""
 
     kind = "gate"
 
     def __init__(self, weight: Tensor):
-        self.weight = weight
-        self.training = False
+        super().__init__(weight)
         self.T = 1.0
 
     @classmethod
@@ -61,14 +62,3 @@ class Gate:
     def kept(self) -> float:
         """Fraction of units the hard mask keeps."""
         return float(self.hard_mask().float().mean())
-
-    def parameters(self) -> list[Tensor]:
-        return [self.weight]
-
-    def tensors(self) -> dict[str, Tensor]:
-        return {"weight": self.weight.detach()}
-
-    def to(self, device) -> "Gate":
-        grad = self.weight.requires_grad
-        self.weight = self.weight.detach().to(device).requires_grad_(grad)
-        return self

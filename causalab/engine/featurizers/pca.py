@@ -8,16 +8,14 @@ from __future__ import annotations
 from torch import Tensor
 
 from causalab.engine.featurizers.subspace import project, unproject
+from causalab.engine.featurizers.weighted import WeightedFeaturizer
 
 
-class PCA:
+class PCA(WeightedFeaturizer):
     """Projection onto a stored orthonormal basis ``weight`` (d, k)."""
 
     kind = "pca"
-
-    def __init__(self, weight: Tensor):
-        self.weight = weight.detach()
-        self.training = False
+    trainable = False
 
     @property
     def basis(self) -> Tensor:
@@ -30,13 +28,3 @@ class PCA:
     def inverse(self, f: Tensor, err: None, x: Tensor) -> Tensor:
         """(f′ (..., k), err, x (..., d)) -> Q f′ + (x − Q Qᵀ x) (..., d)."""
         return unproject(f, x, self.weight)
-
-    def parameters(self) -> list[Tensor]:
-        return []
-
-    def tensors(self) -> dict[str, Tensor]:
-        return {"weight": self.weight}
-
-    def to(self, device) -> "PCA":
-        self.weight = self.weight.to(device)
-        return self

@@ -13,6 +13,8 @@ import math
 import torch
 from torch import Tensor
 
+from causalab.engine.featurizers.weighted import WeightedFeaturizer
+
 
 def cayley_basis(weight: Tensor) -> Tensor:
     """Q = (I − A)⁻¹ (I + A) E for A = W Eᵀ − E Wᵀ, E = the first k columns of I_d.
@@ -66,14 +68,10 @@ def unproject(f: Tensor, x: Tensor, basis: Tensor) -> Tensor:
         return (x32 + delta @ q.T).to(x.dtype)
 
 
-class Subspace:
+class Subspace(WeightedFeaturizer):
     """A rank-k rotation whose basis is the Cayley map of the trainable ``weight`` (d, k)."""
 
     kind = "subspace"
-
-    def __init__(self, weight: Tensor):
-        self.weight = weight
-        self.training = False
 
     @classmethod
     def draw(cls, d: int, k: int, seed: int) -> "Subspace":
@@ -98,14 +96,3 @@ class Subspace:
     def inverse(self, f: Tensor, err: None, x: Tensor) -> Tensor:
         """(f′ (..., k), err, x (..., d)) -> Q f′ + (x − Q Qᵀ x) (..., d)."""
         return unproject(f, x, self.basis)
-
-    def parameters(self) -> list[Tensor]:
-        return [self.weight]
-
-    def tensors(self) -> dict[str, Tensor]:
-        return {"weight": self.weight.detach()}
-
-    def to(self, device) -> "Subspace":
-        grad = self.weight.requires_grad
-        self.weight = self.weight.detach().to(device).requires_grad_(grad)
-        return self
