@@ -44,13 +44,13 @@ def local_bundle_path(file_path: str, resolver: Resolver | None = None) -> str:
     return file_path
 
 
-def _weights_file(path: str) -> str:
+def weights_file(path: str) -> str:
     return os.path.join(path, SAELENS_WEIGHTS) if os.path.isdir(path) else path
 
 
 def _header(path: str, at: Path) -> dict:
     """The parsed safetensors header of ``path`` (a file or a SAELens directory)."""
-    file = _weights_file(path)
+    file = weights_file(path)
     if not os.path.isfile(file):
         raise CompileError(at, f"bundle not found: {file}")
     try:

@@ -7,19 +7,18 @@ is not reproducible, so bundles are compared by content.
 """
 from __future__ import annotations
 
-import os
-
-from causalab.compile.bundles import (  # noqa: F401  (re-exported for the engine's callers)
-    IDENTITY_KEYS, Resolver, _weights_file, check_bundle, document_stamp, local_bundle_path,
-    read_stamp, saelens_options,
+from causalab.compile.bundles import (  # noqa: F401  (read_stamp re-exported for callers)
+    Resolver, check_bundle, document_stamp, local_bundle_path, read_stamp, saelens_options,
+    weights_file,
 )
 from causalab.files import TENSOR_KEY
+
 
 def read_bundle(path: str) -> tuple[dict[str, str], dict]:
     """``(metadata, {name: float32 CPU tensor})`` of a bundle file or SAELens directory."""
     from safetensors import safe_open
 
-    file = _weights_file(path)
+    file = weights_file(path)
     with safe_open(file, framework="pt", device="cpu") as handle:
         metadata = dict(handle.metadata() or {})
         # clone: safetensors' buffer can sit off a 16-byte boundary, and CPU matmuls round
@@ -41,23 +40,6 @@ def stamp_metadata(stamp: dict[str, str], *, produced_by: str) -> dict[str, str]
     metadata = {key: str(value) for key, value in stamp.items()}
     metadata.update(featurizer_dtype="fp32", produced_by=produced_by, engine="causalab")
     return metadata
-
-
-def write_bundle(path: str, tensors: dict, metadata: dict[str, str] | None = None) -> None:
-    """Write ``{name: tensor}`` as safetensors (detached, contiguous, CPU) with string metadata."""
-    from safetensors.torch import save_file
-
-    directory = os.path.dirname(path)
-    if directory:
-        os.makedirs(directory, exist_ok=True)
-    plain = {name: value.detach().to("cpu").contiguous() for name, value in tensors.items()}
-    save_file(plain, path, metadata=metadata)
-
-
-def save_featurizer(path: str, featurizer, spec, *, produced_by: str) -> None:
-    """A weights-step save (§9.6): the featurizer's ``weight``, stamped for ``spec``."""
-    weight = featurizer.tensors()[TENSOR_KEY].float()
-    write_bundle(path, {TENSOR_KEY: weight}, stamp_metadata(document_stamp(spec), produced_by=produced_by))
 
 
 def weights_results(names, featurizers: dict) -> dict:

@@ -16,8 +16,9 @@ import torch
 from safetensors.torch import save_file
 
 from causalab.compile.plan import FeaturizerSpec
+from causalab.engine import record
 from causalab.engine.bundles import (
-    check_bundle, read_stamp, same_content, save_featurizer, weights_results,
+    check_bundle, document_stamp, read_stamp, same_content, stamp_metadata, weights_results,
 )
 from causalab.engine.featurizers import build_featurizer
 from causalab.engine.featurizers.subspace import Subspace, cayley_basis
@@ -201,7 +202,8 @@ def test_a_saelens_directory_of_another_architecture_is_refused(tmp_path, config
 def test_a_saved_featurizer_carries_the_full_stamp_and_loads_back(tmp_path):
     subspace = Subspace.draw(D, K, seed=3)
     spec = _spec(tmp_path / "rot.safetensors")
-    save_featurizer(str(tmp_path / "rot.safetensors"), subspace, spec, produced_by="f" * 64)
+    record.write_tensor(tmp_path / "rot.safetensors", subspace.tensors()["weight"],
+                        stamp_metadata(document_stamp(spec), produced_by="f" * 64))
     metadata, shapes = read_stamp(str(tmp_path / "rot.safetensors"))
     assert metadata == {**_stamp(), "featurizer_dtype": "fp32", "produced_by": "f" * 64, "engine": "causalab"}
     assert shapes == {"weight": (D, K)}
