@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from causalab.document import vocab
 from causalab.errors import CausalabError, UsageError, format_path
 from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT
 
@@ -290,8 +291,9 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
     if name in ("model", "tokens"):
         _model_args(parser)
     if name == "model":
-        parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
-        parser.add_argument("--attn-implementation", choices=("eager", "sdpa"), default=None)
+        parser.add_argument("--dtype", choices=tuple(vocab.DTYPES), default="fp32")
+        parser.add_argument("--attn-implementation", choices=vocab.ATTN_IMPLEMENTATIONS,
+                            default=None)
     elif name == "tokens":
         parser.add_argument("strings", nargs="+", help="candidate metric cells, e.g. ' Friday'")
     elif name == "data":

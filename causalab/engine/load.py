@@ -12,9 +12,12 @@ import functools
 import torch
 
 from causalab.compile.plan import ModelRef
+from causalab.document import vocab
 from causalab.errors import ModelError
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# vocab.DTYPES spells each document dtype as torch names it ("torch.float32").
+DTYPES = {name: getattr(torch, spelled.removeprefix("torch."))
+          for name, spelled in vocab.DTYPES.items()}
 
 
 def load_model(ref: ModelRef, device_map: str = "cpu"):
