@@ -22,6 +22,13 @@ from causalab.engine.seam import gather
 _WHOLE_BYTES, _WHOLE_BUDGET, _WHOLE_SPENT = 32 * 2 ** 20, 512 * 2 ** 20, "whole bytes"
 
 
+def tap_ops(forward: Forward) -> dict[tuple[str, str], Any]:
+    """``forward.taps`` entries -> the op each names: ``("write", w)`` / ``("read", r)``."""
+    ops: dict[tuple[str, str], Any] = {("write", w.name): w for w in forward.writes}
+    ops.update({("read", r.name): r for r in forward.reads})
+    return ops
+
+
 def batch_key(batch: PromptBatch) -> tuple:
     """What makes two prompt batches the same model input: their ids and masks."""
     return (batch.input_ids, batch.attention_mask)
@@ -58,8 +65,8 @@ def from_whole(tensor: torch.Tensor, pass_: Pass, forward: Forward, read: ReadOp
     """``read`` over every row of the pass, gathered from its address's kept whole tensor."""
     windows, _ = resolved[("read", read.name, forward.input)]
     window = window_rules.layout(windows, range(len(windows)), read.pos.ragged)
-    counts = None if window.width is not None else window.counts
-    return output_rules.Published(gather(tensor, read.address, window), counts, pass_.rows, "none")
+    return output_rules.Published(gather(tensor, read.address, window), window.flat_counts,
+                                  pass_.rows, "none")
 
 
 def chunks(rows: tuple, batch_size: int | None) -> list[tuple]:
@@ -79,8 +86,7 @@ def gathered(pass_: Pass, forward: Forward, run_rows: tuple, resolved: dict,
         counts = None
         if read.pos.frame != "generated" and read.name not in whole:
             windows, _ = resolved[("read", read.name, forward.input)]
-            layout = window_rules.layout(windows, run_rows, read.pos.ragged)
-            counts = None if layout.width is not None else layout.counts
+            counts = window_rules.layout(windows, run_rows, read.pos.ragged).flat_counts
         out[read.name] = output_rules.Published(value, counts, len(run_rows), "none")
     return out
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from causalab.compile.plan import Forward, Observe, Plan
-from causalab.engine.forwards import batch_key
+from causalab.engine.forwards import batch_key, tap_ops
 from causalab.engine.seam import Window
 
 # Tokens one fused trace may hold when no batch size bounds it (rows × padded width).
@@ -81,8 +81,7 @@ def issue_order(forwards: list[Forward]) -> list[tuple[int, str, str]]:
     """
     keyed = []
     for unit, forward in enumerate(forwards):
-        ops = {("write", w.name): w for w in forward.writes}
-        ops.update({("read", r.name): r for r in forward.reads})
+        ops = tap_ops(forward)
         for index, (kind, name) in enumerate(forward.taps):
             order = tuple(ops[(kind, name)].address.order)
             keyed.append(((order, kind != "write", unit, index), (unit, kind, name)))

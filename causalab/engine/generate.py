@@ -17,6 +17,7 @@ import torch
 
 from causalab.compile import positions as position_rules
 from causalab.compile.plan import Forward, Pass, PositionSpec, PromptBatch
+from causalab.engine.forwards import tap_ops
 from causalab.errors import RunError
 
 # The walk's per-forward results carry the generated ids under this name; a read name never
@@ -50,9 +51,8 @@ def acts_at(spec: PositionSpec, step: int, *, write: bool) -> bool:
 
 def step_taps(forward: Forward, step: int) -> tuple[tuple[str, str], ...]:
     """The forward's taps issued at ``step``, in the forward's own order."""
-    ops = {("write", w.name): w.pos for w in forward.writes}
-    ops.update({("read", r.name): r.pos for r in forward.reads})
-    return tuple(tap for tap in forward.taps if acts_at(ops[tap], step, write=tap[0] == "write"))
+    ops = tap_ops(forward)
+    return tuple(tap for tap in forward.taps if acts_at(ops[tap].pos, step, write=tap[0] == "write"))
 
 
 def names(pass_: Pass, forward: Forward) -> tuple[str, ...]:

@@ -49,6 +49,11 @@ class Window:
     width: int | None
     counts: tuple[int, ...]
 
+    @property
+    def flat_counts(self) -> tuple[int, ...] | None:
+        """Each row's width when the value is flat (what slices it per row), else None."""
+        return None if self.width is not None else self.counts
+
     @classmethod
     def from_windows(cls, windows: Sequence[Sequence[int]], *, ragged: bool = False) -> "Window":
         """Build the gathered index for batch rows ``0 … len(windows) − 1``.

@@ -195,8 +195,7 @@ def _share_unintervened(model: Any, passes: list, each: list, states: list,
             found = forwards.from_whole(cache[whole], passes[unit], each[unit], read,
                                         resolved[unit])
         else:
-            window = prepared[(unit, read.name)]["window"]
-            counts = None if window.width is not None else window.counts
+            counts = prepared[(unit, read.name)]["window"].flat_counts
             found = output_rules.Published(got[(unit, read.name)], counts, len(rows), "none")
         cache[key] = output_rules.Published(found.value.detach(), found.counts, len(rows), "none")
 
@@ -451,8 +450,7 @@ def _cut_generated(model: Any, pass_: Pass, forward: Forward, raw: dict, ids: to
             [(windows[r], reasons[r]) for r in run_rows], ids, decode_text)
         if generate.fixed_step(read.pos) is None:
             value = generate.cut(raw[read.name].value, [w for w, _ in found], read.pos.ragged)
-            layout = Window.from_windows([w for w, _ in found], ragged=read.pos.ragged)
-            counts = None if layout.width is not None else layout.counts
+            counts = Window.from_windows([w for w, _ in found], ragged=read.pos.ragged).flat_counts
             cut[read.name] = output_rules.Published(value, counts, len(run_rows), "none")
     return cut
 
@@ -463,8 +461,7 @@ def _prepare(pass_: Pass, forward: Forward, state: dict, chunk: tuple, resolved:
 
     A generated-frame op lands on ``last``, the last index of its decode step's sequence.
     """
-    ops = {("write", w.name): w for w in forward.writes}
-    ops.update({("read", r.name): r for r in forward.reads})
+    ops = forwards.tap_ops(forward)
     prepared = {}
     for kind, name in taps:
         op = ops[(kind, name)]
