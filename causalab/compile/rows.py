@@ -8,6 +8,7 @@ Reads JSON tables under the data root and nothing else; it never tokenizes. Ever
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -31,6 +32,13 @@ class Table:
     file: str
 
 
+@functools.lru_cache(maxsize=32)
+def _parsed(file: str, mtime_ns: int, size: int) -> Any:
+    """A data file's JSON, parsed once while it is unchanged: every pass and every sweep point
+    of a document reads the same tables. Callers never mutate rows."""
+    return json.loads(Path(file).read_text())
+
+
 def load_rows(ref: str, data_root: str, path: tuple) -> Table:
     """The rows of ``ref`` (``weekdays/data#train``) under ``data_root``; refusals at ``path``."""
     name, _, split = ref.partition("#")
@@ -41,7 +49,8 @@ def load_rows(ref: str, data_root: str, path: tuple) -> Table:
     if not file.is_file():
         raise CompileError(path, f"dataset {ref!r} not found: no file {file}")
     try:
-        table = json.loads(file.read_text())
+        stat = file.stat()
+        table = _parsed(str(file), stat.st_mtime_ns, stat.st_size)
     except (OSError, ValueError) as err:
         raise CompileError(path, f"dataset {ref!r} is not readable JSON: {err}") from None
     if not isinstance(table, list) or not all(isinstance(r, dict) for r in table):
