@@ -267,21 +267,45 @@ def test_the_matched_rank_control_runs_an_untrained_subspace_and_pca_at_the_fitt
 
 
 # 7. The shipped artifacts are what the current code makes.
+#
+# Bit-equality holds on one machine only: another CPU sums the fit's matmuls in another order
+# and the fp32 rounding differs in the last bits, step after step. Each test compares what the
+# artifact means, to a bound far below what a real change of code gives (O(0.1)).
+
+def _cayley(w: torch.Tensor) -> torch.Tensor:
+    """The orthonormal basis (d, k) of a subspace bundle's W, by the plain Cayley map in float64."""
+    d, k = w.shape
+    eye = torch.eye(d, dtype=torch.float64)
+    a = w.double() @ eye[:, :k].T - eye[:, :k] @ w.double().T
+    return torch.linalg.solve(eye - a, (eye + a) @ eye[:, :k])
+
 
 def test_the_shipped_rot_bundle_is_what_das_writes_now(das):
     shipped, shipped_stamp = _bundle(ARTIFACTS / "rot.safetensors")
     made, made_stamp = _bundle(das / "rot.safetensors")
     assert shipped.keys() == made.keys() == {"weight"}
-    assert torch.equal(shipped["weight"], made["weight"])
     assert shipped_stamp == made_stamp
+    # A swap through the bundle depends on its subspace only (Q Qᵀ), not on W: the symmetric
+    # part of W's top k×k block never reaches Q, so its gradient is rounding noise that AdamW
+    # scales up to lr-sized steps, and W itself differs across CPUs by ~2e-3 (-0.2802 vs
+    # -0.2807 measured). The projectors agreed to 5e-8 across two CPUs; 1e-4 is ~1000 fp32 ulps
+    # of accumulated rounding over the fit's steps, and a different fit moves them by ~0.1.
+    q_shipped, q_made = _cayley(shipped["weight"]), _cayley(made["weight"])
+    assert torch.linalg.matrix_norm(q_shipped @ q_shipped.T - q_made @ q_made.T, ord=2) < 1e-4
 
 
 def test_the_shipped_pca_bundle_is_what_pca_harvest_writes_now(tmp_path_factory):
     out = _run(_document("pca_harvest"), tmp_path_factory.mktemp("pca"))
     shipped, shipped_stamp = _bundle(ARTIFACTS / "pca.safetensors")
     made, made_stamp = _bundle(out / "pca.safetensors")
-    assert torch.equal(shipped["weight"], made["weight"])
     assert shipped_stamp == made_stamp
+    assert shipped["weight"].shape == made["weight"].shape == (16, 4)
+    # Each principal direction in order, up to its sign (an eigenvector has none of its own).
+    # Measured across two CPUs: 1.7e-6 per entry. A direction's fp32 error is about eps·λ₁ over
+    # its eigengap, so it is larger than eps (1.2e-7); 1e-4 is 60× the measured spread, and a
+    # basis from other activations differs by O(0.1).
+    signs = torch.sign((shipped["weight"] * made["weight"]).sum(0))
+    assert torch.allclose(shipped["weight"], made["weight"] * signs, rtol=0, atol=1e-4)
 
 
 def test_das_apply_as_shipped_runs_on_the_shipped_rotation(tmp_path_factory):
