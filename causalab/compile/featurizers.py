@@ -96,7 +96,7 @@ def _spec(name: str, raw: dict, site: str, address: Address, trainer, model: Mod
         trust_unstamped=bool(raw.get("trust_unstamped", False)),
         parametrization=raw.get("parametrization", "cayley"),
         stamp=stamp(name, kind, k, d, site, address, model, digest),
-        trained_by=trainer[0] if trainer else None)
+        trained_by=trainer[0] if trainer else None, saelens=dict(raw.get("saelens") or {}))
     if spec.file_path is not None and not is_uri(spec.file_path):
         check_bundle(spec)
     return spec

@@ -163,6 +163,33 @@ FEATURIZER_KINDS = {
                "tensors": ("W_enc", "W_dec", "b_enc", "b_dec")},
 }
 
+# FORMAT §8.2: the SAELens architectures an `sae` featurizer runs, keyed by cfg.json's
+# `architecture`. tensors: what sae_weights.safetensors may hold (required ones first);
+# config: the cfg.json keys beyond the common ones that the architecture reads.
+SAE_ARCHITECTURES = {
+    "standard": {"tensors": ("W_enc", "W_dec", "b_enc", "b_dec"), "required": ("W_enc",),
+                 "config": (), "formula": "f = ReLU((x - b_dec) W_enc + b_enc)"},
+    "topk": {"tensors": ("W_enc", "W_dec", "b_enc", "b_dec"), "required": ("W_enc", "W_dec"),
+             "config": ("k", "rescale_acts_by_decoder_norm"),
+             "formula": "f = ReLU(the k largest of (x - b_dec) W_enc + b_enc), others 0"},
+    "jumprelu": {"tensors": ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"),
+                 "required": ("W_enc", "W_dec", "threshold"), "config": (),
+                 "formula": "f = ReLU(pre) * (pre > threshold), pre = (x - b_dec) W_enc + b_enc"},
+    "gated": {"tensors": ("W_enc", "W_dec", "b_dec", "b_gate", "b_mag", "r_mag"),
+              "required": ("W_enc", "W_dec", "b_gate", "b_mag", "r_mag"), "config": (),
+              "formula": "f = ((x - b_dec) W_enc + b_gate > 0) * ReLU((x - b_dec) (W_enc exp(r_mag)) + b_mag)"},
+}
+
+# SAELens (TransformerLens) hook names -> the component they read: `blocks.<L>.<hook>`.
+SAELENS_HOOKS = {
+    "hook_resid_pre": "block_input",
+    "hook_resid_mid": "block_mid",
+    "hook_resid_post": "block_output",
+    "hook_attn_out": "attention_output",
+    "hook_mlp_out": "mlp_output",
+    "attn.hook_z": "attention_z",
+}
+
 # FORMAT §7.8: the COLUMNS table. Column fields name data columns, in compute order.
 METRIC_KINDS = {
     "match": {"columns": ("expected",), "unit": "fraction", "estimand_version": "match/v1"},

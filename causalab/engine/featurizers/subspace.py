@@ -1,8 +1,9 @@
 """The `subspace` featurizer: a trainable rank-k rotation (DAS), Cayley-parametrized.
 
-Stores the free parameter W (d, k), never the basis. The basis Q (d, k) is rebuilt from W
-on every access through the Cayley map, so an optimizer step is seen at the next use and Q
-is orthonormal for any W. The Cayley solve uses the Woodbury identity and never forms a
+Trains the free parameter W (d, k). The basis Q (d, k) is rebuilt from W on every access
+through the Cayley map, so an optimizer step is seen at the next use and Q is orthonormal
+for any W. A bundle stores both: W under ``weight`` (what loads back) and Q under
+``basis``, the matrix other tools (a hook, pyvene's rotation) use as it is: x @ Q = f. The Cayley solve uses the Woodbury identity and never forms a
 d×d matrix. Arithmetic runs in float32 with autocast off, on the activation's device.
 Knows nothing of sites, bundles or fits.
 """
@@ -14,6 +15,7 @@ import torch
 from torch import Tensor
 
 from causalab.engine.featurizers.weighted import WeightedFeaturizer
+from causalab.files import BASIS_KEY, TENSOR_KEY
 
 
 def cayley_basis(weight: Tensor) -> Tensor:
@@ -88,6 +90,10 @@ class Subspace(WeightedFeaturizer):
     def basis(self) -> Tensor:
         """Q (d, k), recomputed from ``weight`` on every access."""
         return cayley_basis(self.weight)
+
+    def tensors(self) -> dict[str, Tensor]:
+        """What a bundle stores: ``weight`` W and its orthonormal ``basis`` Q, both (d, k)."""
+        return {TENSOR_KEY: self.weight.detach(), BASIS_KEY: cayley_basis(self.weight.detach())}
 
     def featurize(self, x: Tensor) -> tuple[Tensor, None]:
         """x (..., d) -> (Qᵀx (..., k), None): nothing is lost that inverse needs besides x."""
