@@ -155,12 +155,17 @@ def _check_shapes(kind: str, shapes: dict, d: int, k: int | None, at: Path) -> N
             raise _shape_error(at, kind, name, shape, wanted)
 
 
-def _local(spec, resolver: Resolver | None, at: Path) -> str:
-    """The bundle's local path; a tracking store that cannot give it is refused at ``at``."""
+def resolve_bundle(file_path: str, resolver: Resolver | None, at: Path) -> str:
+    """The bundle's local path. A tracking store that cannot give it, or a URI with no store
+    to ask, is refused at ``at`` in one line."""
     try:
-        return local_bundle_path(spec.file_path, resolver)
+        local = local_bundle_path(file_path, resolver)
     except CausalabError as error:
         raise CompileError(at, error.message) from None
+    if is_uri(local):
+        raise CompileError(at, f"{file_path} names a tracked run, and no tracking store is set "
+                               "to fetch it from (run with tracking, or give --tracking-uri)")
+    return local
 
 
 def _saelens_config(path: str, spec, at: Path) -> dict | None:
@@ -210,7 +215,7 @@ def check_bundle(spec, *, resolver: Resolver | None = None) -> dict:
     identity: no stamp or ``trust_unstamped`` is needed, its cfg is checked instead.
     """
     at: Path = ("featurizers", spec.name, "file_path")
-    path = _local(spec, resolver, at)
+    path = resolve_bundle(spec.file_path, resolver, at)
     header = read_header(path, at=at)
     metadata = header.pop("__metadata__", None) or {}
     config = _saelens_config(path, spec, at) if spec.kind in _SAE_KINDS else None

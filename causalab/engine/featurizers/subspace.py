@@ -102,3 +102,29 @@ class Subspace(WeightedFeaturizer):
     def inverse(self, f: Tensor, err: None, x: Tensor) -> Tensor:
         """(f′ (..., k), err, x (..., d)) -> Q f′ + (x − Q Qᵀ x) (..., d)."""
         return unproject(f, x, self.basis)
+
+
+def export_basis(bundle: str, out: str) -> str:
+    """Write a subspace bundle's basis Q alone: safetensors ``{"basis": (d, k)}``, x @ Q = f.
+
+    Q is the bundle's own ``basis`` when it has one, else the Cayley map of its ``weight``
+    (bundles written before the basis was stored). The stamp is kept as metadata. This is
+    the matrix a hook (x + Q (f′ − Qᵀx)) or pyvene's low-rank rotation takes as it is.
+    """
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from causalab.engine import record
+    from causalab.errors import UsageError
+
+    with safe_open(bundle, framework="pt", device="cpu") as handle:
+        metadata = dict(handle.metadata() or {})
+        names = set(handle.keys())
+        if TENSOR_KEY not in names or not names <= {TENSOR_KEY, BASIS_KEY} or \
+                metadata.get("kind", "subspace") != "subspace":
+            raise UsageError(("--basis",), f"{bundle} is not a subspace bundle "
+                                           f"(holds {', '.join(sorted(names))})")
+        basis = handle.get_tensor(BASIS_KEY) if BASIS_KEY in names else \
+            cayley_basis(handle.get_tensor(TENSOR_KEY).float().clone())
+    plain = {BASIS_KEY: basis.float().contiguous()}
+    return record.atomic(out, lambda temporary: save_file(plain, temporary, metadata=metadata))
