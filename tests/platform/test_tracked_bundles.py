@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 from causalab.cli import main
 from causalab.errors import CompileError
@@ -88,3 +89,30 @@ def test_a_run_with_a_tracked_bundle_and_no_store_is_refused_at_compile_time(mon
     with pytest.raises(CompileError) as refused:
         compile_only(raw, DATA, resolver=Events().resolve)
     assert refused.value.path == ("featurizers", "rot", "file_path")
+
+
+def test_fetch_basis_gives_the_orthonormal_matrix_a_hook_takes(capsys, monkeypatch, tmp_path, tracked):
+    from safetensors.torch import load_file
+
+    uri, bundle = tracked
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    target = tmp_path / "Q.safetensors"
+    status = main(["fetch", bundle, "-o", str(target), "--basis", "--tracking-uri", uri])
+    assert status == 0, capsys.readouterr().err
+    fetched = load_file(str(target))
+    shipped = load_file(str(REPO / "documents" / "artifacts" / "rot.safetensors"))
+    assert set(fetched) == {"basis"} and torch.equal(fetched["basis"], shipped["basis"])
+
+
+def test_the_basis_of_a_bundle_that_stores_only_its_weight_is_its_cayley_map(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from causalab.engine.featurizers.subspace import export_basis
+
+    w = torch.randn(16, 4, generator=torch.Generator().manual_seed(0)) / 4
+    save_file({"weight": w}, str(tmp_path / "old.safetensors"), metadata={"kind": "subspace"})
+    q = load_file(export_basis(str(tmp_path / "old.safetensors"), str(tmp_path / "q.safetensors")))["basis"]
+    w64, eye = w.double(), torch.eye(16, dtype=torch.float64)
+    a = w64 @ eye[:, :4].T - eye[:, :4] @ w64.T
+    want = torch.linalg.solve(eye - a, (eye + a) @ eye[:, :4])  # the Cayley map, written out
+    assert torch.allclose(q.double(), want, atol=1e-5)  # float32 Woodbury solve vs float64 dense
