@@ -267,6 +267,8 @@ def render_vocab() -> str:
     lines += [
         f"mechanisms:       {', '.join(sorted(MECHANISMS))}",
         f"featurizer kinds: {kinds} (plus '{IDENTITY}', never declared)",
+        f"sae architectures: {', '.join(SAE_ARCHITECTURES)} (cfg.json's architecture)",
+        f"saelens hooks:    " + ", ".join(f"blocks.L.{h}={c}" for h, c in SAELENS_HOOKS.items()),
         f"metric kinds:     {metric_line}",
         f"units:            {units_line}",
         f"position forms:   exactly one cut: {cuts}",
@@ -311,5 +313,9 @@ def vocab_payload() -> dict:
                            "frames": list(POSITION_FORMS["frames"]),
                            "segments": list(POSITION_FORMS["segments"])},
         "reduce_modes": list(REDUCE_MODES),
+        "sae_architectures": {k: {key: (list(v) if isinstance(v, tuple) else v)
+                                  for key, v in r.items()}
+                              for k, r in SAE_ARCHITECTURES.items()},
+        "saelens_hooks": dict(SAELENS_HOOKS),
         "max_points": MAX_POINTS,
     }

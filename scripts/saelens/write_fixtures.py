@@ -1,6 +1,6 @@
 """SAELens-written fixture directories and SAELens's own outputs on weekday-llama activations.
 
-Run in a venv with sae-lens (``make saelens-venv`` makes .venv-saelens), after
+Run in a venv with sae-lens (``make saelens-fixtures`` makes .venv-saelens and runs both halves), after
 scripts/saelens/activations.py has written the inputs:
 
     .venv-saelens/bin/python scripts/saelens/write_fixtures.py documents/artifacts/saelens

@@ -257,3 +257,12 @@ def test_a_plain_dictionary_file_without_cfg_still_needs_trust(tmp_path):
     with pytest.raises(CompileError) as refused:
         check_bundle(_spec(path))
     assert refused.value.path == AT
+
+
+def test_the_engine_implements_exactly_the_vocabulary_architectures_with_their_tensor_names():
+    from causalab.document.vocab import SAE_ARCHITECTURES
+
+    assert set(ARCHITECTURES) == set(SAE_ARCHITECTURES)
+    for name, row in SAE_ARCHITECTURES.items():
+        sae = build_featurizer(_spec(FIXTURES / name), "cpu")
+        assert sae.architecture == name and set(sae.tensors()) == set(row["tensors"])
