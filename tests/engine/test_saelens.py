@@ -266,3 +266,47 @@ def test_the_engine_implements_exactly_the_vocabulary_architectures_with_their_t
     for name, row in SAE_ARCHITECTURES.items():
         sae = build_featurizer(_spec(FIXTURES / name), "cpu")
         assert sae.architecture == name and set(sae.tensors()) == set(row["tensors"])
+
+
+# 5. A SAELens directory in a document on weekday-llama: compiled, refused, run.
+
+WEEKDAY = {"key": "causalab:weekday-llama", "dtype": "fp32",
+           "revision": "c4604b591ba897ff2414b9e6f0db15ea549df863b7a53ac46c3b47e833d7e9b8"}
+
+
+def _document(directory: Path, layer: int = 1) -> dict:
+    raw = json.loads((REPO / "documents" / "v2" / "sae_feature_ablation.json").read_text())
+    raw["model"] = dict(WEEKDAY)
+    raw["sites"]["target"]["layers"] = [layer]
+    raw["featurizers"]["dictionary"] = {"kind": "sae", "file_path": str(directory)}
+    raw["interventions"]["ablate"]["writes"]["ablate"]["features"] = [0]
+    raw["steps"]["ablate"]["saves"].append({"value": "active", "file_path": "active.safetensors"})
+    return raw
+
+
+def test_a_document_whose_site_is_not_the_saes_hook_is_refused_at_compile_time():
+    from causalab.pipeline import compile_only
+
+    with pytest.raises(CompileError) as refused:
+        compile_only(_document(FIXTURES / "topk", layer=2), str(REPO / "documents" / "data"))
+    assert refused.value.path == AT and refused.value.message.startswith("hook_name:")
+
+
+def test_latents_read_on_weekday_llama_equal_a_plain_forward_through_the_saelens_formula(tmp_path, oracle):
+    from causalab.pipeline import run_document
+    from causalab.models import resolve
+
+    run_document(_document(FIXTURES / "jumprelu"), out=str(tmp_path), device_map="cpu",
+                 data_root=str(REPO / "documents" / "data"))
+    got = load_file(str(tmp_path / "active.safetensors"))["weight"]
+    assert (got > 0).any() and (got == 0).any()  # some latents fire, the threshold stops others
+    model, tokenizer = oracle(resolve("causalab:weekday-llama").path)
+    t = load_file(str(FIXTURES / "jumprelu" / SAELENS_WEIGHTS))
+    rows = json.loads((REPO / "documents" / "data" / "weekdays" / "train.json").read_text())
+    for row, latents in zip(rows, got.reshape(len(rows), D_SAE), strict=True):
+        with torch.no_grad():
+            hidden = model(**tokenizer(row["input"], return_tensors="pt"), output_hidden_states=True)
+        x = hidden.hidden_states[2][0, -1]  # the output of block 1: SAELens's blocks.1.hook_resid_post
+        pre = (x - t["b_dec"]) @ t["W_enc"] + t["b_enc"]
+        want = torch.where((pre > t["threshold"]) & (pre > 0), pre, torch.zeros_like(pre))
+        assert (latents - want).abs().max() <= TOLERANCE
