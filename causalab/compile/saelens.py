@@ -42,6 +42,7 @@ def _from_pre_6(config: dict, at: Path) -> dict:
             out[new] = out.pop(old)
     activation = out.get("activation_fn") or "relu"
     out.setdefault("architecture", "standard")
+    out.setdefault("reshape_activations", "hook_z" if "hook_z" in str(out.get("hook_name", "")) else "none")
     if activation == "topk":
         k = (out.get("activation_fn_kwargs") or {}).get("k")
         if k is None:

@@ -310,3 +310,10 @@ def test_latents_read_on_weekday_llama_equal_a_plain_forward_through_the_saelens
         pre = (x - t["b_dec"]) @ t["W_enc"] + t["b_enc"]
         want = torch.where((pre > t["threshold"]) & (pre > 0), pre, torch.zeros_like(pre))
         assert (latents - want).abs().max() <= TOLERANCE
+
+
+def test_a_pre_6_hook_z_sae_reads_the_attention_z_site(tmp_path):
+    directory = _copy("pre6_relu", tmp_path, hook_point="blocks.1.attn.hook_z")
+    assert check_bundle(_spec(directory, component="attention_z"))["architecture"] == "standard"
+    with pytest.raises(CompileError):
+        check_bundle(_spec(directory))  # block_output is not what it read
