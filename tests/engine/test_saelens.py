@@ -317,3 +317,14 @@ def test_a_pre_6_hook_z_sae_reads_the_attention_z_site(tmp_path):
     assert check_bundle(_spec(directory, component="attention_z"))["architecture"] == "standard"
     with pytest.raises(CompileError):
         check_bundle(_spec(directory))  # block_output is not what it read
+
+
+def test_explain_refuses_a_saelens_directory_off_its_hook_in_one_line(capsys, tmp_path):
+    from causalab.cli import main
+
+    document = tmp_path / "moved.json"
+    document.write_text(json.dumps(_document(FIXTURES / "gated", layer=3)))
+    status = main(["explain", str(document), "--data-root", str(REPO / "documents" / "data")])
+    err = capsys.readouterr().err
+    assert status == 1 and err.count("\n") == 1
+    assert "featurizers.dictionary.file_path: hook_name:" in err
