@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 # matmul wait ~10 ms on 2 cores. Passive waiting removes that (measured in scripts/bench).
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup test test-slow test-all run ui bench clean
+.PHONY: setup test test-slow test-all run ui bench clean test-saelens saelens-fixtures
 
 setup: $(STAMP)
 
@@ -38,6 +38,20 @@ ui: setup
 bench: setup
 	$(PY) scripts/bench/patching.py
 	$(PY) scripts/bench/cayley.py
+
+# SAELens lives in its own venv: sae-lens 6.54 needs transformer-lens < 4 (STACK.md).
+SAELENS_PY := .venv-saelens/bin/python
+
+$(SAELENS_PY):
+	python3.11 -m venv .venv-saelens || python3 -m venv .venv-saelens
+	$(SAELENS_PY) -m pip install -q -c constraints.txt sae-lens==6.54.12
+
+test-saelens: setup $(SAELENS_PY)
+	CAUSALAB_SAELENS_PYTHON=$(SAELENS_PY) $(PY) -m pytest -q -m slow tests/engine/test_saelens_live.py
+
+saelens-fixtures: setup $(SAELENS_PY)
+	$(PY) scripts/saelens/activations.py documents/artifacts/saelens/inputs.safetensors
+	$(SAELENS_PY) scripts/saelens/write_fixtures.py documents/artifacts/saelens
 
 clean:
 	rm -rf out outputs multirun mlflow.db mlartifacts .pytest_cache

@@ -170,8 +170,22 @@ def verb_explain(args: argparse.Namespace) -> dict:
     import causalab.compile
 
     raw = _read_document(args.document)
-    plan = causalab.compile.compile_document(raw, data_root=args.data_root)
+    plan = causalab.compile.compile_document(raw, data_root=args.data_root,
+                                             resolver=_known_store(args))
     return causalab.compile.explain_payload(plan)
+
+
+def _known_store(args: argparse.Namespace):
+    """A ``runs:/`` resolver when a tracking URI is known (flag, MLFLOW_TRACKING_URI or an
+    ./mlflow.db already there), so explain checks tracked bundles' stamps; else None."""
+    if not (args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or os.path.exists("mlflow.db")):
+        return None
+
+    def resolve(uri: str) -> str:  # imports the tracking layer only when a URI is met
+        from causalab.tracking import resolve_artifact
+
+        return resolve_artifact(uri, args.tracking_uri)
+    return resolve
 
 
 # --- verbs that run or reach the tracking store ------------------------------------------
@@ -219,6 +233,10 @@ def verb_fetch(args: argparse.Namespace) -> dict:
     from causalab.tracking import fetch
 
     path = str(fetch(args.uri, args.output, tracking_uri=args.tracking_uri))
+    if args.basis:
+        from causalab.engine.featurizers.subspace import export_basis
+
+        export_basis(path, path)
     return {"text": path, "path": path, "uri": args.uri}
 
 
@@ -302,6 +320,9 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
     elif name in ("validate", "explain"):
         parser.add_argument("document")
         parser.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
+        if name == "explain":
+            parser.add_argument("--tracking-uri", default=None,
+                                help="store to fetch runs:/ bundles from, to check their stamps")
     elif name == "run":
         _run_args(parser)
     elif name == "render":
@@ -311,6 +332,9 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("uri", help="runs:/<run_id>/<artifact path>")
         parser.add_argument("-o", "--output", default=None, help="where to write it")
         parser.add_argument("--tracking-uri", default=None)
+        parser.add_argument("--basis", action="store_true",
+                            help="write a subspace bundle's orthonormal basis alone: "
+                                 "safetensors {'basis': (d, k)}, x @ basis = features")
     elif name == "runs":
         parser.add_argument("--produced-by", default=None, help="a point digest")
         parser.add_argument("--tracking-uri", default=None)

@@ -4,6 +4,7 @@ DOCUMENT = "document.json"
 RUN_RECORD = "run.json"
 HYDRA_CONFIG = "hydra_config.yaml"
 TENSOR_KEY = "weight"
+BASIS_KEY = "basis"  # a subspace bundle's orthonormal (d, k) basis, next to its weight
 TENSOR_SUFFIX = ".safetensors"
 TABLE_SUFFIX = ".json"
 RESERVED = (DOCUMENT, RUN_RECORD)

@@ -11,11 +11,12 @@ from pathlib import Path
 from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT, DOCUMENT
 
 
-def compile_only(raw: dict, data_root: str = DEFAULT_DATA_ROOT):
-    """The plan tree of ``raw`` with no weights loaded (what ``explain`` prints)."""
+def compile_only(raw: dict, data_root: str = DEFAULT_DATA_ROOT, resolver=None):
+    """The plan tree of ``raw`` with no weights loaded (what ``explain`` prints); ``resolver``
+    fetches ``runs:/`` bundles so their stamps are checked here too."""
     import causalab.compile
 
-    return causalab.compile.compile_document(raw, data_root=data_root)
+    return causalab.compile.compile_document(raw, data_root=data_root, resolver=resolver)
 
 
 def points_of(plan) -> list:
@@ -49,7 +50,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     if batch_size is not None and (isinstance(batch_size, bool) or batch_size <= 0):
         raise UsageError(("--batch-size",), f"batch size must be a positive integer, not {batch_size}")
     events = events or Events()
-    plan = compile_only(raw, data_root)
+    plan = compile_only(raw, data_root, resolver=events.resolve)
     points = points_of(plan)
     model = load_model(plan.model or points[0].model, device_map=device_map)
     events.run_start(raw, points)

@@ -1,11 +1,13 @@
 """Bundle checks at compile time: read a safetensors header and compare its stamp.
 
-Needs no torch and no model: :func:`read_stamp` parses the safetensors JSON header by
+Needs no torch and no model: :func:`read_header` parses the safetensors JSON header by
 hand, so a bundle that is missing, corrupt, of the wrong kind, or stamped for another
 site or model is refused (C8) before any weight loads. Published dictionaries are
 SAELens tensors in one file or SAELens's own directory (``cfg.json`` +
-``sae_weights.safetensors``). Every refusal is a CompileError at
-``featurizers.<name>.file_path``. Loading tensors is the engine's (engine/bundles.py).
+``sae_weights.safetensors``), whose cfg is its identity (compile/saelens.py). A ``runs:/``
+bundle is checked the same way once a resolver (the tracking layer's) gives its local path.
+Every refusal is a CompileError at ``featurizers.<name>.file_path``. Loading tensors is the
+engine's (engine/bundles.py).
 """
 from __future__ import annotations
 
@@ -14,14 +16,15 @@ import os
 import re
 from typing import Callable
 
-from causalab.errors import CompileError, Path
-from causalab.files import SAELENS_CONFIG, SAELENS_WEIGHTS, TENSOR_KEY
+from causalab.compile import saelens
+from causalab.errors import CausalabError, CompileError, Path
+from causalab.files import BASIS_KEY, SAELENS_CONFIG, SAELENS_WEIGHTS, TENSOR_KEY
 
 IDENTITY_KEYS = (
     "kind", "k", "d", "parametrization", "site", "component", "layer", "heads", "units",
     "model_key", "model_revision", "model_dtype",
 )
-SAE_TENSORS = ("W_enc", "W_dec", "b_enc", "b_dec")
+SAE_TENSORS = ("W_enc", "W_dec", "b_enc", "b_dec")  # a plain (non-SAELens) dictionary file
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 _MAX_HEADER = 100 * 1024 * 1024
 _SAE_KINDS = ("sae", "linear")
@@ -70,19 +73,28 @@ def _header(path: str, at: Path) -> dict:
     return header
 
 
+def read_header(path: str, *, at: Path = ()) -> dict:
+    """A bundle's safetensors header: ``{tensor name: {dtype, shape, data_offsets}}`` and
+    ``__metadata__`` (strings), refused at ``at`` unless every tensor is floating point."""
+    header = _header(path, at)
+    bad = [name for name, entry in header.items()
+           if name != "__metadata__" and entry.get("dtype") not in _FLOAT_DTYPES]
+    if bad:
+        raise CompileError(at, f"bundle tensors must be floating point; not: {', '.join(bad)}")
+    metadata = header.get("__metadata__") or {}
+    header["__metadata__"] = {str(key): str(value) for key, value in metadata.items()}
+    return header
+
+
 def read_stamp(path: str, *, at: Path = ()) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
     """``(metadata, {tensor name: shape})`` of a bundle, from its header alone (no torch).
 
     ``path`` is a ``.safetensors`` file or a SAELens directory. A missing or unreadable
     bundle raises CompileError at ``at``.
     """
-    header = _header(path, at)
-    metadata = header.pop("__metadata__", None) or {}
-    shapes = {name: tuple(entry["shape"]) for name, entry in header.items()}
-    bad = [name for name, entry in header.items() if entry.get("dtype") not in _FLOAT_DTYPES]
-    if bad:
-        raise CompileError(at, f"bundle tensors must be floating point; not: {', '.join(bad)}")
-    return {str(key): str(value) for key, value in metadata.items()}, shapes
+    header = read_header(path, at=at)
+    metadata = header.pop("__metadata__")
+    return metadata, {name: tuple(entry["shape"]) for name, entry in header.items()}
 
 
 def document_stamp(spec) -> dict[str, str]:
@@ -113,22 +125,6 @@ def _check_identity(metadata: dict[str, str], stamp: dict[str, str], at: Path) -
                                    f"document says {implied or '<none>'}")
 
 
-def _check_saelens_config(path: str, kind: str, at: Path) -> None:
-    config_file = os.path.join(path, SAELENS_CONFIG)
-    try:
-        with open(config_file, encoding="utf-8") as handle:
-            config = json.load(handle)
-    except (OSError, ValueError) as exc:
-        raise CompileError(at, f"SAELens directory without a readable {SAELENS_CONFIG}: {exc}") from None
-    architecture = config.get("architecture", "standard")
-    if kind == "sae" and architecture != "standard":
-        raise CompileError(at, f"SAELens architecture {architecture!r} is not a ReLU sae; "
-                               "only 'standard' loads as kind sae")
-    if config.get("normalize_activations") not in (None, "none"):
-        raise CompileError(at, "SAELens normalize_activations is not supported: "
-                               f"{config.get('normalize_activations')!r}")
-
-
 def _shape_error(at: Path, kind: str, name: str, found, wanted) -> CompileError:
     return CompileError(at, f"{kind} bundle tensor {name} has shape {list(found)}, expected {list(wanted)}")
 
@@ -149,36 +145,87 @@ def _check_shapes(kind: str, shapes: dict, d: int, k: int | None, at: Path) -> N
             if name in shapes and shapes[name] != shape:
                 raise _shape_error(at, kind, name, shapes[name], shape)
         return
-    if set(shapes) != {TENSOR_KEY}:
-        raise CompileError(at, f"a {kind} bundle holds one tensor {TENSOR_KEY!r}; "
+    allowed = {TENSOR_KEY, BASIS_KEY} if kind == "subspace" else {TENSOR_KEY}
+    if TENSOR_KEY not in shapes or not set(shapes) <= allowed:
+        raise CompileError(at, f"a {kind} bundle holds {' and '.join(sorted(allowed))}; "
                                f"found {', '.join(sorted(shapes)) or 'nothing'}")
     wanted = (d,) if kind == "gate" else (d, k)
-    if shapes[TENSOR_KEY] != wanted:
-        raise _shape_error(at, kind, TENSOR_KEY, shapes[TENSOR_KEY], wanted)
+    for name, shape in shapes.items():
+        if shape != wanted:
+            raise _shape_error(at, kind, name, shape, wanted)
 
 
-def check_bundle(spec, *, resolver: Resolver | None = None) -> None:
+def resolve_bundle(file_path: str, resolver: Resolver | None, at: Path) -> str:
+    """The bundle's local path. A tracking store that cannot give it, or a URI with no store
+    to ask, is refused at ``at`` in one line."""
+    try:
+        local = local_bundle_path(file_path, resolver)
+    except CausalabError as error:
+        raise CompileError(at, error.message) from None
+    if is_uri(local):
+        raise CompileError(at, f"{file_path} names a tracked run, and no tracking store is set "
+                               "to fetch it from (run with tracking, or give --tracking-uri)")
+    return local
+
+
+def _saelens_config(path: str, spec, at: Path) -> dict | None:
+    """The normalised SAELens config of an sae/linear bundle: its cfg.json, else the
+    document's ``saelens`` block; None for a plain dictionary file with neither."""
+    block = getattr(spec, "saelens", None) or {}
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
+    config_file = os.path.join(directory, SAELENS_CONFIG)
+    own = os.path.isdir(path) or os.path.basename(path) == SAELENS_WEIGHTS
+    if own and os.path.isfile(config_file):
+        try:
+            with open(config_file, encoding="utf-8") as handle:
+                config = json.load(handle)
+        except (OSError, ValueError) as exc:
+            raise CompileError(at, f"unreadable {config_file}: {exc}") from None
+        return saelens.normalise(config, at)
+    if own or block:
+        return saelens.from_document(block, at)
+    return None
+
+
+def _check_dictionary(spec, config: dict, header: dict, at: Path) -> dict:
+    """A SAELens dictionary's options, after its cfg, tensors and site are checked."""
+    options = saelens.check(config, header, spec.stamp, at)
+    enc = tuple(header["W_enc"]["shape"])
+    if enc[0] != spec.d or (spec.k is not None and enc[1] != spec.k):
+        raise _shape_error(at, spec.kind, "W_enc", enc, (spec.d, spec.k if spec.k is not None else "k"))
+    width = enc[1]
+    wanted = {"W_dec": (width, spec.d), "b_dec": (spec.d,)}
+    wanted.update({name: (width,) for name in ("b_enc", "threshold", "b_gate", "b_mag", "r_mag")})
+    for name, entry in header.items():
+        if name in wanted and tuple(entry["shape"]) != wanted[name]:
+            raise _shape_error(at, spec.kind, name, entry["shape"], wanted[name])
+    if spec.kind == "linear":
+        options.pop("architecture", None)
+        options.pop("k", None)
+        options.pop("rescale_acts_by_decoder_norm", None)
+    return options
+
+
+def check_bundle(spec, *, resolver: Resolver | None = None) -> dict:
     """Refuse a FeaturizerSpec's bundle that is missing, corrupt, of the wrong kind, stamped
-    for something else, or unstamped without ``trust_unstamped``. No torch, no model."""
+    for something else, or unstamped without ``trust_unstamped``; return the featurizer's
+    options (an SAE's architecture and cfg switches). No torch, no model.
+
+    A SAELens directory (or a weights file whose document block says its cfg) is its own
+    identity: no stamp or ``trust_unstamped`` is needed, its cfg is checked instead.
+    """
     at: Path = ("featurizers", spec.name, "file_path")
-    path = local_bundle_path(spec.file_path, resolver)
-    metadata, shapes = read_stamp(path, at=at)
-    if os.path.isdir(path):
-        _check_saelens_config(path, spec.kind, at)
+    path = resolve_bundle(spec.file_path, resolver, at)
+    header = read_header(path, at=at)
+    metadata = header.pop("__metadata__", None) or {}
+    config = _saelens_config(path, spec, at) if spec.kind in _SAE_KINDS else None
     if is_stamped(metadata):
         _check_identity(metadata, document_stamp(spec), at)
-    elif not spec.trust_unstamped:
+    elif config is None and not spec.trust_unstamped:
         raise CompileError(at, "bundle has no identity stamp; set trust_unstamped: true to load it "
                                "(only shapes are then checked)")
+    if config is not None:
+        return _check_dictionary(spec, config, header, at)
+    shapes = {name: tuple(entry["shape"]) for name, entry in header.items()}
     _check_shapes(spec.kind, shapes, spec.d, spec.k, at)
-
-
-def saelens_options(path: str) -> dict:
-    """Featurizer options a SAELens directory's ``cfg.json`` carries (empty for a file)."""
-    if not os.path.isdir(path):
-        return {}
-    with open(os.path.join(path, SAELENS_CONFIG), encoding="utf-8") as handle:
-        config = json.load(handle)
-    return {"apply_b_dec_to_input": bool(config.get("apply_b_dec_to_input", True))}
-
-
+    return {}

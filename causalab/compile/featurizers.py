@@ -1,15 +1,16 @@
 """The ``featurizers`` plan node: each declared featurizer with ``d``, seed, stamp and trainer.
 
 Reads a bundle's safetensors header (JSON, no tensors) to learn an ``sae``/``linear`` rank
-and to check its stamp and shapes (C8) before any weight loads; a ``runs:/`` bundle is
-checked where the run fetches it.
+and to check its stamp and shapes (C8) before any weight loads. A ``runs:/`` bundle is
+checked here too when the caller passes a resolver (the tracking layer's, bound to a known
+tracking URI); without one it is checked where the run fetches it.
 """
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from causalab.compile.bundles import check_bundle, is_uri, read_stamp
+from causalab.compile.bundles import Resolver, check_bundle, is_uri, read_stamp, resolve_bundle
 from causalab.compile.plan import Address, FeaturizerSpec, Featurizers, ModelRef
 from causalab.errors import CompileError
 
@@ -48,10 +49,12 @@ def _trainers(document: dict) -> dict[str, tuple[str, int]]:
     return trainers
 
 
-def bundle_rank(file_path: str, path: tuple) -> int | None:
+def bundle_rank(file_path: str, path: tuple, resolver: Resolver | None = None) -> int | None:
     """``k`` of an sae/linear bundle: the second axis of ``W_enc`` in the safetensors header."""
     if is_uri(file_path):
-        return None
+        if resolver is None:
+            return None
+        file_path = resolve_bundle(file_path, resolver, path)
     _, shapes = read_stamp(file_path, at=path)
     entry = shapes.get("W_enc")
     if not entry or len(entry) != 2:
@@ -77,7 +80,7 @@ def stamp(name: str, kind: str, k: int | None, d: int, site: str, address: Addre
 
 
 def _spec(name: str, raw: dict, site: str, address: Address, trainer, model: ModelRef,
-          digest: str) -> FeaturizerSpec:
+          digest: str, resolver: Resolver | None = None) -> FeaturizerSpec:
     path = ("featurizers", name)
     d = address.width
     if d is None:
@@ -85,7 +88,7 @@ def _spec(name: str, raw: dict, site: str, address: Address, trainer, model: Mod
     kind = raw["kind"]
     k = raw.get("k")
     if kind in ("sae", "linear") and k is None:
-        k = bundle_rank(raw["file_path"], path + ("file_path",))
+        k = bundle_rank(raw["file_path"], path + ("file_path",), resolver)
     if kind in ("subspace", "pca") and k is not None and k > d:
         raise CompileError(path + ("k",), f"k={k} is larger than the site width {d}")
     seed = raw.get("seed")
@@ -96,20 +99,22 @@ def _spec(name: str, raw: dict, site: str, address: Address, trainer, model: Mod
         trust_unstamped=bool(raw.get("trust_unstamped", False)),
         parametrization=raw.get("parametrization", "cayley"),
         stamp=stamp(name, kind, k, d, site, address, model, digest),
-        trained_by=trainer[0] if trainer else None)
-    if spec.file_path is not None and not is_uri(spec.file_path):
-        check_bundle(spec)
+        trained_by=trainer[0] if trainer else None, saelens=dict(raw.get("saelens") or {}))
+    if spec.file_path is not None and (resolver is not None or not is_uri(spec.file_path)):
+        check_bundle(spec, resolver=resolver)
     return spec
 
 
 def featurizers_node(document: dict, addresses: dict[str, Address], model: ModelRef,
-                     digest: str) -> Featurizers | None:
-    """The node the compiler puts first whenever featurizers are declared; None otherwise."""
+                     digest: str, resolver: Resolver | None = None) -> Featurizers | None:
+    """The node the compiler puts first whenever featurizers are declared; None otherwise.
+    ``resolver`` (uri -> local path) lets ``runs:/`` bundles be checked here too."""
     declared: dict[str, Any] = document.get("featurizers") or {}
     if not declared:
         return None
     sites, trainers = sites_of(document), _trainers(document)
     specs = tuple(
-        _spec(name, raw, sites[name], addresses[sites[name]], trainers.get(name), model, digest)
+        _spec(name, raw, sites[name], addresses[sites[name]], trainers.get(name), model, digest,
+              resolver)
         for name, raw in declared.items())
     return Featurizers(name=NODE_NAME, featurizers=specs)

@@ -203,6 +203,7 @@ class FeaturizerSpec:
     parametrization: str
     stamp: dict[str, str]
     trained_by: str | None = None
+    saelens: dict = field(default_factory=dict)  # the document's block for a cfg-less SAE file
 
 
 @dataclass(frozen=True)

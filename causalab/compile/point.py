@@ -5,6 +5,7 @@ only returns a directory). Every refusal here is a :class:`CompileError` with it
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from causalab.compile.addresses import facts, resolve_address
@@ -39,7 +40,7 @@ def addresses(document: dict, config: Any) -> dict:
 
 
 def compile_point(point, document, *, model: ModelRef, config: Any, tokenizer: Any,
-                  data_root: str) -> Plan:
+                  data_root: str, resolver=None) -> Plan:
     """One point's plan: the featurizers node (when declared), then its steps in order.
 
     ``document`` is the validated schema object; the plan is built from ``point.document``,
@@ -48,7 +49,7 @@ def compile_point(point, document, *, model: ModelRef, config: Any, tokenizer: A
     raw = point.document
     digest = point_digest(raw)
     sites = addresses(raw, config)
-    node = featurizers_node(raw, sites, model, digest)
+    node = featurizers_node(raw, sites, model, digest, resolver)
     ctx = Context(document=raw, config=config, tokenizer=tokenizer, data_root=data_root,
                   facts=facts(config), addresses=sites, schema=document,
                   featurizers={s.name: s for s in node.featurizers} if node else {})
@@ -69,8 +70,10 @@ def _frozen(value: Any) -> Any:
     return value
 
 
-def compile_document(raw: dict, *, data_root: str) -> Plan:
-    """The plan tree of a raw document: the root holds its steps, or one Plan per sweep point."""
+def compile_document(raw: dict, *, data_root: str, resolver=None) -> Plan:
+    """The plan tree of a raw document: the root holds its steps, or one Plan per sweep point.
+    ``resolver`` (``runs:/`` URI -> local path, from the tracking layer) checks tracked bundles
+    here; without it they are checked when the run fetches them."""
     from causalab.models import load_config, load_tokenizer
 
     checked = validate(raw)
@@ -78,8 +81,10 @@ def compile_document(raw: dict, *, data_root: str) -> Plan:
     ref = model_ref(points[0].document["model"])
     config = load_config(ref.path)
     tokenizer = RememberingTokenizer(load_tokenizer(ref.path))
+    if resolver is not None:
+        resolver = functools.lru_cache(maxsize=None)(resolver)  # one fetch per URI, not per point
     plans = [compile_point(p, doc, model=ref, config=config, tokenizer=tokenizer,
-                           data_root=data_root) for p, doc in checked]
+                           data_root=data_root, resolver=resolver) for p, doc in checked]
     if len(plans) == 1 and not points[0].label:
         return plans[0]
     return Plan(name="<root>", directory="", children=tuple(plans), model=ref)

@@ -20,7 +20,7 @@ from causalab.document.steps import (Anneal, EarlyStop, Eval, Fit, Observe, Opti
                                      Save, Step, Weights, step_interventions)
 from causalab.document.vocab import (ATTN_IMPLEMENTATIONS, COMPONENTS, DTYPES,
                                      FEATURIZER_KINDS, FEATURIZERS_NODE, PARAMETRIZATIONS,
-                                     declarable_featurizer_kinds)
+                                     SAE_ARCHITECTURES, declarable_featurizer_kinds)
 
 __all__ = [
     "Anneal", "Document", "EarlyStop", "Eval", "Featurizer", "Fit", "Header", "Intervention",
@@ -93,6 +93,23 @@ def _check_selection(site: Site, name: str, row: dict | None) -> None:
         raise refuse(f"{site.component} has no feature width to take units of", name)
 
 
+class SaelensConfig(Node):
+    """The cfg.json fields of a SAELens weights file that came without one (FORMAT §8.2)."""
+
+    architecture: Literal[tuple(SAE_ARCHITECTURES)]
+    apply_b_dec_to_input: StrictBool
+    normalize_activations: Literal["none"]
+    k: Annotated[StrictInt, Field(gt=0)] | None = None
+    rescale_acts_by_decoder_norm: StrictBool = False
+    hook_name: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _topk_has_k(self) -> "SaelensConfig":
+        if (self.architecture == "topk") != (self.k is not None):
+            raise refuse("k (the active-latent count) is given exactly when architecture is topk", "k")
+        return self
+
+
 class Featurizer(Node):
     """A named parameter set a write acts in (FORMAT §8.1); ``d`` is never authored."""
 
@@ -102,10 +119,13 @@ class Featurizer(Node):
     seed: StrictInt | None = None
     file_path: StrictStr | None = None
     trust_unstamped: StrictBool = False
+    saelens: SaelensConfig | None = None
 
     @model_validator(mode="after")
     def _field_combination(self) -> "Featurizer":
         row = FEATURIZER_KINDS[self.kind]
+        if self.saelens is not None and self.kind not in ("sae", "linear"):
+            raise refuse(f"{self.kind} takes no saelens block", "saelens")
         if row["k"] == "required" and self.k is None:
             raise refuse(f"{self.kind} needs k")
         if row["k"] == "forbidden" and self.k is not None:

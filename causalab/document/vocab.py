@@ -163,6 +163,33 @@ FEATURIZER_KINDS = {
                "tensors": ("W_enc", "W_dec", "b_enc", "b_dec")},
 }
 
+# FORMAT §8.2: the SAELens architectures an `sae` featurizer runs, keyed by cfg.json's
+# `architecture`. tensors: what sae_weights.safetensors may hold (required ones first);
+# config: the cfg.json keys beyond the common ones that the architecture reads.
+SAE_ARCHITECTURES = {
+    "standard": {"tensors": ("W_enc", "W_dec", "b_enc", "b_dec"), "required": ("W_enc",),
+                 "config": (), "formula": "f = ReLU((x - b_dec) W_enc + b_enc)"},
+    "topk": {"tensors": ("W_enc", "W_dec", "b_enc", "b_dec"), "required": ("W_enc", "W_dec"),
+             "config": ("k", "rescale_acts_by_decoder_norm"),
+             "formula": "f = ReLU(the k largest of (x - b_dec) W_enc + b_enc), others 0"},
+    "jumprelu": {"tensors": ("W_enc", "W_dec", "b_enc", "b_dec", "threshold"),
+                 "required": ("W_enc", "W_dec", "threshold"), "config": (),
+                 "formula": "f = ReLU(pre) * (pre > threshold), pre = (x - b_dec) W_enc + b_enc"},
+    "gated": {"tensors": ("W_enc", "W_dec", "b_dec", "b_gate", "b_mag", "r_mag"),
+              "required": ("W_enc", "W_dec", "b_gate", "b_mag", "r_mag"), "config": (),
+              "formula": "f = ((x - b_dec) W_enc + b_gate > 0) * ReLU((x - b_dec) (W_enc exp(r_mag)) + b_mag)"},
+}
+
+# SAELens (TransformerLens) hook names -> the component they read: `blocks.<L>.<hook>`.
+SAELENS_HOOKS = {
+    "hook_resid_pre": "block_input",
+    "hook_resid_mid": "block_mid",
+    "hook_resid_post": "block_output",
+    "hook_attn_out": "attention_output",
+    "hook_mlp_out": "mlp_output",
+    "attn.hook_z": "attention_z",
+}
+
 # FORMAT §7.8: the COLUMNS table. Column fields name data columns, in compute order.
 METRIC_KINDS = {
     "match": {"columns": ("expected",), "unit": "fraction", "estimand_version": "match/v1"},
@@ -240,6 +267,8 @@ def render_vocab() -> str:
     lines += [
         f"mechanisms:       {', '.join(sorted(MECHANISMS))}",
         f"featurizer kinds: {kinds} (plus '{IDENTITY}', never declared)",
+        f"sae architectures: {', '.join(SAE_ARCHITECTURES)} (cfg.json's architecture)",
+        f"saelens hooks:    " + ", ".join(f"blocks.L.{h}={c}" for h, c in SAELENS_HOOKS.items()),
         f"metric kinds:     {metric_line}",
         f"units:            {units_line}",
         f"position forms:   exactly one cut: {cuts}",
@@ -284,5 +313,9 @@ def vocab_payload() -> dict:
                            "frames": list(POSITION_FORMS["frames"]),
                            "segments": list(POSITION_FORMS["segments"])},
         "reduce_modes": list(REDUCE_MODES),
+        "sae_architectures": {k: {key: (list(v) if isinstance(v, tuple) else v)
+                                  for key, v in r.items()}
+                              for k, r in SAE_ARCHITECTURES.items()},
+        "saelens_hooks": dict(SAELENS_HOOKS),
         "max_points": MAX_POINTS,
     }

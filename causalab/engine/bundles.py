@@ -8,8 +8,7 @@ is not reproducible, so bundles are compared by content.
 from __future__ import annotations
 
 from causalab.compile.bundles import (  # noqa: F401  (read_stamp re-exported for callers)
-    Resolver, check_bundle, document_stamp, local_bundle_path, read_stamp, saelens_options,
-    weights_file,
+    Resolver, check_bundle, document_stamp, local_bundle_path, read_stamp, weights_file,
 )
 from causalab.files import TENSOR_KEY
 
@@ -29,10 +28,10 @@ def read_bundle(path: str) -> tuple[dict[str, str], dict]:
 
 def load_bundle(spec, *, resolver: Resolver | None = None) -> tuple[dict, dict]:
     """Check then load a spec's bundle: ``({name: tensor}, featurizer options)``."""
-    check_bundle(spec, resolver=resolver)
+    options = check_bundle(spec, resolver=resolver)
     path = local_bundle_path(spec.file_path, resolver)
     _, tensors = read_bundle(path)
-    return tensors, saelens_options(path)
+    return tensors, options
 
 
 def stamp_metadata(stamp: dict[str, str], *, produced_by: str) -> dict[str, str]:

@@ -58,6 +58,15 @@ def write_tensor(path: str | Path, tensor: Any, metadata_: dict[str, str] | None
     return atomic(path, lambda temporary: save_file(plain, temporary, metadata=metadata_))
 
 
+def write_tensors(path: str | Path, tensors: dict[str, Any],
+                  metadata_: dict[str, str] | None = None) -> str:
+    """A bundle of several named tensors (a subspace's ``weight`` and ``basis``)."""
+    from safetensors.torch import save_file
+
+    plain = {name: t.detach().to("cpu").float().contiguous() for name, t in tensors.items()}
+    return atomic(path, lambda temporary: save_file(plain, temporary, metadata=metadata_))
+
+
 def package_digest() -> str:
     """SHA-256 over causalab's own ``.py`` files, concatenated in path order."""
     digest = hashlib.sha256()

@@ -17,6 +17,7 @@ from causalab.engine import record
 from causalab.engine.bundles import document_stamp, stamp_metadata, weights_results
 from causalab.engine.metrics import metric_table
 from causalab.errors import RunError
+from causalab.files import TENSOR_KEY
 
 
 def build_featurizers(node: Featurizers, model: Any, state: dict) -> None:
@@ -141,7 +142,7 @@ def run_weights(node: Weights, state: dict, directory: Path) -> list[str]:
     for save in node.saves:
         spec = state["specs"][save.value]
         metadata = stamp_metadata(document_stamp(spec), produced_by=state["digest"])
-        weight = tensors[save.value].float()
-        written.append(record.write_tensor(directory / save.file_path, weight, metadata))
+        bundle = {**state["featurizers"][save.value].tensors(), TENSOR_KEY: tensors[save.value]}
+        written.append(record.write_tensors(directory / save.file_path, bundle, metadata))
     return written
 

@@ -191,8 +191,8 @@ def test_a_saelens_directory_that_does_not_subtract_b_dec_is_honoured(tmp_path):
 
 
 @pytest.mark.parametrize("config", [{"architecture": "jumprelu"}, {"normalize_activations": "expected_average_only_in"}],
-                         ids=["jumprelu", "normalized"])
-def test_a_saelens_directory_of_another_architecture_is_refused(tmp_path, config):
+                         ids=["jumprelu-without-threshold", "normalized"])
+def test_a_saelens_directory_whose_cfg_its_tensors_or_causalab_cannot_meet_is_refused(tmp_path, config):
     directory = _saelens_dir(tmp_path, **config)
     with pytest.raises(CompileError) as refused:
         check_bundle(_spec(directory, kind="sae", k=None, trust=True, stamp={}))

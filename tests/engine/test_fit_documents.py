@@ -114,17 +114,13 @@ def test_das_apply_on_the_bundle_das_wrote_reproduces_the_fits_score_row_by_row(
     assert loaded == fitted  # exact equality, not closeness
 
 
-def test_das_apply_scores_match_a_hooked_swap_through_the_bundles_cayley_basis(applied, das, tiny, oracle):
-    tensors, metadata = _bundle(das / "rot.safetensors")
-    w = tensors["weight"].double()
-    d, k = w.shape
-    e = torch.eye(d, dtype=torch.float64)[:, :k]
-    a = w @ e.T - e @ w.T
-    q = torch.linalg.solve(torch.eye(d, dtype=torch.float64) - a, (torch.eye(d, dtype=torch.float64) + a) @ e)
+def _hooked_scores(q: torch.Tensor, layer_index: int, tiny, oracle) -> list[float]:
+    """Logit differences of a plain transformers forward whose hook swaps span(q) at the last
+    position: x + q (qᵀ source − qᵀ x), q (d, k) orthonormal."""
     model, tokenizer = oracle(tiny("tiny-llama").path)
     rows = [row for row in json.loads((REPO / "documents/data/weekdays/data.json").read_text())
             if row["split"] == "train"]
-    layer = model.model.layers[int(metadata["layer"])]
+    layer = model.model.layers[layer_index]
 
     def last_hidden(prompt: str, replace=None) -> tuple[torch.Tensor, torch.Tensor]:
         seen = {}
@@ -155,6 +151,27 @@ def test_das_apply_scores_match_a_hooked_swap_through_the_bundles_cayley_basis(a
         source, _ = last_hidden(row["counterfactual_inputs"][0])
         _, logits = last_hidden(row["input"], replace=source.double())
         expected.append(float(logits[token(row["cf_answer"])] - logits[token(row["base_answer"])]))
+    return expected
+
+
+def test_das_apply_scores_match_a_hooked_swap_through_the_bundles_cayley_basis(applied, das, tiny, oracle):
+    tensors, metadata = _bundle(das / "rot.safetensors")
+    w = tensors["weight"].double()
+    d, k = w.shape
+    e = torch.eye(d, dtype=torch.float64)[:, :k]
+    a = w @ e.T - e @ w.T
+    q = torch.linalg.solve(torch.eye(d, dtype=torch.float64) - a, (torch.eye(d, dtype=torch.float64) + a) @ e)
+    expected = _hooked_scores(q, int(metadata["layer"]), tiny, oracle)
+    got = [value for _, value in _values(applied / "iia.json")]
+    assert got == pytest.approx(expected, abs=1e-5)
+
+
+def test_the_bundle_carries_its_orthonormal_basis_which_a_plain_hook_uses_as_it_is(applied, das, tiny, oracle):
+    tensors, metadata = _bundle(das / "rot.safetensors")
+    q = tensors["basis"].double()  # no Cayley map here: the bundle's matrix as a user gets it
+    assert q.shape == tensors["weight"].shape
+    assert (q.T @ q - torch.eye(q.shape[1], dtype=torch.float64)).abs().max() < 1e-5  # float32 basis
+    expected = _hooked_scores(q, int(metadata["layer"]), tiny, oracle)
     got = [value for _, value in _values(applied / "iia.json")]
     assert got == pytest.approx(expected, abs=1e-5)
 
@@ -283,7 +300,7 @@ def _cayley(w: torch.Tensor) -> torch.Tensor:
 def test_the_shipped_rot_bundle_is_what_das_writes_now(das):
     shipped, shipped_stamp = _bundle(ARTIFACTS / "rot.safetensors")
     made, made_stamp = _bundle(das / "rot.safetensors")
-    assert shipped.keys() == made.keys() == {"weight"}
+    assert shipped.keys() == made.keys() == {"weight", "basis"}
     assert shipped_stamp == made_stamp
     # A swap through the bundle depends on its subspace only (Q Qᵀ), not on W: the symmetric
     # part of W's top k×k block never reaches Q, so its gradient is rounding noise that AdamW
@@ -292,6 +309,8 @@ def test_the_shipped_rot_bundle_is_what_das_writes_now(das):
     # of accumulated rounding over the fit's steps, and a different fit moves them by ~0.1.
     q_shipped, q_made = _cayley(shipped["weight"]), _cayley(made["weight"])
     assert torch.linalg.matrix_norm(q_shipped @ q_shipped.T - q_made @ q_made.T, ord=2) < 1e-4
+    # The stored basis is the Cayley map of the stored parameter (fp32 solve: ~1e-6 apart).
+    assert torch.allclose(shipped["basis"], q_shipped.to(shipped["basis"].dtype), atol=1e-5)
 
 
 def test_the_shipped_pca_bundle_is_what_pca_harvest_writes_now(tmp_path_factory):

@@ -18,7 +18,7 @@ from causalab.engine.featurizers.gate import Gate
 from causalab.engine.featurizers.identity import Identity
 from causalab.engine.featurizers.linear import Linear
 from causalab.engine.featurizers.pca import PCA
-from causalab.engine.featurizers.sae import SAE
+from causalab.engine.featurizers.sae import SAE, write_saelens_dir
 from causalab.engine.featurizers.subspace import Subspace, cayley_basis
 
 if TYPE_CHECKING:  # the plan types only annotate; importing them pulls in the compiler
@@ -33,7 +33,7 @@ FEATURIZERS = {
     "linear": Linear,
 }
 
-__all__ = ["FEATURIZERS", "build_featurizer", "cayley_basis",
+__all__ = ["FEATURIZERS", "build_featurizer", "cayley_basis", "write_saelens_dir",
            "Identity", "Subspace", "PCA", "Gate", "SAE", "Linear"]
 
 
@@ -41,7 +41,7 @@ def _from_bundle(spec: FeaturizerSpec, resolver: Resolver | None):
     tensors, options = load_bundle(spec, resolver=resolver)
     cls = FEATURIZERS[spec.kind]
     if spec.kind in ("sae", "linear"):
-        return cls(**tensors, **options)
+        return cls.from_bundle(tensors, options)
     return cls(tensors["weight"].float())
 
 

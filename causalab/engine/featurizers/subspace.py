@@ -1,8 +1,9 @@
 """The `subspace` featurizer: a trainable rank-k rotation (DAS), Cayley-parametrized.
 
-Stores the free parameter W (d, k), never the basis. The basis Q (d, k) is rebuilt from W
-on every access through the Cayley map, so an optimizer step is seen at the next use and Q
-is orthonormal for any W. The Cayley solve uses the Woodbury identity and never forms a
+Trains the free parameter W (d, k). The basis Q (d, k) is rebuilt from W on every access
+through the Cayley map, so an optimizer step is seen at the next use and Q is orthonormal
+for any W. A bundle stores both: W under ``weight`` (what loads back) and Q under
+``basis``, the matrix other tools (a hook, pyvene's rotation) use as it is: x @ Q = f. The Cayley solve uses the Woodbury identity and never forms a
 d×d matrix. Arithmetic runs in float32 with autocast off, on the activation's device.
 Knows nothing of sites, bundles or fits.
 """
@@ -14,6 +15,7 @@ import torch
 from torch import Tensor
 
 from causalab.engine.featurizers.weighted import WeightedFeaturizer
+from causalab.files import BASIS_KEY, TENSOR_KEY
 
 
 def cayley_basis(weight: Tensor) -> Tensor:
@@ -89,6 +91,10 @@ class Subspace(WeightedFeaturizer):
         """Q (d, k), recomputed from ``weight`` on every access."""
         return cayley_basis(self.weight)
 
+    def tensors(self) -> dict[str, Tensor]:
+        """What a bundle stores: ``weight`` W and its orthonormal ``basis`` Q, both (d, k)."""
+        return {TENSOR_KEY: self.weight.detach(), BASIS_KEY: cayley_basis(self.weight.detach())}
+
     def featurize(self, x: Tensor) -> tuple[Tensor, None]:
         """x (..., d) -> (Qᵀx (..., k), None): nothing is lost that inverse needs besides x."""
         return project(x, self.basis), None
@@ -96,3 +102,29 @@ class Subspace(WeightedFeaturizer):
     def inverse(self, f: Tensor, err: None, x: Tensor) -> Tensor:
         """(f′ (..., k), err, x (..., d)) -> Q f′ + (x − Q Qᵀ x) (..., d)."""
         return unproject(f, x, self.basis)
+
+
+def export_basis(bundle: str, out: str) -> str:
+    """Write a subspace bundle's basis Q alone: safetensors ``{"basis": (d, k)}``, x @ Q = f.
+
+    Q is the bundle's own ``basis`` when it has one, else the Cayley map of its ``weight``
+    (bundles written before the basis was stored). The stamp is kept as metadata. This is
+    the matrix a hook (x + Q (f′ − Qᵀx)) or pyvene's low-rank rotation takes as it is.
+    """
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from causalab.engine import record
+    from causalab.errors import UsageError
+
+    with safe_open(bundle, framework="pt", device="cpu") as handle:
+        metadata = dict(handle.metadata() or {})
+        names = set(handle.keys())
+        if TENSOR_KEY not in names or not names <= {TENSOR_KEY, BASIS_KEY} or \
+                metadata.get("kind", "subspace") != "subspace":
+            raise UsageError(("--basis",), f"{bundle} is not a subspace bundle "
+                                           f"(holds {', '.join(sorted(names))})")
+        basis = handle.get_tensor(BASIS_KEY) if BASIS_KEY in names else \
+            cayley_basis(handle.get_tensor(TENSOR_KEY).float().clone())
+    plain = {BASIS_KEY: basis.float().contiguous()}
+    return record.atomic(out, lambda temporary: save_file(plain, temporary, metadata=metadata))

@@ -1,0 +1,173 @@
+"""SAELens's ``cfg.json`` read as an `sae` featurizer's identity: normalised, then checked.
+
+A SAELens directory says what it is, so it needs no causalab stamp: its architecture, its
+widths and dtype (compared with the tensors' header), its hook (mapped to a causalab
+component and layer and compared with the document's site) and the options the maths needs.
+Both cfg formats are read: SAELens ≥ 6 (``architecture``, ``metadata.hook_name``) and the
+older one (``activation_fn_str``, ``hook_point``, ``normalize_activations`` as a bool), the
+way SAELens's own loader reads them. Needs no torch; every refusal is a CompileError at the
+path the caller gives (``featurizers.<f>.file_path``).
+"""
+from __future__ import annotations
+
+import re
+
+from causalab.document.vocab import SAE_ARCHITECTURES, SAELENS_HOOKS
+from causalab.errors import CompileError, Path
+
+# What the maths reads; everything else in cfg.json (training settings, dataset names) is
+# description and is not compared.
+OPTION_KEYS = ("architecture", "apply_b_dec_to_input", "k", "rescale_acts_by_decoder_norm")
+# What a bare weights file's document block must say, because no cfg.json says it.
+BARE_REQUIRED = ("architecture", "apply_b_dec_to_input", "normalize_activations")
+_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64"}
+_HOOK = re.compile(r"^blocks\.(\d+)\.(.+)$")
+_FORMAT_6 = re.compile(r"^(\d+)\.")
+
+
+def _is_pre_6(config: dict) -> bool:
+    """SAELens's own rule: no ``sae_lens_version`` (top level or in metadata), or < 6."""
+    version = config.get("sae_lens_version") or (config.get("metadata") or {}).get("sae_lens_version")
+    match = _FORMAT_6.match(str(version or ""))
+    return match is None or int(match.group(1)) < 6
+
+
+def _from_pre_6(config: dict, at: Path) -> dict:
+    """A pre-6.0 cfg in the 6.x shape, as SAELens's ``handle_pre_6_0_config`` reads it."""
+    out = dict(config)
+    renames = {"hook_point": "hook_name", "hook_point_head_index": "hook_head_index",
+               "activation_fn_str": "activation_fn"}
+    for old, new in renames.items():
+        if old in out:
+            out[new] = out.pop(old)
+    activation = out.get("activation_fn") or "relu"
+    out.setdefault("architecture", "standard")
+    out.setdefault("reshape_activations", "hook_z" if "hook_z" in str(out.get("hook_name", "")) else "none")
+    if activation == "topk":
+        k = (out.get("activation_fn_kwargs") or {}).get("k")
+        if k is None:
+            raise CompileError(at, "cfg.json: activation_fn_str 'topk' without activation_fn_kwargs.k")
+        out.update(architecture="topk", k=k)
+    elif activation != "relu":
+        raise CompileError(at, f"cfg.json: activation_fn_str {activation!r} is not implemented "
+                               "(relu and topk are)")
+    if out.get("finetuning_scaling_factor"):
+        raise CompileError(at, "cfg.json: finetuning_scaling_factor is not implemented")
+    return out
+
+
+def _normalisation(config: dict, at: Path) -> str:
+    value = config.get("normalize_activations")
+    if value in (None, False, "none"):
+        return "none"
+    if value is True:
+        value = "expected_average_only_in"  # SAELens's reading of the old boolean
+    raise CompileError(at, f"cfg.json: normalize_activations {value!r} is not implemented "
+                           "(only 'none' is)")
+
+
+def hook_site(hook_name: str) -> tuple[str, int] | None:
+    """``"blocks.3.hook_resid_post"`` -> ``("block_output", 3)``; None for any other hook.
+
+    >>> hook_site("blocks.1.attn.hook_z")
+    ('attention_z', 1)
+    """
+    match = _HOOK.match(hook_name)
+    if match is None or match.group(2) not in SAELENS_HOOKS:
+        return None
+    return SAELENS_HOOKS[match.group(2)], int(match.group(1))
+
+
+def hook_name(component: str, layer: int) -> str:
+    """The SAELens hook name of a component at a layer (the inverse of :func:`hook_site`)."""
+    for hook, name in SAELENS_HOOKS.items():
+        if name == component:
+            return f"blocks.{layer}.{hook}"
+    raise ValueError(f"{component} has no SAELens hook name; these do: "
+                     f"{', '.join(sorted(SAELENS_HOOKS.values()))}")
+
+
+def normalise(config: dict, at: Path) -> dict:
+    """A cfg.json (either format) as ``{architecture, apply_b_dec_to_input, k?,
+    rescale_acts_by_decoder_norm?, hook_name?, d_in?, d_sae?, dtype?, reshape_activations}``."""
+    if not isinstance(config, dict):
+        raise CompileError(at, "cfg.json is not a JSON object")
+    if _is_pre_6(config):
+        config = _from_pre_6(config, at)
+    architecture = config.get("architecture", "standard")
+    if architecture not in SAE_ARCHITECTURES:
+        raise CompileError(at, f"cfg.json: architecture {architecture!r} is not implemented; "
+                               f"these are: {', '.join(SAE_ARCHITECTURES)}")
+    _normalisation(config, at)
+    if config.get("hook_head_index") is not None:
+        raise CompileError(at, "cfg.json: an SAE of one head (hook_head_index) is not implemented")
+    out = {"architecture": architecture,
+           "apply_b_dec_to_input": bool(config.get("apply_b_dec_to_input", True)),
+           "reshape_activations": config.get("reshape_activations") or "none"}
+    if architecture == "topk":
+        if not isinstance(config.get("k"), int) or config["k"] <= 0:
+            raise CompileError(at, "cfg.json: a topk SAE needs a positive integer k")
+        out.update(k=config["k"],
+                   rescale_acts_by_decoder_norm=bool(config.get("rescale_acts_by_decoder_norm", False)))
+    name = config.get("hook_name") or (config.get("metadata") or {}).get("hook_name")
+    if name:
+        out["hook_name"] = str(name)
+    for key in ("d_in", "d_sae", "dtype"):
+        if config.get(key) is not None:
+            out[key] = config[key]
+    return out
+
+
+def _check_site(config: dict, stamp: dict, at: Path) -> None:
+    if "hook_name" not in config:
+        return
+    site = hook_site(config["hook_name"])
+    if site is None:
+        raise CompileError(at, f"hook_name {config['hook_name']!r} names no causalab site; "
+                               f"known hooks: blocks.<L>.{{{', '.join(SAELENS_HOOKS)}}}")
+    document = (stamp.get("component"), stamp.get("layer"))
+    if (site[0], str(site[1])) != document:
+        raise CompileError(at, f"hook_name: SAE reads {config['hook_name']} ({site[0]}[{site[1]}]), "
+                               f"the document's site is {document[0]}[{document[1]}]")
+    reshape = config.get("reshape_activations", "none")
+    if reshape not in ("none", "hook_z") or (reshape == "hook_z") != (site[0] == "attention_z"):
+        raise CompileError(at, f"cfg.json: reshape_activations {reshape!r} does not fit {site[0]}")
+
+
+def _check_tensors(config: dict, header: dict, at: Path) -> None:
+    """Tensor names, widths and dtype against the architecture and the cfg."""
+    row = SAE_ARCHITECTURES[config["architecture"]]
+    names = set(header)
+    missing = [n for n in row["required"] if n not in names]
+    extra = sorted(names - set(row["tensors"]))
+    if missing or extra:
+        raise CompileError(at, f"a {config['architecture']} SAE holds {', '.join(row['tensors'])} "
+                               f"(required: {', '.join(row['required'])}); found {', '.join(sorted(names))}")
+    d_in, d_sae = header["W_enc"]["shape"]
+    for key, value in (("d_in", d_in), ("d_sae", d_sae)):
+        if key in config and config[key] != value:
+            raise CompileError(at, f"{key}: cfg.json says {config[key]}, W_enc has {value}")
+    if "dtype" in config:
+        said = _DTYPES.get(str(config["dtype"]).removeprefix("torch."))
+        found = sorted({entry["dtype"] for entry in header.values()})
+        if said is None or found != [said]:
+            raise CompileError(at, f"dtype: cfg.json says {config['dtype']}, tensors are {', '.join(found)}")
+
+
+def check(config: dict, header: dict, stamp: dict, at: Path) -> dict:
+    """Refuse a normalised cfg that does not fit its tensors or the document's site; return
+    the options the featurizer is built with."""
+    _check_tensors(config, header, at)
+    _check_site(config, stamp, at)
+    return {key: config[key] for key in OPTION_KEYS if key in config}
+
+
+def from_document(block: dict, at: Path) -> dict:
+    """A document's ``saelens`` block standing in for a missing cfg.json: every field said."""
+    missing = [key for key in BARE_REQUIRED if key not in block]
+    if block.get("architecture") == "topk" and "k" not in block:
+        missing.append("k")
+    if missing:
+        raise CompileError(at, f"a SAELens weights file without {'cfg.json'} needs the document's "
+                               f"saelens block to say {', '.join(missing)}")
+    return normalise({**block, "sae_lens_version": "6"}, at)
