@@ -40,14 +40,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _read_document(path: str) -> dict:
-    """The document at ``path`` as raw JSON (duplicate keys and non-finite numbers refused)."""
+    """The document at ``path`` as raw JSON (bytes checked by ``causalab.document.load``)."""
     from causalab.document import load_json
 
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as err:
         raise UsageError((), f"cannot read document {path!r}: {err.strerror or err}") from None
-    return load_json(text, name=path)
+    return load_json(data, name=path)
 
 
 # --- verbs that need no model -------------------------------------------------------------

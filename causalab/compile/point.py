@@ -15,6 +15,8 @@ from causalab.compile.prompts import RememberingTokenizer
 from causalab.compile.steps import step_nodes
 from causalab.document import digest as point_digest
 from causalab.document import validate
+from causalab.document.sweep import authored_path
+from causalab.errors import CausalabError
 
 
 def model_ref(model: dict) -> ModelRef:
@@ -78,8 +80,13 @@ def compile_document(raw: dict, *, data_root: str) -> Plan:
     ref = model_ref(points[0].document["model"])
     config = load_config(ref.path)
     tokenizer = RememberingTokenizer(load_tokenizer(ref.path))
-    plans = [compile_point(p, doc, model=ref, config=config, tokenizer=tokenizer,
-                           data_root=data_root) for p, doc in checked]
+    plans = []
+    for point, document in checked:
+        try:
+            plans.append(compile_point(point, document, model=ref, config=config,
+                                       tokenizer=tokenizer, data_root=data_root))
+        except CausalabError as error:  # named where the author wrote it, not as lowered
+            raise type(error)(authored_path(point, error.path), error.message) from None
     if len(plans) == 1 and not points[0].label:
         return plans[0]
     return Plan(name="<root>", directory="", children=tuple(plans), model=ref)
