@@ -13,6 +13,8 @@ True
 """
 from __future__ import annotations
 
+import re
+
 MAX_SEGMENT_BYTES = 255
 _CONTROL = {chr(c) for c in range(32)} | {"\x7f"}
 
@@ -35,3 +37,35 @@ def unsafe_segment(name: str) -> str | None:
 def sanitised_label(label: str) -> str:
     """A sweep label as a directory name: ``/``, ``\\`` and control characters become ``_``."""
     return "".join("_" if ch in _CONTROL or ch in "/\\" else ch for ch in label)
+
+
+RUNS_SCHEME = "runs:/"
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
+
+
+def is_uri(text: str) -> bool:
+    """A string with a scheme (``runs:/…``, ``http://…``) rather than a local path."""
+    return _URI.match(text) is not None
+
+
+def runs_uri_parts(uri: str, *, whole_run: bool = False) -> tuple[str, str]:
+    """``runs:/<run_id>/<path>`` -> (run_id, path), every part one safe segment.
+
+    Parsed before anything touches a disk: the parts name folders of the artifact cache.
+    ``whole_run`` allows an empty path (``runs:/<run_id>``). Raises ValueError saying what
+    is wrong.
+
+    >>> runs_uri_parts("runs:/0a1b/rot.safetensors")
+    ('0a1b', 'rot.safetensors')
+    """
+    if not uri.startswith(RUNS_SCHEME):
+        scheme = uri.split(":", 1)[0] if is_uri(uri) else "no scheme"
+        raise ValueError(f"{uri!r} is not a runs:/<run_id>/<path> URI ({scheme}); a bundle is "
+                         "a local path or a tracked artifact")
+    run_id, _, path = uri[len(RUNS_SCHEME):].lstrip("/").partition("/")
+    for part in [run_id] + (path.split("/") if path or not whole_run else []):
+        why = unsafe_segment(part)
+        if why is not None:
+            raise ValueError(f"{uri!r}: part {part!r} {why}; a runs:/ URI is "
+                             "runs:/<run_id>/<path> of safe names")
+    return run_id, path

@@ -15,7 +15,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from causalab.document.interventions import (METRIC_MODELS, Intervention, InterventionModel,
                                              Metric, Operand, Read, Ref, Write)
-from causalab.document.names import unsafe_segment
+from causalab.document.names import is_uri, runs_uri_parts, unsafe_segment
 from causalab.document.nodes import Node, Number, refuse
 from causalab.document.positions import Pos, Position, Scope, as_position
 from causalab.document.steps import (Anneal, EarlyStop, Eval, Fit, Observe, Optimizer, Output,
@@ -129,6 +129,11 @@ class Featurizer(Node):
             raise refuse(f"{self.kind} takes no seed")
         if self.seed is not None and self.file_path is not None:
             raise refuse("a loaded featurizer takes no seed")
+        if self.file_path is not None and is_uri(self.file_path):
+            try:
+                runs_uri_parts(self.file_path)
+            except ValueError as error:
+                raise refuse(str(error), "file_path") from None
         return self
 
     @property
