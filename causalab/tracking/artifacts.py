@@ -15,6 +15,7 @@ from pathlib import Path
 from causalab.document.names import runs_uri_parts
 from causalab.engine.containment import inside
 from causalab.errors import TrackingError
+from causalab.tracking.reach import reach, source_of
 from causalab.tracking.runs import resolve_uri
 
 _WHERE = ("file_path",)
@@ -54,6 +55,7 @@ def fetch(uri: str, out_path: str | None = None, tracking_uri: str | None = None
     name in the working directory).
     """
     run_id, path = _run_parts(uri)
+    reach(resolve_uri(tracking_uri), source_of())
     with tempfile.TemporaryDirectory(prefix="causalab-fetch-") as staging:
         local = _download(uri, Path(staging), tracking_uri)
         name = Path(path).name or run_id
