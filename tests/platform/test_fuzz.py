@@ -148,6 +148,8 @@ def _outcome(path: Path) -> tuple[str, str]:
 def test_a_seeded_fuzz_of_the_corpus_gives_no_fault_no_hang_and_every_refusal_a_place(
         tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # corpus bundles are named relative to the repository
+    # A mutated revision makes resolve build the tiny model again: into a private cache.
+    monkeypatch.setenv("CAUSALAB_HOME", str(tmp_path / "home"))
     signal.signal(signal.SIGALRM, _alarm)
     assert _outcome(CORPUS / "patching.json")[0] == "compiled"  # imports and caches warmed
     started, counts, bad = time.monotonic(), Counter(), []
