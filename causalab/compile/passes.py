@@ -181,7 +181,6 @@ def _static_checks(forwards, reads, batches, rows: int, entry: Entry, ctx: Conte
     decode = entry.body.get("decode", 0)
     for fw in forwards:
         batch = batches[fw.input]
-        _check_context(decode, batch, entry, ctx)
         for read in fw.reads:
             schedule.check_fixed_cuts(read.name, read.pos, batch,
                                       entry.path + ("reads", read.name, "pos"))
@@ -200,6 +199,8 @@ def _static_checks(forwards, reads, batches, rows: int, entry: Entry, ctx: Conte
                 schedule.check_operand_space(write, source, ctx.featurizers, wpath + ("operand",))
                 schedule.check_pattern_operand(write, source, batches[source.input], batch,
                                                wpath + ("operand",))
+    for fw in forwards:
+        _check_context(decode, batches[fw.input], entry, ctx)
 
 
 def build_pass(entry: Entry, rows: dict, rows_path: tuple, ctx: Context) -> Pass:

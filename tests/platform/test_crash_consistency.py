@@ -29,6 +29,9 @@ REPO = Path(__file__).resolve().parents[2]
 DATA = str(REPO / "documents" / "data")
 SWEEP = str(REPO / "documents" / "v2" / "dbm.json")
 POINTS = 4
+# A point runs about a second: stop it once its run is open and its numbers are being made,
+# not in the middle of the store write that opened it.
+SETTLE_S = 0.3
 
 
 def _env() -> dict:
@@ -129,6 +132,7 @@ def test_sigterm_ends_every_open_run_killed_and_exits_143_with_one_line(tmp_path
 
     def stop_mid_point() -> None:
         _wait_for(lambda: _point_running(database))
+        time.sleep(SETTLE_S)
         os.kill(os.getpid(), signal.SIGTERM)
     stopper = threading.Thread(target=stop_mid_point, daemon=True)
     stopper.start()
@@ -156,6 +160,7 @@ def test_ctrl_c_under_python_m_causalab_run_is_one_line_exit_130_and_no_run_left
         cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: _point_running(database), job)
+        time.sleep(SETTLE_S)
         job.send_signal(signal.SIGINT)
         _, err = job.communicate(timeout=120)
     finally:
