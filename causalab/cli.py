@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 from causalab.document import vocab
 from causalab.errors import CausalabError, UsageError, format_path
 from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT
+from causalab.interrupts import exit_status, interrupts, one_line
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 _SAMPLE_CHARS = 200
@@ -40,14 +41,14 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _read_document(path: str) -> dict:
-    """The document at ``path`` as raw JSON (duplicate keys and non-finite numbers refused)."""
+    """The document at ``path`` as raw JSON (bytes checked by ``causalab.document.load``)."""
     from causalab.document import load_json
 
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as err:
         raise UsageError((), f"cannot read document {path!r}: {err.strerror or err}") from None
-    return load_json(text, name=path)
+    return load_json(data, name=path)
 
 
 # --- verbs that need no model -------------------------------------------------------------
@@ -394,7 +395,7 @@ def process_settings() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one verb; returns the exit status (0 ok, 1 refused, 2 usage, 130 interrupted)."""
+    """Run one verb; returns the exit status (0 ok, 1 refused, 2 usage, 130/143 SIGINT/SIGTERM)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     process_settings()
     debug = "--debug" in argv  # known even when parsing itself fails
@@ -404,10 +405,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.argv = argv
         except SystemExit as stop:  # --help and --version print and stop
             return int(stop.code or 0)
-        result = VERBS[args.verb][0](args)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        with interrupts():
+            result = VERBS[args.verb][0](args)
+    except KeyboardInterrupt as stop:  # SIGINT or SIGTERM: 130 or 143, one line
+        print(one_line(stop), file=sys.stderr)
+        return exit_status(stop)
     except Exception as err:  # the one boundary: everything becomes one line
         if debug:
             traceback.print_exc(file=sys.stderr)

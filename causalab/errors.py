@@ -13,9 +13,16 @@ PathPart = str | int
 Path = tuple[PathPart, ...]
 
 
+def _printable(part: str) -> str:
+    """A key as one line of text: control characters and lone surrogates escaped."""
+    if part.isprintable() and part.encode("utf-8", "surrogatepass") == part.encode("utf-8", "ignore"):
+        return part
+    return part.encode("unicode_escape").decode("ascii")
+
+
 def format_path(path: Iterable[PathPart]) -> str:
     """``("steps", "fit", "objective", 1, 0)`` -> ``"steps.fit.objective.1.0"``."""
-    parts = [str(p) for p in path]
+    parts = [_printable(str(p)) for p in path]
     return ".".join(parts) if parts else "<root>"
 
 

@@ -41,6 +41,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     is raised once they have. An interrupt stops at once, ending every started point.
     """
     from causalab.engine import record
+    from causalab.engine.containment import check_plan
     from causalab.engine.events import Events
     from causalab.engine.load import load_model, served_dtype
     from causalab.engine.fusion import groups
@@ -52,9 +53,10 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     events = events or Events()
     plan = compile_only(raw, data_root, resolver=events.resolve)
     points = points_of(plan)
+    check_plan(plan, out)
     model = load_model(plan.model or points[0].model, device_map=device_map)
     events.run_start(raw, points)
-    written = [record.write_json(Path(out) / DOCUMENT, raw)]
+    written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
     saves: list[str] = []
     shared: dict = {}
     failed: Exception | None = None

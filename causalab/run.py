@@ -24,6 +24,7 @@ from hydra.types import RunMode
 from causalab.cli import process_settings
 from causalab.errors import CausalabError
 from causalab.files import DEFAULT_DATA_ROOT
+from causalab.interrupts import exit_status, interrupts, one_line
 from causalab.render import CONF, document_of
 
 _GROUPS = ("experiment", "model", "site", "data")
@@ -99,12 +100,17 @@ def _run(config) -> None:
 
 @hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")
 def main(config) -> None:
-    """One job: a refused document is one line on stderr and exit status 1, no traceback."""
+    """One job: a refused document is one line on stderr and exit status 1, no traceback;
+    SIGINT or SIGTERM ends the open runs KILLED and is one line and exit status 130 or 143."""
     try:
-        _run(config)
+        with interrupts():
+            _run(config)
     except CausalabError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt as stop:
+        print(one_line(stop), file=sys.stderr)
+        raise SystemExit(exit_status(stop)) from None
 
 
 if __name__ == "__main__":

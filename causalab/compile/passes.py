@@ -167,6 +167,16 @@ def _kind(kind: str) -> dict:
             "estimand_version": row.get("estimand_version", f"{kind}/v1")}
 
 
+def _check_context(decode: int, batch, entry: Entry, ctx: Context) -> None:
+    """A decode that would run past the checkpoint's context is refused, not run (and hung on)."""
+    config = getattr(ctx.config, "text_config", None) or ctx.config
+    context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if decode and context and batch.tokens + decode > context:
+        raise CompileError(entry.path + ("decode",), f"decode {decode} after prompts of "
+                           f"{batch.tokens} tokens needs {batch.tokens + decode} positions; "
+                           f"the checkpoint's context is {context}")
+
+
 def _static_checks(forwards, reads, batches, rows: int, entry: Entry, ctx: Context) -> None:
     decode = entry.body.get("decode", 0)
     for fw in forwards:
@@ -189,6 +199,8 @@ def _static_checks(forwards, reads, batches, rows: int, entry: Entry, ctx: Conte
                 schedule.check_operand_space(write, source, ctx.featurizers, wpath + ("operand",))
                 schedule.check_pattern_operand(write, source, batches[source.input], batch,
                                                wpath + ("operand",))
+    for fw in forwards:
+        _check_context(decode, batches[fw.input], entry, ctx)
 
 
 def build_pass(entry: Entry, rows: dict, rows_path: tuple, ctx: Context) -> Pass:

@@ -16,6 +16,8 @@ from causalab.compile.prompts import RememberingTokenizer
 from causalab.compile.steps import step_nodes
 from causalab.document import digest as point_digest
 from causalab.document import validate
+from causalab.document.sweep import authored_path
+from causalab.errors import CausalabError
 
 
 def model_ref(model: dict) -> ModelRef:
@@ -83,8 +85,13 @@ def compile_document(raw: dict, *, data_root: str, resolver=None) -> Plan:
     tokenizer = RememberingTokenizer(load_tokenizer(ref.path))
     if resolver is not None:
         resolver = functools.lru_cache(maxsize=None)(resolver)  # one fetch per URI, not per point
-    plans = [compile_point(p, doc, model=ref, config=config, tokenizer=tokenizer,
-                           data_root=data_root, resolver=resolver) for p, doc in checked]
+    plans = []
+    for point, document in checked:
+        try:
+            plans.append(compile_point(point, document, model=ref, config=config,
+                                       tokenizer=tokenizer, data_root=data_root, resolver=resolver))
+        except CausalabError as error:  # named where the author wrote it, not as lowered
+            raise type(error)(authored_path(point, error.path), error.message) from None
     if len(plans) == 1 and not points[0].label:
         return plans[0]
     return Plan(name="<root>", directory="", children=tuple(plans), model=ref)

@@ -42,11 +42,15 @@ def _parsed(file: str, mtime_ns: int, size: int) -> Any:
 def load_rows(ref: str, data_root: str, path: tuple) -> Table:
     """The rows of ``ref`` (``weekdays/data#train``) under ``data_root``; refusals at ``path``."""
     name, _, split = ref.partition("#")
-    root = Path(data_root).resolve()
-    file = (root / f"{name}.json").resolve()
+    try:
+        root = Path(data_root).resolve()
+        file = (root / f"{name}.json").resolve()
+        found = file.is_file()
+    except (OSError, ValueError) as err:  # a name too long for the system, a NUL byte
+        raise CompileError(path, f"dataset {ref!r} is not a usable file name: {err}") from None
     if root != file and root not in file.parents:
         raise CompileError(path, f"dataset {ref!r} escapes the data root {data_root!r}")
-    if not file.is_file():
+    if not found:
         raise CompileError(path, f"dataset {ref!r} not found: no file {file}")
     try:
         stat = file.stat()

@@ -15,6 +15,7 @@ from causalab.compile.rows import shared_rows
 from causalab.document import validate_point
 from causalab.document.references import step_entries
 from causalab.document.step_references import produced
+from causalab.document.vocab import MAX_UPDATES
 from causalab.errors import CompileError
 from causalab.files import TABLE_SUFFIX
 
@@ -102,6 +103,11 @@ def fit(step: str, raw: dict, entry: Entry, ctx: Context) -> Fit:
     train = build_pass(entry, raw["rows"], ("steps", step, "rows"), ctx)
     held = build_pass(entry, raw["eval"]["rows"], ("steps", step, "eval", "rows"), ctx)
     seed = raw.get("seed", 0)
+    updates = raw["epochs"] * -(-train.rows // raw["pairs"])
+    if updates > MAX_UPDATES:  # the plan holds every update's rows: bound it before building
+        raise CompileError(("steps", step, "epochs"), f"{raw['epochs']} epochs of "
+                           f"{train.rows} rows in pairs of {raw['pairs']} make {updates} "
+                           f"updates, more than MAX_UPDATES = {MAX_UPDATES}")
     batches = update_batches(train.rows, raw["pairs"], raw["epochs"], seed)
     _check_batches(train, batches, entry)
     optimizer, stop = raw["optimizer"], raw["early_stop"]

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from causalab.document.references import check_references
 from causalab.document.schema import Document
 from causalab.document.step_references import check_steps
-from causalab.document.sweep import Point, find_wrappers, lower
+from causalab.document.sweep import Point, authored_path, find_wrappers, lower
 from causalab.errors import DocumentError, Path
 
 _TAG_ERRORS = ("union_tag_invalid", "union_tag_not_found")
@@ -110,8 +110,15 @@ def validate_point(doc: dict) -> Document:
 
 
 def validate(raw: dict) -> list[tuple[Point, Document]]:
-    """Lower the sweeps of a raw document and validate every point on its own."""
-    return [(point, validate_point(point.document)) for point in lower(raw)]
+    """Lower the sweeps of a raw document and validate every point on its own; a point's
+    refusal names the path as authored (``heads.sweep.1.0``, not the lowered ``heads.0``)."""
+    checked = []
+    for point in lower(raw):
+        try:
+            checked.append((point, validate_point(point.document)))
+        except DocumentError as error:
+            raise DocumentError(authored_path(point, error.path), error.message) from None
+    return checked
 
 
 def json_schema() -> dict:

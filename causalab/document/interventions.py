@@ -53,7 +53,7 @@ class Write(Node):
     mechanism: Literal[tuple(MECHANISMS)]
     operand: Operand = None
     featurizer: StrictStr = IDENTITY
-    features: list[StrictInt] | None = None
+    features: Annotated[list[StrictInt], Field(min_length=1)] | None = None
     params: dict[StrictStr, Number] = {}
 
     @model_validator(mode="after")

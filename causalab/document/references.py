@@ -223,6 +223,11 @@ def _check_metric(doc: Document, body: Intervention, of: str, at: Path) -> None:
         raise DocumentError(at + ("of",), f"a metric scores one position per row; read {of!r} "
                             f"is {found}")
     site = doc.sites[read.site]
+    if site.component not in COMPONENTS and read.view != "logits":
+        # Most likely a misspelt lm_head: the site is what is wrong, not the metric.
+        raise DocumentError(("sites", read.site, "component"), f"unknown component "
+                            f"{site.component!r}; metric {at[-1]!r} reads this site, and a "
+                            f"metric needs {' or '.join(VOCABULARY_COMPONENTS)}")
     shaped = read.view == "logits" or site.component in VOCABULARY_COMPONENTS
     sliced = site.heads is not None or site.units is not None
     if not shaped or sliced or read.featurizer != IDENTITY:

@@ -8,12 +8,14 @@ checked by ``references.py``, and anything needing a config, tokenizer or rows b
 """
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from causalab.document.interventions import (METRIC_MODELS, Intervention, InterventionModel,
                                              Metric, Operand, Read, Ref, Write)
+from causalab.document.names import is_uri, runs_uri_parts, unsafe_segment
 from causalab.document.nodes import Node, Number, refuse
 from causalab.document.positions import Pos, Position, Scope, as_position
 from causalab.document.steps import (Anneal, EarlyStop, Eval, Fit, Observe, Optimizer, Output,
@@ -47,10 +49,21 @@ class ModelSpec(Node):
     attn_implementation: Literal[ATTN_IMPLEMENTATIONS] | None = None
 
 
+# A role's field: keys joined by ".", each followed by any number of "[index]".
+FIELD_PATH = re.compile(r"[^\[\].]+(\[\d+\])*(\.[^\[\].]+(\[\d+\])*)*")
+
+
 class Role(Node):
     """Where a prompt role's text sits in a row: ``input``, ``a[0]``, ``a.b``."""
 
     field: StrictStr
+
+    @model_validator(mode="after")
+    def _field_path(self) -> "Role":
+        if not FIELD_PATH.fullmatch(self.field):
+            raise refuse(f"{self.field!r} is not a field path: keys joined by '.', each with "
+                         "optional [index] parts, e.g. counterfactual_inputs[0] or a.b", "field")
+        return self
 
 
 class Site(Node):
@@ -136,6 +149,11 @@ class Featurizer(Node):
             raise refuse(f"{self.kind} takes no seed")
         if self.seed is not None and self.file_path is not None:
             raise refuse("a loaded featurizer takes no seed")
+        if self.file_path is not None and is_uri(self.file_path):
+            try:
+                runs_uri_parts(self.file_path)
+            except ValueError as error:
+                raise refuse(str(error), "file_path") from None
         return self
 
     @property
@@ -156,6 +174,13 @@ class Document(Node):
 
     @model_validator(mode="after")
     def _reserved_step(self) -> "Document":
+        # Step and intervention names become directories under --out (a list step's entries).
+        for node in ("steps", "interventions"):
+            for name in getattr(self, node):
+                why = unsafe_segment(name)
+                if why is not None:
+                    raise refuse(f"{node[:-1]} name {name!r} {why}: a name becomes a directory "
+                                 "under --out and must be one safe path segment", node)
         if FEATURIZERS_NODE in self.steps:
             raise refuse(f'"{FEATURIZERS_NODE}" is the compiler\'s node ahead of the steps; '
                          "rename this step", "steps", FEATURIZERS_NODE)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import posixpath
 
+from causalab.document.names import unsafe_segment
 from causalab.document.references import Entry, operand_refs, roles_used
 from causalab.document.schema import Document, Fit, Observe, Save, Weights
 from causalab.document.vocab import FEATURIZER_KINDS, IDENTITY, is_reserved_result
@@ -175,6 +176,11 @@ def _contained(file_path: str, at: Path) -> str:
     name = posixpath.normpath(file_path)
     if name == ".." or name.startswith("../"):
         raise DocumentError(at, f"{file_path!r} escapes the output directory")
+    for part in name.split("/"):
+        why = unsafe_segment(part)
+        if why is not None:
+            raise DocumentError(at, f"{file_path!r}: part {part!r} {why}; each part of a save "
+                                "path must be one safe file name")
     return name
 
 

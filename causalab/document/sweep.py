@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from causalab.document.names import sanitised_label, unsafe_segment
 from causalab.document.vocab import MAX_POINTS
 from causalab.errors import DocumentError, Path
 
@@ -30,6 +31,21 @@ class Point:
     label: str
     coordinates: dict = field(default_factory=dict)
     document: dict = field(default_factory=dict)
+    # (wrapper path, where this point's value sits below it): ("sweep", i) or ("sweep", "range").
+    origins: tuple = ()
+
+
+def authored_path(point: Point, path: Path) -> Path:
+    """A point's JSON path as the author wrote it: through the wrapper it was lowered from.
+
+    >>> p = lower({"sites": {"t": {"heads": {"sweep": [[0], [1, 1]]}}}})[1]
+    >>> authored_path(p, ("sites", "t", "heads", 1))
+    ('sites', 't', 'heads', 'sweep', 1, 1)
+    """
+    for wrapper, below in point.origins:
+        if tuple(path[:len(wrapper)]) == wrapper:
+            return wrapper + below + tuple(path[len(wrapper):])
+    return tuple(path)
 
 
 @dataclass
@@ -75,6 +91,11 @@ def _values(path: Path, wrapper: dict) -> list | range:
         if len(bounds) == 3 and bounds[2] == 0:
             raise DocumentError(path, "range step must not be 0")
         values = range(*bounds)
+        try:
+            len(values)
+        except OverflowError:
+            raise DocumentError(path, f"range {json.dumps(bounds)} has more values than "
+                                f"MAX_POINTS = {MAX_POINTS}") from None
     else:
         raise DocumentError(path, 'a sweep is {"sweep": [values…]} or '
                             '{"sweep": {"range": [start, stop, step?]}}, optionally with '
@@ -150,15 +171,22 @@ def lower(raw: dict) -> list[Point]:
     points = []
     for combo in itertools.product(*(range(axis.length) for axis in axes)):
         document = copy.deepcopy(raw)
-        parts, coordinates = [], {}
+        parts, coordinates, origins = [], {}, []
         for axis, i in zip(axes, combo):
             for path, values in axis.wrappers:
                 _place(document, path, values[i])
+                origins.append((path, ("sweep", "range" if isinstance(values, range) else i)))
             shown = axis.wrappers[0][1][i]
             coordinates[axis.name] = copy.deepcopy(shown)
             parts.append(f"{axis.name}={_shown(shown)}")
-        label = ",".join(parts).replace("/", "_")
-        points.append(Point(label=label, coordinates=coordinates, document=document))
+        label = sanitised_label(",".join(parts))
+        why = unsafe_segment(label)
+        if why is not None:
+            raise DocumentError(axes[0].wrappers[0][0], f"the point label {label[:60]!r}… {why}: "
+                                "a label names the point's directory; name the axes with "
+                                '"as" and sweep shorter values')
+        points.append(Point(label=label, coordinates=coordinates, document=document,
+                            origins=tuple(origins)))
     distinct = len({p.label for p in points})
     if distinct != len(points):
         raise DocumentError(axes[0].wrappers[0][0], f"sweep labels collide: {len(points)} "

@@ -8,6 +8,7 @@ the compiler. No torch, no pydantic, no import-time work beyond the literals.
 from __future__ import annotations
 
 MAX_POINTS = 1000
+MAX_UPDATES = 200_000  # optimizer updates of one fit (epochs × batches); the plan lists each
 
 ORIGINAL = "original"  # the un-intervened model; a model of this name cannot be declared
 IDENTITY = "identity"  # the implicit featurizer; never declared

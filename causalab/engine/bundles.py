@@ -10,6 +10,7 @@ from __future__ import annotations
 from causalab.compile.bundles import (  # noqa: F401  (read_stamp re-exported for callers)
     Resolver, check_bundle, document_stamp, local_bundle_path, read_stamp, weights_file,
 )
+from causalab.errors import RunError
 from causalab.files import TENSOR_KEY
 
 
@@ -28,9 +29,16 @@ def read_bundle(path: str) -> tuple[dict[str, str], dict]:
 
 def load_bundle(spec, *, resolver: Resolver | None = None) -> tuple[dict, dict]:
     """Check then load a spec's bundle: ``({name: tensor}, featurizer options)``."""
+    import torch
+
     options = check_bundle(spec, resolver=resolver)
     path = local_bundle_path(spec.file_path, resolver)
     _, tensors = read_bundle(path)
+    for name, tensor in tensors.items():
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise RunError(("featurizers", spec.name, "file_path"), f"bundle tensor {name} holds "
+                           f"{bad} NaN or Inf values of {tensor.numel()}; a featurizer must be finite")
     return tensors, options
 
 

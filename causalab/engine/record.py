@@ -1,7 +1,7 @@
 """What a run leaves on disk: document files, ``run.json``, metric tables and tensor saves.
 
 Every file is written to a temporary name in its own directory and renamed into place, so
-nothing half-written ever looks finished. Formatting is fixed (``json.dumps(…, indent=1)``)
+nothing half-written ever looks finished; a write given its ``root`` never lands outside it. Formatting is fixed (``json.dumps(…, indent=1)``)
 so two runs of one document give byte-identical tables and run records. It never traces and
 never decides what to save: the walk names the value and the path.
 """
@@ -15,16 +15,25 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
+from causalab.engine.containment import inside
 from causalab.files import RUN_RECORD, TENSOR_KEY
 
 _VERSIONED = ("torch", "transformers", "nnsight", "nnterp", "pydantic")
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 
-def atomic(path: str | Path, write: Callable[[str], None]) -> str:
-    """Call ``write(temporary_path)`` and rename the result onto ``path``; returns ``path``."""
+def atomic(path: str | Path, write: Callable[[str], None], *, root: str | Path | None = None) -> str:
+    """Call ``write(temporary_path)`` and rename the result onto ``path``; returns ``path``.
+
+    With ``root``, the real path (symlinks followed) must stay under the real ``root``, checked
+    before the directory is made and again after (a symlink made meanwhile).
+    """
     target = Path(path)
+    if root is not None:
+        inside(root, target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
+    if root is not None:
+        inside(root, target)
     handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part",
                                          dir=target.parent)
     os.close(handle)
@@ -38,33 +47,37 @@ def atomic(path: str | Path, write: Callable[[str], None]) -> str:
     return str(target)
 
 
-def write_text(path: str | Path, text: str) -> str:
+def write_text(path: str | Path, text: str, *, root: str | Path | None = None) -> str:
     def _write(temporary: str) -> None:
         with open(temporary, "w", encoding="utf-8") as handle:
             handle.write(text)
-    return atomic(path, _write)
+    return atomic(path, _write, root=root)
 
 
-def write_json(path: str | Path, value: Any) -> str:
+def write_json(path: str | Path, value: Any, *, root: str | Path | None = None) -> str:
     """A JSON file in the one fixed format every table and record uses."""
-    return write_text(path, json.dumps(value, indent=1))
+    return write_text(path, json.dumps(value, indent=1), root=root)
 
 
-def write_tensor(path: str | Path, tensor: Any, metadata_: dict[str, str] | None = None) -> str:
+def write_tensor(path: str | Path, tensor: Any, metadata_: dict[str, str] | None = None, *,
+                 root: str | Path | None = None) -> str:
     """A tensor save: safetensors with the tensor under ``weight`` (and a stamp if given)."""
     from safetensors.torch import save_file
 
     plain = {TENSOR_KEY: tensor.detach().to("cpu").contiguous()}
-    return atomic(path, lambda temporary: save_file(plain, temporary, metadata=metadata_))
+    return atomic(path, lambda temporary: save_file(plain, temporary, metadata=metadata_),
+                  root=root)
 
 
 def write_tensors(path: str | Path, tensors: dict[str, Any],
-                  metadata_: dict[str, str] | None = None) -> str:
+                  metadata_: dict[str, str] | None = None, *,
+                  root: str | Path | None = None) -> str:
     """A bundle of several named tensors (a subspace's ``weight`` and ``basis``)."""
     from safetensors.torch import save_file
 
     plain = {name: t.detach().to("cpu").float().contiguous() for name, t in tensors.items()}
-    return atomic(path, lambda temporary: save_file(plain, temporary, metadata=metadata_))
+    return atomic(path, lambda temporary: save_file(plain, temporary, metadata=metadata_),
+                  root=root)
 
 
 def package_digest() -> str:
@@ -95,4 +108,5 @@ def run_record(engine: str, batch_size: int | None, served_dtype: str) -> dict:
 
 
 def write_run_record(out: str | Path, engine: str, batch_size: int | None, served_dtype: str) -> str:
-    return write_json(Path(out) / RUN_RECORD, run_record(engine, batch_size, served_dtype))
+    return write_json(Path(out) / RUN_RECORD, run_record(engine, batch_size, served_dtype),
+                      root=out)

@@ -16,7 +16,7 @@ from causalab.engine import outputs as output_rules
 from causalab.engine import record
 from causalab.engine.bundles import document_stamp, stamp_metadata, weights_results
 from causalab.engine.metrics import metric_table
-from causalab.errors import RunError
+from causalab.errors import CausalabError, RunError
 from causalab.files import TENSOR_KEY
 
 
@@ -26,8 +26,13 @@ def build_featurizers(node: Featurizers, model: Any, state: dict) -> None:
 
     device = model._model.get_input_embeddings().weight.device
     for spec in node.featurizers:
-        state["featurizers"][spec.name] = build_featurizer(spec, device,
-                                                           resolver=state["events"].resolve)
+        try:
+            state["featurizers"][spec.name] = build_featurizer(spec, device,
+                                                               resolver=state["events"].resolve)
+        except CausalabError as error:  # a download refused at the bare "file_path"
+            if error.path[:1] != ("file_path",):
+                raise
+            raise type(error)(("featurizers", spec.name) + error.path, error.message) from None
         state["specs"][spec.name] = spec
     node.results.update(featurizers=dict(state["featurizers"]))
 
@@ -89,11 +94,12 @@ def finish_observe(node: Observe, result: dict, state: dict, directory: Path) ->
         name = _plain(save.value, {**result["metrics"], **published, **generated})
         if name in result["metrics"]:
             rows = metric_rows(node.pass_, result, name, state["digest"], name)
-            written.append(record.write_json(directory / save.file_path, rows))
+            written.append(record.write_json(directory / save.file_path, rows, root=directory))
         elif name in published:
             written.append(_save_output(node, published[name], name, save, state, directory))
         elif name in generated:
-            written.append(record.write_tensor(directory / save.file_path, generated[name]))
+            written.append(record.write_tensor(directory / save.file_path, generated[name],
+                                                 root=directory))
         else:
             raise RunError(("steps", node.name, "saves"), f"{save.value!r} is not produced here")
     return written
@@ -109,7 +115,8 @@ def _save_output(node: Observe, value: output_rules.Published, name: str, save: 
         stamp = featurizer_stamp(name, "pca", k, d, read.site, read.address,
                                  state["model_ref"], state["digest"])
         metadata = stamp_metadata(stamp, produced_by=state["digest"])
-    return record.write_tensor(directory / save.file_path, value.value.float(), metadata)
+    return record.write_tensor(directory / save.file_path, value.value.float(), metadata,
+                               root=directory)
 
 
 def run_fit_step(node: Fit, model: Any, state: dict, directory: Path,
@@ -123,12 +130,13 @@ def run_fit_step(node: Fit, model: Any, state: dict, directory: Path,
     node.results.update(results)
     written = []
     for save in node.saves:
-        written.append(record.write_tensor(directory / save.file_path, results[save.value]))
+        written.append(record.write_tensor(directory / save.file_path, results[save.value],
+                                                 root=directory))
     last = results.get("eval")
     for save in node.eval_saves:
         name = _plain(save.value, last["metrics"] if last else {})
         rows = metric_rows(node.eval, last, name, state["digest"], name)
-        written.append(record.write_json(directory / save.file_path, rows))
+        written.append(record.write_json(directory / save.file_path, rows, root=directory))
     return written
 
 
@@ -143,6 +151,7 @@ def run_weights(node: Weights, state: dict, directory: Path) -> list[str]:
         spec = state["specs"][save.value]
         metadata = stamp_metadata(document_stamp(spec), produced_by=state["digest"])
         bundle = {**state["featurizers"][save.value].tensors(), TENSOR_KEY: tensors[save.value]}
-        written.append(record.write_tensors(directory / save.file_path, bundle, metadata))
+        written.append(record.write_tensors(directory / save.file_path, bundle, metadata,
+                                            root=directory))
     return written
 

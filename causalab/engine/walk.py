@@ -22,7 +22,7 @@ import torch
 
 from causalab.compile.plan import (Featurizers, Fit, Forward, Observe, Pass, Plan, ReadOp,
                                    Weights, WriteOp)
-from causalab.engine import forwards, fusion, generate, record, steps
+from causalab.engine import containment, forwards, fusion, generate, record, steps
 from causalab.engine import outputs as output_rules
 from causalab.engine import windows as window_rules
 from causalab.engine.events import Events
@@ -67,9 +67,10 @@ def run_plan(plan: Plan, model: Any, *, out: str, batch_size: int | None = None,
         state["entry"] = plan.name if plan.digest is None and plan.document is None else None
     state["events"], state["batch_size"] = events, batch_size
     directory = Path(out) / plan.directory
+    containment.inside(out, directory)
     written: list[str] = []
     if plan.directory and plan.document is not None:
-        written.append(record.write_json(directory / DOCUMENT, plan.document))
+        written.append(record.write_json(directory / DOCUMENT, plan.document, root=out))
     for node in plan.children:
         written += _run_node(node, model, state, out, directory)
     return written

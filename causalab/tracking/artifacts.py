@@ -12,7 +12,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from causalab.document.names import runs_uri_parts
+from causalab.engine.containment import inside
 from causalab.errors import TrackingError
+from causalab.tracking.reach import reach, source_of
 from causalab.tracking.runs import resolve_uri
 
 _WHERE = ("file_path",)
@@ -36,15 +39,13 @@ def _download(uri: str, destination: Path, tracking_uri: str | None) -> Path:
     return Path(local)
 
 
-def _run_parts(uri: str) -> tuple[str, str]:
-    """``runs:/<id>/<path>`` -> (id, path); the path may be empty (the whole run)."""
-    if not uri.startswith("runs:/"):
-        raise TrackingError(_WHERE, f"{uri!r} is not a runs:/<run_id>/<path> URI")
-    rest = uri[len("runs:/"):].lstrip("/")
-    run_id, _, path = rest.partition("/")
-    if not run_id:
-        raise TrackingError(_WHERE, f"{uri!r} names no run")
-    return run_id, path
+def _run_parts(uri: str, whole_run: bool = True) -> tuple[str, str]:
+    """``runs:/<id>/<path>`` -> (id, path), each part a safe name (the path may be empty:
+    the whole run), before anything is downloaded or created."""
+    try:
+        return runs_uri_parts(uri, whole_run=whole_run)
+    except ValueError as error:
+        raise TrackingError(_WHERE, str(error)) from None
 
 
 def fetch(uri: str, out_path: str | None = None, tracking_uri: str | None = None) -> str:
@@ -54,6 +55,7 @@ def fetch(uri: str, out_path: str | None = None, tracking_uri: str | None = None
     name in the working directory).
     """
     run_id, path = _run_parts(uri)
+    reach(resolve_uri(tracking_uri), source_of())
     with tempfile.TemporaryDirectory(prefix="causalab-fetch-") as staging:
         local = _download(uri, Path(staging), tracking_uri)
         name = Path(path).name or run_id
@@ -76,10 +78,12 @@ def resolve_artifact(uri: str, tracking_uri: str | None = None) -> str:
     """
     if not uri.startswith("runs:/"):
         return uri
-    run_id, path = _run_parts(uri)
-    destination = artifact_home() / run_id / Path(path).parent
+    run_id, path = _run_parts(uri, whole_run=False)
+    home = artifact_home()
+    destination = home / run_id / Path(path).parent
+    inside(home, destination, _WHERE)
     local = _download(uri, destination, tracking_uri)
-    return str(local)
+    return str(inside(home, local, _WHERE))
 
 
 def resolver(tracking_uri: str | None = None):

@@ -18,8 +18,9 @@ from typing import Any, Mapping
 
 from causalab.engine.events import Events
 from causalab.files import DEFAULT_OUT, DOCUMENT, HYDRA_CONFIG, RUN_RECORD
-from causalab.tracking import artifacts, plots
+from causalab.tracking import artifacts, owners, plots
 from causalab.tracking import runs as store
+from causalab.tracking.reach import reach, source_of
 
 _FLUSH_AT = 1000
 
@@ -75,6 +76,7 @@ class TrackingEvents(Events):
         self._deferred: _PointRun | None = None
         self._done: list[tuple[dict, dict]] = []
         self._common: dict[str, str] | None = None
+        self._reattached = False
 
     # --- connection -------------------------------------------------------------------------
 
@@ -102,7 +104,7 @@ class TrackingEvents(Events):
         return params
 
     def _tags(self, kind: str, point: Any = None) -> dict[str, str]:
-        tags = {store.KIND: kind, store.VERSION: store.code_version()}
+        tags = {store.KIND: kind, store.VERSION: store.code_version(), **owners.owner_tags()}
         model = getattr(point, "model", None)
         if model is not None:
             tags[store.MODEL_KEY] = model.key
@@ -116,13 +118,23 @@ class TrackingEvents(Events):
     # --- the run ----------------------------------------------------------------------------
 
     def run_start(self, document: dict, points: list[Any]) -> None:
-        swept = len(points) > 1 or any(getattr(p, "coordinates", None) for p in points)
-        if not swept:
-            return
         from causalab.document.digest import digest
 
+        swept = len(points) > 1 or any(getattr(p, "coordinates", None) for p in points)
+        sweep = digest(document) if swept else None
+        # What a killed earlier run of this document left RUNNING ends KILLED first.
+        owners.reap(self.client, self.experiment_id,
+                    [p.digest for p in points if getattr(p, "digest", None)], sweep)
+        if not swept:
+            return
+        reattach = None if self.rerun or self.parent_run_id else owners.resumable_sweep(
+            self.client, self.experiment_id, sweep)
+        if reattach:  # the remaining points join the parent of the sweep they belong to
+            owners.reopen(self.client, reattach)
+            self.sweep_run_id, self._reattached = reattach, True
+            return
         tags = self._tags("sweep", points[0] if points else None)
-        tags[store.SWEEP] = digest(document)
+        tags[store.SWEEP] = sweep
         self.sweep_run_id = store.create_run(self.client, self.experiment_id,
                                              self.run_name or "sweep", tags, self.parent_run_id)
         store.log_batch(self.client, self.sweep_run_id, params=self._params(document))
@@ -230,7 +242,7 @@ class TrackingEvents(Events):
             self._finish_sweep(written, record)
 
     def _finish_sweep(self, written: list[str], record: list[str]) -> None:
-        if not self.point_runs:
+        if not self.point_runs and not self._reattached:
             self.client.delete_run(self.sweep_run_id)
             return
         roots = [p for p in written if Path(p).name == DOCUMENT]
@@ -257,6 +269,9 @@ class TrackingEvents(Events):
             self._end(self.sweep_run_id, error)
 
     def __enter__(self) -> "TrackingEvents":
+        """Reach the store now, in seconds, before the run compiles or loads a model."""
+        flag = ("--tracking-uri",) if self.argv is not None else ("tracking", "uri")
+        reach(self.uri, source_of(flag))
         return self
 
     def __exit__(self, kind, error, traceback) -> None:

@@ -24,6 +24,7 @@ from mlflow.utils.validation import (
 )
 
 from causalab.errors import TrackingError
+from causalab.tracking.reach import reach, source_of
 
 DEFAULT_EXPERIMENT = "causalab"
 DATABASE = "mlflow.db"
@@ -230,7 +231,9 @@ def list_runs(produced_by: str | None = None, tracking_uri: str | None = None,
 
     >>> rows = list_runs(produced_by="0" * 64)  # doctest: +SKIP
     """
-    mlflow = client(resolve_uri(tracking_uri))
+    uri = resolve_uri(tracking_uri)
+    reach(uri, source_of())
+    mlflow = client(uri)
     name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME")
     if name:
         found = mlflow.get_experiment_by_name(name)

@@ -132,7 +132,7 @@ def test_every_point_is_validated_on_its_own():
     doc = _with(patching(), LAYER, {"sweep": [[0], [0, 1]]})
     with pytest.raises(DocumentError) as caught:
         validate(doc)
-    assert caught.value.path == LAYER
+    assert caught.value.path == LAYER + ("sweep", 1)  # the second value, as authored
 
 
 def test_a_wrapper_left_in_a_point_is_refused_by_validate_point():

@@ -1,0 +1,71 @@
+"""Names that become file or directory names: one safe path segment each, or refused.
+
+A step, an intervention, a sweep point's label and each part of a save's ``file_path`` name a
+directory or file under ``--out``. A safe segment is non-empty, is not ``.`` or ``..``, holds
+no ``/``, ``\\`` or control character, and is at most ``MAX_SEGMENT_BYTES`` long in UTF-8
+(the common file-system limit), so no name in a document can leave ``--out`` or fail the
+operating system. Pure string rules: this module never touches a disk.
+
+>>> unsafe_segment("train") is None
+True
+>>> unsafe_segment("../x")
+"holds '/'"
+"""
+from __future__ import annotations
+
+import re
+
+MAX_SEGMENT_BYTES = 255
+_CONTROL = {chr(c) for c in range(32)} | {"\x7f"}
+
+
+def unsafe_segment(name: str) -> str | None:
+    """Why ``name`` is not one safe path segment, or None when it is."""
+    if name in ("", ".", ".."):
+        return "is empty" if not name else f"is {name!r}"
+    for bad in ("/", "\\"):
+        if bad in name:
+            return f"holds {bad!r}"
+    if any(ch in _CONTROL for ch in name):
+        return "holds a control character"
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_SEGMENT_BYTES:
+        return f"is {size} bytes long, more than {MAX_SEGMENT_BYTES}"
+    return None
+
+
+def sanitised_label(label: str) -> str:
+    """A sweep label as a directory name: ``/``, ``\\`` and control characters become ``_``."""
+    return "".join("_" if ch in _CONTROL or ch in "/\\" else ch for ch in label)
+
+
+RUNS_SCHEME = "runs:/"
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
+
+
+def is_uri(text: str) -> bool:
+    """A string with a scheme (``runs:/…``, ``http://…``) rather than a local path."""
+    return _URI.match(text) is not None
+
+
+def runs_uri_parts(uri: str, *, whole_run: bool = False) -> tuple[str, str]:
+    """``runs:/<run_id>/<path>`` -> (run_id, path), every part one safe segment.
+
+    Parsed before anything touches a disk: the parts name folders of the artifact cache.
+    ``whole_run`` allows an empty path (``runs:/<run_id>``). Raises ValueError saying what
+    is wrong.
+
+    >>> runs_uri_parts("runs:/0a1b/rot.safetensors")
+    ('0a1b', 'rot.safetensors')
+    """
+    if not uri.startswith(RUNS_SCHEME):
+        scheme = uri.split(":", 1)[0] if is_uri(uri) else "no scheme"
+        raise ValueError(f"{uri!r} is not a runs:/<run_id>/<path> URI ({scheme}); a bundle is "
+                         "a local path or a tracked artifact")
+    run_id, _, path = uri[len(RUNS_SCHEME):].lstrip("/").partition("/")
+    for part in [run_id] + (path.split("/") if path or not whole_run else []):
+        why = unsafe_segment(part)
+        if why is not None:
+            raise ValueError(f"{uri!r}: part {part!r} {why}; a runs:/ URI is "
+                             "runs:/<run_id>/<path> of safe names")
+    return run_id, path

@@ -1,0 +1,105 @@
+"""Who owns a run, so a later run of the same document can end what a dead process left open.
+
+Every run causalab opens carries ``causalab.owner``: the host, pid and process start of the
+process that opened it. A process killed with SIGKILL cannot end its runs; the next run of the
+same document finds them still RUNNING, sees their owner is gone (no such pid on this host,
+or the pid now belongs to a process that started later) and ends them KILLED, parents
+included. A resumed sweep then reattaches to its old parent instead of opening a second one,
+so the points of one sweep stay under one parent. Owners on another host are never judged:
+their processes cannot be seen from here. Talks to MLflow only through the client it is given.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Iterable
+
+from causalab.tracking import runs as store
+
+OWNER = "causalab.owner"
+_RUNNING = "attributes.status = 'RUNNING'"
+
+
+def _started(pid: int) -> str | None:
+    """The process's start in clock ticks since boot (Linux ``/proc``), or None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[19] if len(fields) > 19 else None
+
+
+def owner_tags() -> dict[str, str]:
+    """The ``causalab.owner`` tag of a run this process opens."""
+    pid = os.getpid()
+    owner = {"host": socket.gethostname(), "pid": pid, "start": _started(pid)}
+    return {OWNER: json.dumps(owner, sort_keys=True)}
+
+
+def _owner(run) -> dict | None:
+    try:
+        owner = json.loads(run.data.tags.get(OWNER) or "null")
+    except ValueError:
+        return None
+    return owner if isinstance(owner, dict) and isinstance(owner.get("pid"), int) else None
+
+
+def owner_is_dead(run) -> bool:
+    """Whether a run's owner is known to be gone: on this host, and its pid absent or reused."""
+    owner = _owner(run)
+    if owner is None or owner.get("host") != socket.gethostname():
+        return False
+    pid = owner["pid"]
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, someone else's
+    started = _started(pid)
+    return bool(owner.get("start") and started and started != owner["start"])
+
+
+def _kill(mlflow, run) -> None:
+    owner = _owner(run) or {}
+    store.log_batch(mlflow, run.info.run_id, tags={store.ERROR: (
+        f"KilledOwner: its process {owner.get('host')}:{owner.get('pid')} died without ending it")})
+    store.terminate(mlflow, run.info.run_id, "KILLED")
+
+
+def reap(mlflow, experiment_id: str, digests: Iterable[str], sweep: str | None = None) -> list[str]:
+    """End KILLED the RUNNING runs of these point digests (or of this sweep) whose owner died,
+    and their RUNNING parents whose owner died too; returns the ids ended."""
+    digests = set(digests)
+    running = {run.info.run_id: run for run in
+               mlflow.search_runs([experiment_id], filter_string=_RUNNING, max_results=5000)}
+    ended: list[str] = []
+    for run in list(running.values()):
+        tags = run.data.tags
+        ours = tags.get(store.PRODUCED_BY) in digests or (sweep and tags.get(store.SWEEP) == sweep)
+        while ours and run is not None and run.info.run_id not in ended and owner_is_dead(run):
+            _kill(mlflow, run)
+            ended.append(run.info.run_id)
+            run = running.get(run.data.tags.get(store.PARENT, ""))
+    return ended
+
+
+def resumable_sweep(mlflow, experiment_id: str, sweep: str) -> str | None:
+    """The parent a rerun of this sweep reattaches to: its latest parent run, when that ended
+    KILLED or FAILED (a reaped one included). None when it finished or still runs elsewhere."""
+    query = f"tags.`{store.SWEEP}` = '{sweep}'"
+    latest = mlflow.search_runs([experiment_id], filter_string=query, max_results=1,
+                                order_by=["attributes.start_time DESC"])
+    if not latest or latest[0].info.status not in ("KILLED", "FAILED"):
+        return None
+    return latest[0].info.run_id
+
+
+def reopen(mlflow, run_id: str) -> None:
+    """Make an ended sweep parent this process's own again: RUNNING, new owner, no error."""
+    mlflow.update_run(run_id, status="RUNNING")
+    store.log_batch(mlflow, run_id, tags=owner_tags())
+    if store.ERROR in mlflow.get_run(run_id).data.tags:
+        mlflow.delete_tag(run_id, store.ERROR)

@@ -1,0 +1,52 @@
+"""Reach the tracking server before anything slow: a few quick tries, then one clear refusal.
+
+MLflow's own client retries an unreachable server for minutes (seven retries, doubling
+back-off, two-minute timeouts) and does so only at the first call, which a run makes after
+its model has loaded. :func:`reach` asks the server's ``/health`` first, with short timeouts
+and a bounded number of tries, so ``causalab run`` and ``causalab runs`` fail in seconds
+with the URI named. A SQLite or file store is local and is not probed (probing would create
+it). Sets no environment variable and never touches MLflow's retry settings.
+"""
+from __future__ import annotations
+
+import os
+import time
+import urllib.error
+import urllib.request
+
+from causalab.errors import Path, TrackingError
+
+TRIES = 3
+TIMEOUT_S = 2.0
+PAUSE_S = 0.5
+
+
+def source_of(flag: Path = ("--tracking-uri",)) -> Path:
+    """Where the URI came from, for the refusal's path: the environment, else ``flag``."""
+    return ("MLFLOW_TRACKING_URI",) if os.environ.get("MLFLOW_TRACKING_URI") else flag
+
+
+def reach(uri: str, at: Path = ("--tracking-uri",), tries: int = TRIES,
+          timeout_s: float = TIMEOUT_S) -> None:
+    """Refuse at ``at`` unless the server at ``uri`` answers within ``tries`` short tries.
+
+    Any HTTP answer counts as reached (a server behind authentication answers 401); only a
+    refused connection, a timeout or a name that does not resolve is unreachable.
+    """
+    if not uri.startswith(("http://", "https://")):
+        return
+    started, last = time.monotonic(), ""
+    for attempt in range(tries):
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
+                return
+        except urllib.error.HTTPError:
+            return
+        except (OSError, ValueError) as error:
+            last = str(getattr(error, "reason", None) or error)
+        if attempt + 1 < tries:
+            time.sleep(PAUSE_S * (attempt + 1))
+    raise TrackingError(at, f"cannot reach the tracking server at {uri} ({tries} tries in "
+                            f"{time.monotonic() - started:.1f} s: {last}); start it, point "
+                            "MLFLOW_TRACKING_URI or the tracking URI elsewhere, or turn tracking off "
+                            "(--no-track, tracking.enabled=false)")

@@ -1,0 +1,200 @@
+"""Runs end cleanly whatever stops them: SIGKILL then a rerun, SIGTERM, Ctrl-C, no server.
+
+A real SQLite tracking store in a temporary folder, the real CLI (in this process where the
+test needs no process of its own, a subprocess where it kills one) and the DBM sweep of the
+corpus: four points of about a second each on the tiny Llama, long enough to stop mid-point.
+What the store holds is read back through MlflowClient and, while a run is alive, with plain
+sqlite3 so the test never takes MLflow's own locks.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from causalab import cli
+from causalab.tracking import owners
+from causalab.tracking import runs as store
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = str(REPO / "documents" / "data")
+SWEEP = str(REPO / "documents" / "v2" / "dbm.json")
+POINTS = 4
+# A point runs about a second: stop it once its run is open and its numbers are being made,
+# not in the middle of the store write that opened it.
+SETTLE_S = 0.3
+
+
+def _env() -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", MLFLOW_DISABLE_TELEMETRY="true",
+               OMP_WAIT_POLICY="PASSIVE",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def _statuses(database: Path) -> list[tuple[str, str]]:
+    """(name, status) of every run, read without MLflow; empty while the store is being made."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True,
+                                                timeout=1)) as db:
+            return list(db.execute("select name, status from runs"))
+    except sqlite3.Error:
+        return []
+
+
+def _point_running(database: Path) -> bool:
+    return any(name != "sweep" and status == "RUNNING" for name, status in _statuses(database))
+
+
+def _mid_point(database: Path) -> bool:
+    """A point is running and an earlier one has finished: the sweep is in its middle."""
+    found = _statuses(database)
+    return (any(name != "sweep" and status == "RUNNING" for name, status in found)
+            and any(name != "sweep" and status == "FINISHED" for name, status in found))
+
+
+def _wait_for(condition, process: subprocess.Popen | None = None, limit: float = 300) -> None:
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert process is None or process.poll() is None, "the run ended before it was stopped"
+        assert time.monotonic() < deadline, "the sweep never reached the middle of a point"
+        time.sleep(0.05)
+
+
+def _store(database: Path) -> str:
+    """A made SQLite store: MLflow logs its table creation to stderr, which is not the run's."""
+    uri = f"sqlite:///{database}"
+    MlflowClient(uri).search_experiments()
+    return uri
+
+
+def _run_args(uri: str, out: Path) -> list[str]:
+    return ["run", SWEEP, "--tracking-uri", uri, "--device-map", "cpu", "--out", str(out),
+            "--data-root", DATA]
+
+
+def _runs(uri: str) -> list:
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(store.DEFAULT_EXPERIMENT)
+    return list(client.search_runs([experiment.experiment_id], max_results=1000))
+
+
+def test_a_sweep_killed_mid_point_then_run_again_finishes_each_point_once_under_one_parent(
+        tmp_path, monkeypatch):
+    database = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{database}"
+    killed = subprocess.Popen([sys.executable, "-m", "causalab", *_run_args(uri, tmp_path / "out")],
+                              cwd=tmp_path, env=_env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: _mid_point(database), killed)
+    finally:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=30)
+    left = dict(_statuses(database))
+    assert left["sweep"] == "RUNNING" and "RUNNING" in [s for n, s in left.items() if n != "sweep"]
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(_run_args(uri, tmp_path / "out")) == 0
+
+    runs = _runs(uri)
+    (parent,) = [r for r in runs if r.data.tags.get(store.KIND) == "sweep"]
+    points = [r for r in runs if r.data.tags.get(store.KIND) == "point"]
+    assert [r for r in runs if r.info.status == "RUNNING"] == []
+    assert parent.info.status == "FINISHED"
+    assert {r.data.tags[store.PARENT] for r in points} == {parent.info.run_id}
+    finished = [r.data.tags[store.PRODUCED_BY] for r in points if r.info.status == "FINISHED"]
+    assert len(finished) == len(set(finished)) == POINTS
+    stale = [r for r in points if r.info.status != "FINISHED"]
+    assert [r.info.status for r in stale] == ["KILLED"]
+    assert "died without ending it" in stale[0].data.tags[store.ERROR]
+    assert str(killed.pid) in stale[0].data.tags[owners.OWNER]
+
+
+def test_sigterm_ends_every_open_run_killed_and_exits_143_with_one_line(tmp_path, monkeypatch,
+                                                                         capfd):
+    database = tmp_path / "mlflow.db"
+    uri = _store(database)
+    capfd.readouterr()
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    def stop_mid_point() -> None:
+        _wait_for(lambda: _point_running(database))
+        time.sleep(SETTLE_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+    stopper = threading.Thread(target=stop_mid_point, daemon=True)
+    stopper.start()
+    status = cli.main(_run_args(uri, tmp_path / "out"))
+    stopper.join(timeout=5)
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert status == 143
+    assert lines == ["error: interrupted (SIGTERM)"]
+    runs = _runs(uri)
+    assert [r for r in runs if r.info.status == "RUNNING"] == []
+    statuses = [r.info.status for r in runs if r.data.tags.get(store.KIND) == "point"]
+    assert statuses.count("KILLED") == 1 and set(statuses) <= {"KILLED", "FINISHED"}
+    (parent,) = [r for r in runs if r.data.tags.get(store.KIND) == "sweep"]
+    assert parent.info.status == "KILLED"
+
+
+def test_ctrl_c_under_python_m_causalab_run_is_one_line_exit_130_and_no_run_left_running(
+        tmp_path):
+    database = tmp_path / "mlflow.db"
+    _store(database)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "causalab.run", "experiment=dbm", "model=tiny_llama",
+         f"tracking.uri=sqlite:///{database}", f"run.data_root={DATA}",
+         f"hydra.run.dir={tmp_path / 'job'}"],
+        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: _point_running(database), job)
+        time.sleep(SETTLE_S)
+        job.send_signal(signal.SIGINT)
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert job.returncode == 130, err[-2000:]
+    assert lines == ["error: interrupted (SIGINT)"]
+    assert "RUNNING" not in [status for _, status in _statuses(database)]
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize("verb", ["run", "runs"])
+def test_an_unreachable_tracking_server_is_one_line_naming_it_in_seconds_before_any_weight(
+        verb, tmp_path, monkeypatch, capfd):
+    import causalab.engine.load
+
+    def no_weights(*_args, **_kwargs):
+        raise AssertionError("the model was loaded before the tracking server was reached")
+    monkeypatch.setattr(causalab.engine.load, "load_model", no_weights)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    args = _run_args(uri, tmp_path / "out") if verb == "run" else ["runs", "--tracking-uri", uri]
+    started = time.monotonic()
+    status = cli.main(args)
+    took = time.monotonic() - started
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert status == 1
+    assert len(lines) == 1 and lines[0].startswith("error: --tracking-uri: ") and uri in lines[0]
+    assert took < 10  # three refused connections and two short pauses, not MLflow's minutes
+    assert not (tmp_path / "out").exists()

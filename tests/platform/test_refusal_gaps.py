@@ -1,0 +1,186 @@
+"""The inputs that used to escape, crash or pass silently, each now refused at its place.
+
+Each case is a corpus document changed in one way and read the way ``causalab explain``
+reads it (the file's bytes, then lower, validate and compile); the refusal's path is
+asserted, never its wording. Writes are checked on a real run directory with a real symlink,
+and a NaN bundle on a real load of the tiny Llama.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+
+from causalab import cli
+from causalab.errors import CausalabError, RunError, TrackingError
+from causalab.pipeline import run_document
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "documents" / "v2"
+DATA = str(REPO / "documents" / "data")
+
+
+def _corpus(name: str) -> dict:
+    return json.loads((CORPUS / f"{name}.json").read_text())
+
+
+def _explain(path: Path) -> CausalabError:
+    args = cli.build_parser().parse_args(["explain", str(path), "--data-root", DATA])
+    with pytest.raises(CausalabError) as refused:
+        cli.VERBS["explain"][0](args)
+    line = cli._error_line(refused.value)
+    assert "\n" not in line and "Traceback" not in line
+    return refused.value
+
+
+def _step_renamed(doc):
+    doc["steps"] = {"../../x": doc["steps"]["patch"]}
+
+
+def _intervention_renamed(doc):
+    doc["interventions"] = {"a/b": doc["interventions"]["patch"]}
+    doc["steps"]["patch"]["interventions"] = "a/b"
+
+
+def _swept_head_past_the_count(doc):
+    doc["sites"]["head_out"]["heads"] = {"sweep": [[0], [1], [2], [99]]}
+
+
+def _long_label(doc):
+    doc["sites"]["head_out"]["heads"] = {"sweep": [[0], list(range(120))]}
+
+
+def _set(path: tuple, value):
+    def change(doc):
+        node = doc
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+    return change
+
+
+PATCH = ("interventions", "patch")
+CASES = {
+    "step_escaping_out": ("patching", _step_renamed, ("steps",)),
+    "intervention_with_a_slash": ("patching", _intervention_renamed, ("interventions",)),
+    "save_with_a_nul": ("patching", _set(("steps", "patch", "saves", 0, "file_path"), "a\x00.json"),
+                        ("steps", "patch", "saves", 0, "file_path")),
+    "save_with_a_too_long_name": ("patching", _set(("steps", "patch", "saves", 0, "file_path"),
+                                                   "x" * 300 + ".json"),
+                                  ("steps", "patch", "saves", 0, "file_path")),
+    "field_a_dot_dot_b": ("patching", _set(("roles", "base", "field"), "a..b"),
+                          ("roles", "base", "field")),
+    "misspelt_lm_head": ("patching", _set(("sites", "head", "component"), "lm_haed"),
+                         ("sites", "head", "component")),
+    "empty_features": ("sae_feature_ablation",
+                       _set(("interventions", "ablate", "writes", "ablate", "features"), []),
+                       ("interventions", "ablate", "writes", "ablate", "features")),
+    "decode_past_the_context": ("generate_probe", _set(("interventions", "probe", "decode"), 10 ** 9),
+                                ("interventions", "probe", "decode")),
+    "url_featurizer": ("das_apply", _set(("featurizers", "rot", "file_path"), "http://example.com/rot"),
+                       ("featurizers", "rot", "file_path")),
+    "runs_uri_escaping_the_cache": ("das_apply", _set(("featurizers", "rot", "file_path"),
+                                                      "runs:/../../x/rot.safetensors"),
+                                    ("featurizers", "rot", "file_path")),
+    "swept_value_at_its_authored_path": ("head_patching", _swept_head_past_the_count,
+                                         ("sites", "head_out", "heads", "sweep", 3)),
+    "label_too_long_for_a_directory": ("head_patching", _long_label,
+                                       ("sites", "head_out", "heads")),
+    "range_too_long_to_count": ("head_patching", _set(("sites", "head_out", "layers"),
+                                                      {"sweep": {"range": [0, 10 ** 15]}}),
+                                ("sites", "head_out", "layers")),
+    "fit_of_ten_million_epochs": ("das", _set(("steps", "fit", "epochs"), 10 ** 7),
+                                  ("steps", "fit", "epochs")),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_document_that_used_to_escape_or_crash_is_refused_at_its_path(case, tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.chdir(REPO)
+    name, change, path = CASES[case]
+    doc = _corpus(name)
+    change(doc)
+    (tmp_path / "doc.json").write_text(json.dumps(doc))
+    assert _explain(tmp_path / "doc.json").path == path
+
+
+TEXTS = {
+    "not_utf8": lambda text: text.encode()[:40] + b"\xff" + text.encode()[40:],
+    "nested_too_deep": lambda text: b'{"a": ' * 100 + b"1" + b"}" * 100,
+    "nested_past_the_recursion_limit": lambda text: b"[" * 100_000 + b"]" * 100_000,
+    "too_large": lambda text: b" " * (16 * 1024 * 1024 + 1) + text.encode(),
+}
+
+
+@pytest.mark.parametrize("case", list(TEXTS))
+def test_input_that_is_no_json_tree_is_refused_naming_the_file(case, tmp_path):
+    (tmp_path / "doc.json").write_bytes(TEXTS[case](json.dumps(_corpus("patching"))))
+    refused = _explain(tmp_path / "doc.json")
+    assert refused.path == () and refused.message.startswith(f"{tmp_path / 'doc.json'}: ")
+
+
+@pytest.mark.parametrize("literal, path", [("9" * 5000, ("steps", "patch", "x")),
+                                           ('"\\ud800"', ("steps", "patch", "x"))],
+                         ids=["five_thousand_digits", "lone_surrogate"])
+def test_a_scalar_json_holds_but_python_cannot_is_refused_at_its_path(literal, path, tmp_path):
+    text = json.dumps(_corpus("patching")).replace('"kind": "observe"',
+                                                   f'"kind": "observe", "x": {literal}')
+    (tmp_path / "doc.json").write_text(text)
+    assert _explain(tmp_path / "doc.json").path == path
+
+
+def test_a_save_through_a_symlink_out_of_out_is_refused_and_nothing_is_written(tmp_path):
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "link").symlink_to(elsewhere)
+    doc = _corpus("patching")
+    doc["steps"]["patch"]["saves"][1]["file_path"] = "link/logit_diff.json"
+    with pytest.raises(RunError) as refused:
+        run_document(doc, out=str(out), device_map="cpu", data_root=DATA)
+    assert refused.value.path == ("steps", "patch", "saves", 1, "file_path")
+    assert sorted(os.listdir(out)) == ["link"] and os.listdir(elsewhere) == []
+
+
+def test_a_point_directory_that_is_a_symlink_out_of_out_is_refused(tmp_path):
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "heads=1").symlink_to(elsewhere)
+    with pytest.raises(RunError) as refused:
+        run_document(_corpus("head_patching"), out=str(out), device_map="cpu", data_root=DATA)
+    assert refused.value.path == ("--out",)
+    assert sorted(os.listdir(out)) == ["heads=1"] and os.listdir(elsewhere) == []
+
+
+def test_a_runs_uri_out_of_the_artifact_cache_is_refused_before_any_folder_is_made(
+        tmp_path, monkeypatch):
+    from causalab.tracking import resolve_artifact
+
+    monkeypatch.setenv("CAUSALAB_HOME", str(tmp_path / "home"))
+    with pytest.raises(TrackingError):
+        resolve_artifact("runs:/../../escaped/rot.safetensors", f"sqlite:///{tmp_path}/m.db")
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_a_bundle_holding_nan_is_refused_at_load_naming_the_tensor(tmp_path, monkeypatch):
+    shipped = REPO / "documents" / "artifacts" / "rot.safetensors"
+    with safe_open(str(shipped), "pt") as handle:
+        metadata = handle.metadata()
+    weight = load_file(str(shipped))["weight"].clone()
+    weight[3, 2] = float("nan")
+    save_file({"weight": weight}, str(tmp_path / "rot.safetensors"), metadata=metadata)
+    doc = _corpus("das_apply")
+    doc["featurizers"]["rot"]["file_path"] = str(tmp_path / "rot.safetensors")
+    with pytest.raises(RunError) as refused:
+        run_document(doc, out=str(tmp_path / "out"), device_map="cpu", data_root=DATA)
+    assert refused.value.path == ("featurizers", "rot", "file_path")
+    assert "weight" in refused.value.message
+    assert not (tmp_path / "out" / "iia.json").exists()
