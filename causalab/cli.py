@@ -53,10 +53,10 @@ def _read_document(path: str) -> dict:
 # --- verbs that need no model -------------------------------------------------------------
 
 def verb_schema(args: argparse.Namespace) -> dict:
-    """The JSON Schema of the document format (FORMAT §15)."""
-    from causalab.document.schema import Document
+    """The JSON Schema of a document as written (sweeps allowed), the point form in its $defs."""
+    from causalab.document import json_schema
 
-    schema = Document.model_json_schema()
+    schema = json_schema()
     return {"text": json.dumps(schema, indent=2), "schema": schema}
 
 

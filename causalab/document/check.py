@@ -112,8 +112,3 @@ def validate_point(doc: dict) -> Document:
 def validate(raw: dict) -> list[tuple[Point, Document]]:
     """Lower the sweeps of a raw document and validate every point on its own."""
     return [(point, validate_point(point.document)) for point in lower(raw)]
-
-
-def json_schema() -> dict:
-    """The JSON Schema of one point (a bare integer is accepted at every ``pos``)."""
-    return Document.model_json_schema()
