@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from causalab import flags
 from causalab.document import vocab
 from causalab.errors import CausalabError, UsageError, format_path
 from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT
@@ -261,13 +262,13 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
 def _run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("document")
     parser.add_argument("--out", default=DEFAULT_OUT, help="output directory (default: out)")
-    parser.add_argument("--device-map", default="auto",
+    parser.add_argument("--device-map", default="auto", type=flags.device_map,
                         help="accelerate device map (default: auto; use cpu without a GPU)")
     parser.add_argument("--batch-size", type=_positive_int, default=None,
                         help="rows per forward window (default: the whole pass)")
-    parser.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
+    parser.add_argument("--data-root", default=None, help=f"default: {DEFAULT_DATA_ROOT}")
     parser.add_argument("--no-track", action="store_true", help="skip MLflow tracking")
-    parser.add_argument("--tracking-uri", default=None)
+    parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)
     parser.add_argument("--rerun", action="store_true",
                         help="run points even when a finished run with their digest exists")
 
@@ -298,10 +299,10 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("strings", nargs="+", help="candidate metric cells, e.g. ' Friday'")
     elif name == "data":
         parser.add_argument("ref", help="dataset reference, e.g. weekdays/data#train")
-        parser.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
+        parser.add_argument("--data-root", default=None, help=f"default: {DEFAULT_DATA_ROOT}")
     elif name in ("validate", "explain"):
         parser.add_argument("document")
-        parser.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
+        parser.add_argument("--data-root", default=None, help=f"default: {DEFAULT_DATA_ROOT}")
     elif name == "run":
         _run_args(parser)
     elif name == "render":
@@ -310,10 +311,11 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
     elif name == "fetch":
         parser.add_argument("uri", help="runs:/<run_id>/<artifact path>")
         parser.add_argument("-o", "--output", default=None, help="where to write it")
-        parser.add_argument("--tracking-uri", default=None)
+        parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)
     elif name == "runs":
-        parser.add_argument("--produced-by", default=None, help="a point digest")
-        parser.add_argument("--tracking-uri", default=None)
+        parser.add_argument("--produced-by", default=None, type=flags.digest,
+                            help="a point digest")
+        parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -325,6 +327,29 @@ def build_parser() -> argparse.ArgumentParser:
         _verb_args(name, sub)
         _common(sub, top=False)
     return parser
+
+
+# Refusals a verb raises at a document path whose value came from an argument or flag.
+_BLAME = {
+    "model": {("model", "key"): ("key",), ("model", "revision"): ("--revision",)},
+    "tokens": {("model", "key"): ("key",), ("model", "revision"): ("--revision",)},
+}
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Flag values that would fail only later, refused now at the flag (``flags.py``)."""
+    if getattr(args, "data_root", DEFAULT_DATA_ROOT) is None:
+        args.data_root = DEFAULT_DATA_ROOT
+    elif hasattr(args, "data_root"):
+        flags.check_directory(args.data_root, ("--data-root",))
+    if getattr(args, "config_dir", None) is not None:
+        flags.check_directory(args.config_dir, ("--config-dir",))
+    if hasattr(args, "out"):
+        flags.check_writable(args.out, ("--out",))
+    if getattr(args, "output", None) is not None:
+        flags.check_writable(args.output, ("--output",), file_ok=True)
+    if hasattr(args, "device_map"):
+        flags.check_device(args.device_map, ("--device-map",))
 
 
 # --- the one error boundary ---------------------------------------------------------------
@@ -380,7 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.argv = argv
         except SystemExit as stop:  # --help and --version print and stop
             return int(stop.code or 0)
-        result = VERBS[args.verb][0](args)
+        _check_flags(args)
+        with flags.blamed_on(_BLAME.get(args.verb, {})):
+            result = VERBS[args.verb][0](args)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

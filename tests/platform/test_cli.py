@@ -93,7 +93,7 @@ def test_model_with_eager_attention_makes_the_pattern_available(capsys):
 def test_model_refuses_a_wrong_revision_in_one_line(capsys):
     status, out, err = cli(capsys, "model", TINY, "--revision", "0" * 64)
     assert status == 1 and out == ""
-    assert err.count("\n") == 1 and err.startswith("error: model.revision:")
+    assert err.count("\n") == 1 and err.startswith("error: --revision:")
 
 
 def test_tokens_counts_each_string_and_flags_the_unusable(capsys):
