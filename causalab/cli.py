@@ -172,6 +172,8 @@ def verb_explain(args: argparse.Namespace) -> dict:
 
     raw = _read_document(args.document)
     plan = causalab.compile.compile_document(raw, data_root=args.data_root)
+    if not args.json:  # the serialised plan costs as much as compiling it; text needs none
+        return {"text": causalab.compile.explain(plan)}
     return causalab.compile.explain_payload(plan)
 
 

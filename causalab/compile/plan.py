@@ -289,22 +289,31 @@ _NODES = {cls.__name__: cls for cls in (
     OutputOp, SaveOp, FeaturizerSpec, Featurizers, Observe, Fit, Weights, ModelRef, Plan,
 )}
 
+# Each node class's fields in order, once: looked up per node instead of asked of dataclasses.
+_SERIALISED = {cls: tuple(f.name for f in dataclasses.fields(cls) if f.name != "results")
+               for cls in _NODES.values()}
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
 
 def plan_to_json(node: Any) -> Any:
     """Serialise a plan to JSON-able data, tagging each node with ``"node": <class>``.
 
     ``results`` is left out: it is run state, not plan. Tuples become lists.
     """
-    if dataclasses.is_dataclass(node):
+    names = _SERIALISED.get(type(node))
+    if names is not None:
         out: dict[str, Any] = {"node": type(node).__name__}
-        for f in dataclasses.fields(node):
-            if f.name != "results":
-                out[f.name] = plan_to_json(getattr(node, f.name))
+        for name in names:
+            out[name] = plan_to_json(getattr(node, name))
         return out
     if isinstance(node, dict):
-        return {str(k): plan_to_json(v) for k, v in node.items()}
+        return {str(k): v if type(v) in _LEAVES else plan_to_json(v) for k, v in node.items()}
     if isinstance(node, (list, tuple)):
-        return [plan_to_json(v) for v in node]
+        return [v if type(v) in _LEAVES else plan_to_json(v) for v in node]
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return {"node": type(node).__name__, **{f.name: plan_to_json(getattr(node, f.name))
+                                                for f in dataclasses.fields(node)
+                                                if f.name != "results"}}
     return node
 
 

@@ -1,7 +1,8 @@
 """Compile a document: lower its sweeps, validate each point, build each point's plan tree.
 
-Loads the checkpoint's config and tokenizer, never its weights (``causalab.models.resolve``
-only returns a directory). Every refusal here is a :class:`CompileError` with its JSON path.
+Reads the checkpoint's config and tokenizer from their files, never its weights
+(``causalab.models.resolve`` only returns a directory; ``causalab.models.readers`` spares
+importing transformers where the files say everything). Every refusal here is a :class:`CompileError` with its JSON path.
 """
 from __future__ import annotations
 
@@ -71,13 +72,13 @@ def _frozen(value: Any) -> Any:
 
 def compile_document(raw: dict, *, data_root: str) -> Plan:
     """The plan tree of a raw document: the root holds its steps, or one Plan per sweep point."""
-    from causalab.models import load_config, load_tokenizer
+    from causalab.models.readers import read_config, read_tokenizer
 
     checked = validate(raw)
     points = [point for point, _ in checked]
     ref = model_ref(points[0].document["model"])
-    config = load_config(ref.path)
-    tokenizer = RememberingTokenizer(load_tokenizer(ref.path))
+    config = read_config(ref.path)
+    tokenizer = RememberingTokenizer(read_tokenizer(ref.path))
     plans = [compile_point(p, doc, model=ref, config=config, tokenizer=tokenizer,
                            data_root=data_root) for p, doc in checked]
     if len(plans) == 1 and not points[0].label:
