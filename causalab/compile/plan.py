@@ -14,9 +14,18 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from causalab.document.interventions import Write
+from causalab.document.positions import Position
+from causalab.document.steps import Output
+
 
 def _results() -> dict:
     return {}
+
+
+def _default(node: type, name: str) -> Any:
+    """The schema's default for a field, so a hand-built plan node never restates one."""
+    return node.model_fields[name].default
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,7 @@ class Address:
 class PositionSpec:
     """A position as authored (bare ints already expanded to ``index``), plus static facts."""
 
-    frame: str = "prompt"
+    frame: str = _default(Position, "frame")
     variable: str | None = None
     segment: str | None = None
     index: int | None = None
@@ -107,9 +116,9 @@ class ReadOp:
     address: Address
     pos: PositionSpec
     input: str
-    model: str = "original"
-    featurizer: str = "identity"
-    view: str = "raw"
+    model: str
+    featurizer: str
+    view: str
 
 
 @dataclass(frozen=True)
@@ -120,7 +129,7 @@ class WriteOp:
     pos: PositionSpec
     mechanism: str
     operand: Operand
-    featurizer: str = "identity"
+    featurizer: str = _default(Write, "featurizer")
     features: tuple[int, ...] | None = None
     params: dict[str, float] = field(default_factory=dict)
 
@@ -138,7 +147,7 @@ class Forward:
     writes: tuple[WriteOp, ...]
     reads: tuple[ReadOp, ...]
     taps: tuple[tuple[str, str], ...]
-    decode: int = 0
+    decode: int
 
 
 @dataclass(frozen=True)
@@ -176,7 +185,7 @@ class Pass:
 class OutputOp:
     name: str
     read: str
-    reduce: str = "none"
+    reduce: str = _default(Output, "reduce")
     k: int | None = None
 
 
