@@ -180,7 +180,7 @@ def verb_explain(args: argparse.Namespace) -> dict:
 # --- verbs that run or reach the tracking store ------------------------------------------
 
 def _tracking_events(args: argparse.Namespace) -> Any:
-    """The MLflow listener for a run (PLATFORM §5), or None with ``--no-track``."""
+    """The MLflow listener for a run (docs/platform.md §5), or None with ``--no-track``."""
     if args.no_track:
         return None
     from causalab.tracking import TrackingEvents
@@ -210,7 +210,7 @@ def verb_run(args: argparse.Namespace) -> dict:
 
 
 def verb_render(args: argparse.Namespace) -> dict:
-    """The canonical document a Hydra composition renders to (PLATFORM §4)."""
+    """The canonical document a Hydra composition renders to (docs/platform.md §4)."""
     from causalab.render import render
 
     document = render(list(args.overrides), config_dir=args.config_dir)

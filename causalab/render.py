@@ -1,4 +1,4 @@
-"""Composed Hydra config -> one canonical document in the FORMAT.md format.
+"""Composed Hydra config -> one canonical document in the format of docs/format.md.
 
 The document is the composed config's document keys (``header``, ``model``, ``roles``,
 ``sites``, ``featurizers``, ``interventions``, ``steps``), interpolations resolved. Every other
@@ -60,7 +60,7 @@ def compose(overrides: Sequence[str], config_dir: str | None = None):
 
 def document_of(config: Any) -> dict:
     """The document a composed config renders to: its non-scaffolding keys, resolved, in the
-    order FORMAT §2 lists them (an unknown key is kept, for validation to refuse at its path)."""
+    order docs/format.md §2 lists them (an unknown key is kept, for validation to refuse at its path)."""
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 

@@ -62,7 +62,7 @@ def bundle_rank(file_path: str, path: tuple) -> int | None:
 
 def stamp(name: str, kind: str, k: int | None, d: int, site: str, address: Address,
           model: ModelRef, digest: str) -> dict[str, str]:
-    """The identity stamp a bundle of this featurizer carries (FORMAT §8.3)."""
+    """The identity stamp a bundle of this featurizer carries (docs/format.md §8.3)."""
     out = {"kind": kind, "d": str(d), "parametrization": "cayley", "site": site,
            "component": address.component,
            "layer": "" if address.layer is None else str(address.layer)}

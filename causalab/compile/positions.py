@@ -1,7 +1,7 @@
 """Positions: a spec built from the document, resolved per row to absolute padded indices.
 
 Pure python over token ids and a ``decode_text`` callable; it never tokenizes, never imports
-torch and never re-encodes text (FORMAT §6.4). The engine calls :func:`resolve` at run time with
+torch and never re-encodes text (docs/format.md §6.4). The engine calls :func:`resolve` at run time with
 the tokenizer it holds; the compiler calls it for the static width check (C16).
 
     >>> batch = PromptBatch("base", "input", ("a b",), ((0, 5, 6),), ((0, 1, 1),), 0, 0)

@@ -2,7 +2,7 @@
 
 Consumes passes from ``passes`` and the validated step objects (their defaults filled by the
 schema); knows nothing about tensors. A fit's update batches are
-shuffled here, on the client, from the fit's ``seed`` (FORMAT §9.5, pitfall 14).
+shuffled here, on the client, from the fit's ``seed`` (docs/format.md §9.5, pitfall 14).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Read a document's JSON text: duplicate keys (V4) and non-finite numbers (V3) refused.
 
 Python's ``json`` silently keeps the last of two equal keys and reads ``NaN``/``Infinity``;
-FORMAT refuses both, each at its JSON path. A syntax error names the file, line and column.
+docs/format.md §0 refuses both, each at its JSON path. A syntax error names the file, line and column.
 Opens at most one file; knows nothing of the schema.
 """
 from __future__ import annotations

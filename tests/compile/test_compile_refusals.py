@@ -1,4 +1,4 @@
-"""Compile-time refusals (FORMAT §14.2): each rule is refused at its JSON path."""
+"""Compile-time refusals (docs/format.md §14.2): each rule is refused at its JSON path."""
 from __future__ import annotations
 
 import json
