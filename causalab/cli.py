@@ -24,12 +24,13 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from causalab import flags
 from causalab.document import vocab
 from causalab.errors import CausalabError, UsageError, format_path
 from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT
 from causalab.interrupts import exit_status, interrupts, one_line
 
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 _SAMPLE_CHARS = 200
 
 
@@ -54,10 +55,10 @@ def _read_document(path: str) -> dict:
 # --- verbs that need no model -------------------------------------------------------------
 
 def verb_schema(args: argparse.Namespace) -> dict:
-    """The JSON Schema of the document format (FORMAT §15)."""
-    from causalab.document.schema import Document
+    """The JSON Schema of a document as written (sweeps allowed), the point form in its $defs."""
+    from causalab.document import json_schema
 
-    schema = Document.model_json_schema()
+    schema = json_schema()
     return {"text": json.dumps(schema, indent=2), "schema": schema}
 
 
@@ -173,6 +174,8 @@ def verb_explain(args: argparse.Namespace) -> dict:
     raw = _read_document(args.document)
     plan = causalab.compile.compile_document(raw, data_root=args.data_root,
                                              resolver=_known_store(args))
+    if not args.json:  # the serialised plan costs as much as compiling it; text needs none
+        return {"text": causalab.compile.explain(plan)}
     return causalab.compile.explain_payload(plan)
 
 
@@ -192,7 +195,7 @@ def _known_store(args: argparse.Namespace):
 # --- verbs that run or reach the tracking store ------------------------------------------
 
 def _tracking_events(args: argparse.Namespace) -> Any:
-    """The MLflow listener for a run (PLATFORM §5), or None with ``--no-track``."""
+    """The MLflow listener for a run (docs/platform.md §5), or None with ``--no-track``."""
     if args.no_track:
         return None
     from causalab.tracking import TrackingEvents
@@ -222,7 +225,7 @@ def verb_run(args: argparse.Namespace) -> dict:
 
 
 def verb_render(args: argparse.Namespace) -> dict:
-    """The canonical document a Hydra composition renders to (PLATFORM §4)."""
+    """The canonical document a Hydra composition renders to (docs/platform.md §4)."""
     from causalab.render import render
 
     document = render(list(args.overrides), config_dir=args.config_dir)
@@ -280,13 +283,13 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
 def _run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("document")
     parser.add_argument("--out", default=DEFAULT_OUT, help="output directory (default: out)")
-    parser.add_argument("--device-map", default="auto",
+    parser.add_argument("--device-map", default="auto", type=flags.device_map,
                         help="accelerate device map (default: auto; use cpu without a GPU)")
     parser.add_argument("--batch-size", type=_positive_int, default=None,
                         help="rows per forward window (default: the whole pass)")
-    parser.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
+    parser.add_argument("--data-root", default=None, help=f"default: {DEFAULT_DATA_ROOT}")
     parser.add_argument("--no-track", action="store_true", help="skip MLflow tracking")
-    parser.add_argument("--tracking-uri", default=None)
+    parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)
     parser.add_argument("--rerun", action="store_true",
                         help="run points even when a finished run with their digest exists")
 
@@ -317,12 +320,12 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("strings", nargs="+", help="candidate metric cells, e.g. ' Friday'")
     elif name == "data":
         parser.add_argument("ref", help="dataset reference, e.g. weekdays/data#train")
-        parser.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
+        parser.add_argument("--data-root", default=None, help=f"default: {DEFAULT_DATA_ROOT}")
     elif name in ("validate", "explain"):
         parser.add_argument("document")
-        parser.add_argument("--data-root", default=DEFAULT_DATA_ROOT)
+        parser.add_argument("--data-root", default=None, help=f"default: {DEFAULT_DATA_ROOT}")
         if name == "explain":
-            parser.add_argument("--tracking-uri", default=None,
+            parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri,
                                 help="store to fetch runs:/ bundles from, to check their stamps")
     elif name == "run":
         _run_args(parser)
@@ -332,13 +335,14 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
     elif name == "fetch":
         parser.add_argument("uri", help="runs:/<run_id>/<artifact path>")
         parser.add_argument("-o", "--output", default=None, help="where to write it")
-        parser.add_argument("--tracking-uri", default=None)
+        parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)
         parser.add_argument("--basis", action="store_true",
                             help="write a subspace bundle's orthonormal basis alone: "
                                  "safetensors {'basis': (d, k)}, x @ basis = features")
     elif name == "runs":
-        parser.add_argument("--produced-by", default=None, help="a point digest")
-        parser.add_argument("--tracking-uri", default=None)
+        parser.add_argument("--produced-by", default=None, type=flags.digest,
+                            help="a point digest")
+        parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -350,6 +354,29 @@ def build_parser() -> argparse.ArgumentParser:
         _verb_args(name, sub)
         _common(sub, top=False)
     return parser
+
+
+# Refusals a verb raises at a document path whose value came from an argument or flag.
+_BLAME = {
+    "model": {("model", "key"): ("key",), ("model", "revision"): ("--revision",)},
+    "tokens": {("model", "key"): ("key",), ("model", "revision"): ("--revision",)},
+}
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    """Flag values that would fail only later, refused now at the flag (``flags.py``)."""
+    if getattr(args, "data_root", DEFAULT_DATA_ROOT) is None:
+        args.data_root = DEFAULT_DATA_ROOT
+    elif hasattr(args, "data_root"):
+        flags.check_directory(args.data_root, ("--data-root",))
+    if getattr(args, "config_dir", None) is not None:
+        flags.check_directory(args.config_dir, ("--config-dir",))
+    if hasattr(args, "out"):
+        flags.check_writable(args.out, ("--out",))
+    if getattr(args, "output", None) is not None:
+        flags.check_writable(args.output, ("--output",), file_ok=True)
+    if hasattr(args, "device_map"):
+        flags.check_device(args.device_map, ("--device-map",))
 
 
 # --- the one error boundary ---------------------------------------------------------------
@@ -405,7 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.argv = argv
         except SystemExit as stop:  # --help and --version print and stop
             return int(stop.code or 0)
-        with interrupts():
+        _check_flags(args)
+        with interrupts(), flags.blamed_on(_BLAME.get(args.verb, {})):
             result = VERBS[args.verb][0](args)
     except KeyboardInterrupt as stop:  # SIGINT or SIGTERM: 130 or 143, one line
         print(one_line(stop), file=sys.stderr)

@@ -38,19 +38,19 @@ class CausalabError(Exception):
 
 
 class DocumentError(CausalabError):
-    """Refused offline: schema, sweeps, names and references (FORMAT §14.1)."""
+    """Refused offline: schema, sweeps, names and references (docs/format.md §14.1)."""
 
     stage = "validate"
 
 
 class CompileError(CausalabError):
-    """Refused against config, tokenizer and data, before any weight (FORMAT §14.2)."""
+    """Refused against config, tokenizer and data, before any weight (docs/format.md §14.2)."""
 
     stage = "compile"
 
 
 class RunError(CausalabError):
-    """Refused while running, with weights and activations (FORMAT §14.3)."""
+    """Refused while running, with weights and activations (docs/format.md §14.3)."""
 
     stage = "run"
 

@@ -1,10 +1,16 @@
-"""Composed Hydra config -> one canonical document in the FORMAT.md format.
+"""Composed Hydra config -> one canonical document in the format of docs/format.md.
 
 The document is the composed config's document keys (``header``, ``model``, ``roles``,
 ``sites``, ``featurizers``, ``interventions``, ``steps``), interpolations resolved. Every other
 top-level key is scaffolding that never enters the document or its digest: ``site``, ``data``
 and ``shape`` are the knobs the groups interpolate, ``tracking`` and ``run`` belong to the run,
 ``hydra`` to Hydra. Rendering does not validate; ``causalab.document.validate`` does.
+
+Two things the groups lean on are done here, once. The data group offers its prompt roles and
+``conf/config.yaml`` puts them all in ``roles``; the document keeps the roles its steps' rows
+name, so an experiment on the base prompts alone never restates them. The resolver
+``${causalab.each:n}`` gives ``[[0], [1], … [n-1]]``, a sweep over every layer or head from
+the model's counts; it is registered when a config is composed or rendered, never at import.
 
 >>> render(["experiment=patching", "model=tiny_llama"])["sites"]["target"]
 {'component': 'block_output', 'layers': [0]}
@@ -26,12 +32,24 @@ def config_dir() -> str:
     return str(CONF)
 
 
+def register_resolvers() -> None:
+    """``causalab.each``: the index lists a document sweep over layers or heads takes."""
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("causalab.each", _each, replace=True)
+
+
+def _each(count: Any) -> list[list[int]]:
+    return [[index] for index in range(int(count))]
+
+
 def compose(overrides: Sequence[str], config_dir: str | None = None):
     """The composed config (a DictConfig, ``hydra`` key excluded) for these overrides."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    register_resolvers()
     folder = str(Path(config_dir or CONF).resolve())
     try:
         with initialize_config_dir(config_dir=folder, version_base="1.3"):
@@ -42,11 +60,12 @@ def compose(overrides: Sequence[str], config_dir: str | None = None):
 
 def document_of(config: Any) -> dict:
     """The document a composed config renders to: its non-scaffolding keys, resolved, in the
-    order FORMAT §2 lists them (an unknown key is kept, for validation to refuse at its path)."""
+    order docs/format.md §2 lists them (an unknown key is kept, for validation to refuse at its path)."""
     from omegaconf import DictConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     if isinstance(config, DictConfig):
+        register_resolvers()
         try:
             data = OmegaConf.to_container(config, resolve=True)
         except OmegaConfBaseException as error:
@@ -54,7 +73,28 @@ def document_of(config: Any) -> dict:
     else:
         data = dict(config)
     keys = [k for k in ORDER if k in data] + [k for k in data if k not in ORDER]
-    return {key: data[key] for key in keys if key not in SCAFFOLDING}
+    document = {key: data[key] for key in keys if key not in SCAFFOLDING}
+    used = _roles_read(document.get("steps"))
+    if used is not None and isinstance(document.get("roles"), dict):
+        document["roles"] = {k: v for k, v in document["roles"].items() if k in used}
+    return document
+
+
+def _roles_read(steps: Any) -> set[str] | None:
+    """Every role a step's (or its eval's) rows name; None when that is not plain to see."""
+    if not isinstance(steps, dict):
+        return None
+    used: set[str] = set()
+    for step in steps.values():
+        if not isinstance(step, dict):
+            return None
+        for rows in (step.get("rows"), (step.get("eval") or {}).get("rows")):
+            if rows is None:
+                continue
+            if not isinstance(rows, dict) or "sweep" in rows:
+                return None
+            used.update(rows)
+    return used
 
 
 def render(overrides: Sequence[str], config_dir: str | None = None) -> dict:

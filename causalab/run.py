@@ -85,14 +85,18 @@ def _run(config) -> None:
     from causalab.pipeline import run_document
     from causalab.progress import PointProgress, Summary
 
+    from causalab.flags import check_device
+
     document = document_of(config)
     options = config.get("run") or {}
+    device_map = options.get("device_map") or "cpu"
+    check_device(device_map, ("run", "device_map"))
     out = options.get("out") or HydraConfig.get().runtime.output_dir
     events = tracking_events(config, out)
     summary = Summary()
     with events if events is not None else nullcontext():
         written = run_document(document, out=out, batch_size=options.get("batch_size"),
-                               device_map=options.get("device_map") or "cpu",
+                               device_map=device_map,
                                data_root=options.get("data_root") or DEFAULT_DATA_ROOT,
                                events=Chain(events, PointProgress(), summary))
     _report(out, written, events, summary)

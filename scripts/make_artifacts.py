@@ -1,4 +1,4 @@
-"""Write the small bundles under documents/artifacts/ that corpus documents load (FORMAT §16.1).
+"""Write the small bundles under documents/artifacts/ that corpus documents load (docs/format.md §16.1).
 
 * ``sae.safetensors``: a random 16 -> 32 dictionary in SAELens names and orientations
   (``W_enc`` (16, 32), ``W_dec`` (32, 16), ``b_enc`` (32,), ``b_dec`` (16,)), drawn from a fixed

@@ -1,4 +1,4 @@
-"""Write the shipped weekday and counting tables under documents/data/ (FORMAT §4.3).
+"""Write the shipped weekday and counting tables under documents/data/ (docs/format.md §4.3).
 
 The tables are committed; this script is how they were made and how to check them. It uses the
 standard library only, except ``--check``, which tokenizes the aligned pairs with the built-in

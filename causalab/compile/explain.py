@@ -1,4 +1,4 @@
-"""``explain``: the compiled plan tree as text (FORMAT §15 grammar) and as JSON (``--json``).
+"""``explain``: the compiled plan tree as text (docs/format.md §15 grammar) and as JSON (``--json``).
 
 Reads a plan and nothing else: no model, no tokenizer, no rows. The text is for people; the
 JSON payload is the serialised plan, which round-trips through ``plan_from_json``.

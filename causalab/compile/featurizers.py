@@ -8,44 +8,45 @@ tracking URI); without one it is checked where the run fetches it.
 from __future__ import annotations
 
 import json
-from typing import Any
-
 from causalab.compile.bundles import Resolver, check_bundle, is_uri, read_stamp, resolve_bundle
 from causalab.compile.plan import Address, FeaturizerSpec, Featurizers, ModelRef
+from causalab.document.interventions import Intervention
+from causalab.document.schema import Document, Featurizer
+from causalab.document.schema import Fit as FitStep
+from causalab.document.vocab import IDENTITY
 from causalab.errors import CompileError
 
 NODE_NAME = "featurizers"
 
 
-def _bodies(document: dict) -> list[dict]:
+def _bodies(document: Document) -> list[Intervention]:
     """Every intervention body: declared ones and those written inline on steps."""
-    bodies = list(document.get("interventions", {}).values())
-    for step in document["steps"].values():
-        spelled = step.get("interventions")
+    bodies = list(document.interventions.values())
+    for step in document.steps.values():
+        spelled = getattr(step, "interventions", None)
         for value in spelled if isinstance(spelled, list) else [spelled]:
-            if isinstance(value, dict):
+            if isinstance(value, Intervention):
                 bodies.append(value)
     return bodies
 
 
-def sites_of(document: dict) -> dict[str, str]:
+def sites_of(document: Document) -> dict[str, str]:
     """Featurizer name -> the site its reads and writes use (validate ensures it is one)."""
     found: dict[str, str] = {}
     for body in _bodies(document):
-        for op in list(body.get("reads", {}).values()) + list(body.get("writes", {}).values()):
-            name = op.get("featurizer", "identity")
-            if name != "identity":
-                found.setdefault(name, op["site"])
+        for op in list(body.reads.values()) + list(body.writes.values()):
+            if op.featurizer != IDENTITY:
+                found.setdefault(op.featurizer, op.site)
     return found
 
 
-def _trainers(document: dict) -> dict[str, tuple[str, int]]:
+def _trainers(document: Document) -> dict[str, tuple[str, int]]:
     """Featurizer -> (first fit step that trains it, that fit's seed)."""
     trainers: dict[str, tuple[str, int]] = {}
-    for name, step in document["steps"].items():
-        if step["kind"] == "fit":
-            for param in step.get("params", []):
-                trainers.setdefault(param, (name, step.get("seed", 0)))
+    for name, step in document.steps.items():
+        if step.kind == "fit":
+            for param in step.params:
+                trainers.setdefault(param, (name, step.seed))
     return trainers
 
 
@@ -64,7 +65,7 @@ def bundle_rank(file_path: str, path: tuple, resolver: Resolver | None = None) -
 
 def stamp(name: str, kind: str, k: int | None, d: int, site: str, address: Address,
           model: ModelRef, digest: str) -> dict[str, str]:
-    """The identity stamp a bundle of this featurizer carries (FORMAT §8.3)."""
+    """The identity stamp a bundle of this featurizer carries (docs/format.md §8.3)."""
     out = {"kind": kind, "d": str(d), "parametrization": "cayley", "site": site,
            "component": address.component,
            "layer": "" if address.layer is None else str(address.layer)}
@@ -79,37 +80,36 @@ def stamp(name: str, kind: str, k: int | None, d: int, site: str, address: Addre
     return out
 
 
-def _spec(name: str, raw: dict, site: str, address: Address, trainer, model: ModelRef,
+def _spec(name: str, raw: Featurizer, site: str, address: Address, trainer, model: ModelRef,
           digest: str, resolver: Resolver | None = None) -> FeaturizerSpec:
     path = ("featurizers", name)
     d = address.width
     if d is None:
         raise CompileError(path, f"featurizer {name!r} sits at {address.component}, which has no width")
-    kind = raw["kind"]
-    k = raw.get("k")
+    kind, k = raw.kind, raw.k
     if kind in ("sae", "linear") and k is None:
-        k = bundle_rank(raw["file_path"], path + ("file_path",), resolver)
+        k = bundle_rank(raw.file_path, path + ("file_path",), resolver)
     if kind in ("subspace", "pca") and k is not None and k > d:
         raise CompileError(path + ("k",), f"k={k} is larger than the site width {d}")
-    seed = raw.get("seed")
+    seed = raw.seed
     if seed is None:
-        seed = trainer[1] if trainer else 0
+        # Unseeded: the seed of the fit that trains it, else the seed a fit takes by default.
+        seed = trainer[1] if trainer else FitStep.model_fields["seed"].default
     spec = FeaturizerSpec(
-        name=name, kind=kind, d=d, k=k, seed=seed, file_path=raw.get("file_path"),
-        trust_unstamped=bool(raw.get("trust_unstamped", False)),
-        parametrization=raw.get("parametrization", "cayley"),
+        name=name, kind=kind, d=d, k=k, seed=seed, file_path=raw.file_path,
+        trust_unstamped=raw.trust_unstamped, parametrization=raw.parametrization,
         stamp=stamp(name, kind, k, d, site, address, model, digest),
-        trained_by=trainer[0] if trainer else None, saelens=dict(raw.get("saelens") or {}))
+        trained_by=trainer[0] if trainer else None, saelens=raw.saelens.model_dump(exclude_unset=True) if raw.saelens else {})
     if spec.file_path is not None and (resolver is not None or not is_uri(spec.file_path)):
         check_bundle(spec, resolver=resolver)
     return spec
 
 
-def featurizers_node(document: dict, addresses: dict[str, Address], model: ModelRef,
+def featurizers_node(document: Document, addresses: dict[str, Address], model: ModelRef,
                      digest: str, resolver: Resolver | None = None) -> Featurizers | None:
     """The node the compiler puts first whenever featurizers are declared; None otherwise.
     ``resolver`` (uri -> local path) lets ``runs:/`` bundles be checked here too."""
-    declared: dict[str, Any] = document.get("featurizers") or {}
+    declared = document.featurizers
     if not declared:
         return None
     sites, trainers = sites_of(document), _trainers(document)

@@ -1,7 +1,7 @@
 """Passes: one intervention over one step's rows, as reads, writes, forwards, batches and metrics.
 
-Reads the raw lowered point (FORMAT field names, defaults applied here) and the data tables;
-knows nothing about weights. Model anatomy comes from ``addresses``, order from ``schedule``.
+Reads the validated point (the schema objects, their defaults already filled) and the data
+tables; knows nothing about weights. Model anatomy comes from ``addresses``, order from ``schedule``.
 """
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from typing import Any
 
 from causalab.compile import schedule
 from causalab.compile.addresses import Facts
-from causalab.compile.plan import Address, MetricOp, Pass, PromptBatch, ReadOp, WriteOp
+from causalab.compile.plan import (Address, MetricOp, Operand, Pass, PromptBatch, ReadOp,
+                                   WriteOp)
 from causalab.compile.positions import position_spec
 from causalab.compile.prompts import prompt_batch, single_token
 from causalab.compile.rows import Table, anchor_values, column_cells, load_rows, role_values
 from causalab.document import vocab
+from causalab.document.interventions import Intervention, Ref
+from causalab.document.schema import Document
 from causalab.errors import CompileError
 
 
@@ -22,15 +25,13 @@ from causalab.errors import CompileError
 class Context:
     """What every pass of one point compiles against."""
 
-    document: dict
+    document: Document
     config: Any
     tokenizer: Any
     data_root: str
     facts: Facts
     addresses: dict[str, Address]
     featurizers: dict[str, Any] = field(default_factory=dict)
-    # The validated schema object of ``document`` (built on first need when not given).
-    schema: Any = None
     # Output name -> {reduce, rows, width, k}: what earlier steps published (C10, C19).
     published: dict[str, dict] = field(default_factory=dict)
 
@@ -40,15 +41,15 @@ class Entry:
     """One intervention a step runs: its registered name, body and JSON path."""
 
     name: str
-    body: dict
+    body: Intervention
     path: tuple
 
 
-def entries(document: dict, step: str, spelled: Any) -> list[Entry]:
+def entries(document: Document, step: str, spelled: Any) -> list[Entry]:
     """The step's ``interventions`` field as entries (§9.1): name, inline or a list."""
     def one(value: Any, inline_name: str, path: tuple) -> Entry:
         if isinstance(value, str):
-            return Entry(value, document["interventions"][value], ("interventions", value))
+            return Entry(value, document.interventions[value], ("interventions", value))
         return Entry(inline_name, value, path)
 
     base = ("steps", step, "interventions")
@@ -59,25 +60,33 @@ def entries(document: dict, step: str, spelled: Any) -> list[Entry]:
 
 def _read_ops(entry: Entry, ctx: Context) -> dict[str, ReadOp]:
     reads = {}
-    for name, r in entry.body["reads"].items():
+    for name, r in entry.body.reads.items():
         reads[name] = ReadOp(
-            name=name, site=r["site"], address=ctx.addresses[r["site"]],
-            pos=position_spec(r["pos"]), input=r["input"], model=r.get("model", "original"),
-            featurizer=r.get("featurizer", "identity"), view=r.get("view", "raw"))
+            name=name, site=r.site, address=ctx.addresses[r.site], pos=position_spec(r.pos),
+            input=r.input, model=r.model, featurizer=r.featurizer, view=r.view)
     return reads
 
 
 def _write_ops(entry: Entry, ctx: Context) -> dict[str, WriteOp]:
     writes = {}
-    for name, w in entry.body.get("writes", {}).items():
-        features = tuple(w["features"]) if w.get("features") is not None else None
+    for name, w in entry.body.writes.items():
         writes[name] = WriteOp(
-            name=name, site=w["site"], address=ctx.addresses[w["site"]],
-            pos=position_spec(w["pos"]), mechanism=w["mechanism"],
-            operand=schedule.operand_of(w.get("operand")),
-            featurizer=w.get("featurizer", "identity"), features=features,
-            params={k: v for k, v in (w.get("params") or {}).items()})
+            name=name, site=w.site, address=ctx.addresses[w.site], pos=position_spec(w.pos),
+            mechanism=w.mechanism, operand=_operand(w.operand), featurizer=w.featurizer,
+            features=tuple(w.features) if w.features is not None else None,
+            params=dict(w.params))
     return writes
+
+
+def _operand(operand: Any) -> Operand:
+    """The authored operand as plan data: none, a literal, a published ref or a read's name."""
+    if operand is None:
+        return Operand("none")
+    if isinstance(operand, Ref):
+        return Operand("ref", name=operand.ref)
+    if isinstance(operand, str):
+        return Operand("read", name=operand)
+    return Operand("literal", value=float(operand))
 
 
 def _tables(rows: dict, roles: list[str], path: tuple, ctx: Context) -> dict[str, Table]:
@@ -98,7 +107,7 @@ def _batches(forwards, tables: dict[str, Table], entry: Entry, rows_path: tuple,
     """Tokenize each role once; anchor values for every variable an op on it names (C14)."""
     batches = {}
     for role, table in tables.items():
-        field_path = ctx.document["roles"][role]["field"]
+        field_path = ctx.document.roles[role].field
         variables: dict[str, tuple] = {}
         for fw in forwards:
             if fw.input != role:
@@ -129,14 +138,14 @@ def _metric_ops(entry: Entry, reads: dict[str, ReadOp], tables: dict[str, Table]
                 ctx: Context) -> tuple[MetricOp, ...]:
     """Column token ids and the column-eligible rows of every metric (C17)."""
     ops = []
-    for name, m in entry.body.get("metrics", {}).items():
-        kind = _kind(m["kind"])
-        read = reads[m["of"]]
+    for name, m in entry.body.metrics.items():
+        kind = _kind(m.kind)
+        read = reads[m.of]
         table = tables[read.input]
         ids, eligible = [], set(range(len(table.rows)))
         for column_field in kind["columns"]:
             path = entry.path + ("metrics", name, column_field)
-            cells = column_cells(table, m[column_field], path)
+            cells = column_cells(table, getattr(m, column_field), path)
             column_ids = []
             for row, cell in enumerate(cells):
                 if cell is None or cell == "":
@@ -152,8 +161,8 @@ def _metric_ops(entry: Entry, reads: dict[str, ReadOp], tables: dict[str, Table]
             raise CompileError(entry.path + ("metrics", name, kind["columns"][0]),
                                "no row has every column this metric names: a mean of no rows")
         ops.append(MetricOp(
-            name=name, kind=m["kind"], of=m["of"], model=read.model, input=read.input,
-            columns=tuple(m[c] for c in kind["columns"]), token_ids=tuple(ids),
+            name=name, kind=m.kind, of=m.of, model=read.model, input=read.input,
+            columns=tuple(getattr(m, c) for c in kind["columns"]), token_ids=tuple(ids),
             eligible=tuple(sorted(eligible)), unit=kind["unit"],
             estimand_version=kind["estimand_version"]))
     return tuple(ops)
@@ -178,7 +187,7 @@ def _check_context(decode: int, batch, entry: Entry, ctx: Context) -> None:
 
 
 def _static_checks(forwards, reads, batches, rows: int, entry: Entry, ctx: Context) -> None:
-    decode = entry.body.get("decode", 0)
+    decode = entry.body.decode
     for fw in forwards:
         batch = batches[fw.input]
         for read in fw.reads:
@@ -206,10 +215,9 @@ def _static_checks(forwards, reads, batches, rows: int, entry: Entry, ctx: Conte
 def build_pass(entry: Entry, rows: dict, rows_path: tuple, ctx: Context) -> Pass:
     """Compile one intervention over one ``rows`` mapping into a :class:`Pass`."""
     reads, writes = _read_ops(entry, ctx), _write_ops(entry, ctx)
-    models = {m: list(spec.get("writes", [])) for m, spec in entry.body.get("models", {}).items()}
-    forwards = schedule.build_forwards(reads, writes, models, entry.body.get("decode", 0),
-                                       entry.path)
-    roles = [role for role in ctx.document["roles"] if any(fw.input == role for fw in forwards)]
+    models = {m: list(spec.writes) for m, spec in entry.body.models.items()}
+    forwards = schedule.build_forwards(reads, writes, models, entry.body.decode, entry.path)
+    roles = [role for role in ctx.document.roles if any(fw.input == role for fw in forwards)]
     tables = _tables(rows, roles, rows_path, ctx)
     _check_segments(forwards, ctx, entry)
     batches = _batches(forwards, tables, entry, rows_path, ctx)

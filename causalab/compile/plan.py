@@ -14,9 +14,18 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from causalab.document.interventions import Write
+from causalab.document.positions import Position
+from causalab.document.steps import Output
+
 
 def _results() -> dict:
     return {}
+
+
+def _default(node: type, name: str) -> Any:
+    """The schema's default for a field, so a hand-built plan node never restates one."""
+    return node.model_fields[name].default
 
 
 @dataclass(frozen=True)
@@ -51,7 +60,7 @@ class Address:
 class PositionSpec:
     """A position as authored (bare ints already expanded to ``index``), plus static facts."""
 
-    frame: str = "prompt"
+    frame: str = _default(Position, "frame")
     variable: str | None = None
     segment: str | None = None
     index: int | None = None
@@ -107,9 +116,9 @@ class ReadOp:
     address: Address
     pos: PositionSpec
     input: str
-    model: str = "original"
-    featurizer: str = "identity"
-    view: str = "raw"
+    model: str
+    featurizer: str
+    view: str
 
 
 @dataclass(frozen=True)
@@ -120,7 +129,7 @@ class WriteOp:
     pos: PositionSpec
     mechanism: str
     operand: Operand
-    featurizer: str = "identity"
+    featurizer: str = _default(Write, "featurizer")
     features: tuple[int, ...] | None = None
     params: dict[str, float] = field(default_factory=dict)
 
@@ -138,7 +147,7 @@ class Forward:
     writes: tuple[WriteOp, ...]
     reads: tuple[ReadOp, ...]
     taps: tuple[tuple[str, str], ...]
-    decode: int = 0
+    decode: int
 
 
 @dataclass(frozen=True)
@@ -176,7 +185,7 @@ class Pass:
 class OutputOp:
     name: str
     read: str
-    reduce: str = "none"
+    reduce: str = _default(Output, "reduce")
     k: int | None = None
 
 
@@ -290,22 +299,31 @@ _NODES = {cls.__name__: cls for cls in (
     OutputOp, SaveOp, FeaturizerSpec, Featurizers, Observe, Fit, Weights, ModelRef, Plan,
 )}
 
+# Each node class's fields in order, once: looked up per node instead of asked of dataclasses.
+_SERIALISED = {cls: tuple(f.name for f in dataclasses.fields(cls) if f.name != "results")
+               for cls in _NODES.values()}
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
 
 def plan_to_json(node: Any) -> Any:
     """Serialise a plan to JSON-able data, tagging each node with ``"node": <class>``.
 
     ``results`` is left out: it is run state, not plan. Tuples become lists.
     """
-    if dataclasses.is_dataclass(node):
+    names = _SERIALISED.get(type(node))
+    if names is not None:
         out: dict[str, Any] = {"node": type(node).__name__}
-        for f in dataclasses.fields(node):
-            if f.name != "results":
-                out[f.name] = plan_to_json(getattr(node, f.name))
+        for name in names:
+            out[name] = plan_to_json(getattr(node, name))
         return out
     if isinstance(node, dict):
-        return {str(k): plan_to_json(v) for k, v in node.items()}
+        return {str(k): v if type(v) in _LEAVES else plan_to_json(v) for k, v in node.items()}
     if isinstance(node, (list, tuple)):
-        return [plan_to_json(v) for v in node]
+        return [v if type(v) in _LEAVES else plan_to_json(v) for v in node]
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        return {"node": type(node).__name__, **{f.name: plan_to_json(getattr(node, f.name))
+                                                for f in dataclasses.fields(node)
+                                                if f.name != "results"}}
     return node
 
 

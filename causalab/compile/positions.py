@@ -1,7 +1,7 @@
 """Positions: a spec built from the document, resolved per row to absolute padded indices.
 
 Pure python over token ids and a ``decode_text`` callable; it never tokenizes, never imports
-torch and never re-encodes text (FORMAT §6.4). The engine calls :func:`resolve` at run time with
+torch and never re-encodes text (docs/format.md §6.4). The engine calls :func:`resolve` at run time with
 the tokenizer it holds; the compiler calls it for the static width check (C16).
 
     >>> batch = PromptBatch("base", "input", ("a b",), ((0, 5, 6),), ((0, 1, 1),), 0, 0)
@@ -11,9 +11,10 @@ the tokenizer it holds; the compiler calls it for the static width check (C16).
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from causalab.compile.plan import PositionSpec, PromptBatch
+from causalab.document.positions import Position, as_position
 from causalab.errors import RunError
 
 PLACED = ""
@@ -27,40 +28,26 @@ CHAT_ANCHOR = "@chat"
 Decode = Callable[[Sequence[int]], str]
 
 
-def position_spec(pos: Any) -> PositionSpec:
-    """The authored ``pos`` (bare int, dict or schema object) with its static width/raggedness."""
-    if hasattr(pos, "model_dump"):
-        pos = pos.model_dump(exclude_none=True)
-    if isinstance(pos, int) and not isinstance(pos, bool):
-        pos = {"index": pos}
-    scope = pos.get("scope") or {}
-    span = tuple(pos["span"]) if pos.get("span") is not None else None
+def position_spec(pos: Position | int | dict) -> PositionSpec:
+    """The authored ``pos`` as plan data, with its static width and raggedness.
+
+    ``pos`` is the schema's ``Position`` (a bare int or dict is validated into one first), so
+    its defaults and its static width are the schema's own.
+    """
+    pos = as_position(pos)
+    scope = pos.scope
     fields = dict(
-        frame=pos.get("frame") or "prompt",
-        variable=scope.get("variable"),
-        segment=scope.get("segment"),
-        index=pos.get("index"),
-        span=span,
-        last=pos.get("last"),
-        all=bool(pos.get("all")),
+        frame=pos.frame,
+        variable=scope.variable if scope is not None else None,
+        segment=scope.segment if scope is not None else None,
+        index=pos.index,
+        span=tuple(pos.span) if pos.span is not None else None,
+        last=pos.last,
+        all=bool(pos.all),
     )
-    width = _static_width(fields)
-    anchored = fields["variable"] is not None or fields["segment"] is not None
     # A generated cut other than a fixed step may keep different steps per row (§6.2).
-    stepwise = fields["frame"] == "generated" and (fields["index"] is None or fields["index"] < 0)
-    ragged = width is None or anchored or stepwise
-    return PositionSpec(**fields, width=width, ragged=ragged)
-
-
-def _static_width(fields: dict) -> int | None:
-    if fields["index"] is not None:
-        return 1
-    if fields["last"] is not None:
-        return fields["last"]
-    span = fields["span"]
-    if span is not None and (span[0] >= 0) == (span[1] >= 0):
-        return span[1] - span[0]
-    return None
+    stepwise = pos.frame == "generated" and (pos.index is None or pos.index < 0)
+    return PositionSpec(**fields, width=pos.width, ragged=pos.ragged or stepwise)
 
 
 def spell(spec: PositionSpec) -> str:

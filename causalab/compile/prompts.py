@@ -1,7 +1,7 @@
 """Prompt batches: one role's prompts tokenized once per pass and left-padded to one width.
 
-Uses only the tokenizer's encode and chat template; it never decodes to check itself (FORMAT
-§6.4: re-encoding is not a test). Special tokens are added as the model's own call adds them,
+Uses only the tokenizer's encode and chat template; it never decodes to check itself
+(docs/format.md §6.4: re-encoding is not a test). Special tokens are added as the model's own call adds them,
 so ``prefix`` (the empty string's length) is what a run skips before index 0.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Data tables: dataset references, role fields, example ids and anchor values (FORMAT §4).
+"""Data tables: dataset references, role fields, example ids and anchor values (docs/format.md §4).
 
 Reads JSON tables under the data root and nothing else; it never tokenizes. Every refusal is a
 :class:`CompileError` at the path of the document node that asked for the rows (C1, C14, C17).

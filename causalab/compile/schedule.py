@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from causalab.compile.plan import Forward, Operand, PromptBatch, ReadOp, WriteOp
+from causalab.compile.plan import Forward, PromptBatch, ReadOp, WriteOp
 from causalab.compile.positions import OUT_OF_RANGE, cut, run_lengths
+from causalab.document.vocab import IDENTITY
 from causalab.errors import CompileError
 
 STACKED_BOUND = 256 * 2**20
@@ -99,7 +100,7 @@ def check_stacked(read: ReadOp, width: int | None, decode: int, rows: int, path:
 
 def featurizer_space(name: str, specs: dict[str, Any], width: int | None) -> int | None:
     """Size of a featurizer's feature space: site width for identity and gate, else k."""
-    if name == "identity":
+    if name == IDENTITY:
         return width
     spec = specs.get(name)
     if spec is None:
@@ -166,14 +167,3 @@ def check_pattern_operand(write: WriteOp, read: ReadOp, source: PromptBatch,
     if bad:
         listed = ", ".join(f"row {r}: {x} vs {y}" for r, x, y in bad)
         raise CompileError(path, f"pattern {read.name!r} comes from prompts of other lengths ({listed})")
-
-
-def operand_of(raw: Any) -> Operand:
-    """The authored operand as plan data."""
-    if raw is None:
-        return Operand("none")
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return Operand("literal", value=float(raw))
-    if isinstance(raw, dict):
-        return Operand("ref", name=raw["ref"])
-    return Operand("read", name=raw)

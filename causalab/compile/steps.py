@@ -1,7 +1,8 @@
 """Steps: observe, fit and weights steps as plan nodes, with outputs, saves and fit batches.
 
-Consumes passes from ``passes``; knows nothing about tensors. A fit's update batches are
-shuffled here, on the client, from the fit's ``seed`` (FORMAT §9.5, pitfall 14).
+Consumes passes from ``passes`` and the validated step objects (their defaults filled by the
+schema); knows nothing about tensors. A fit's update batches are
+shuffled here, on the client, from the fit's ``seed`` (docs/format.md §9.5, pitfall 14).
 """
 from __future__ import annotations
 
@@ -12,29 +13,33 @@ from causalab.compile import schedule
 from causalab.compile.passes import Context, Entry, build_pass, entries, pass_tables
 from causalab.compile.plan import Fit, Observe, OutputOp, Pass, Plan, SaveOp, Weights
 from causalab.compile.rows import shared_rows
-from causalab.document import validate_point
 from causalab.document.references import step_entries
+from causalab.document.schema import Fit as FitStep
+from causalab.document.schema import Observe as ObserveStep
+from causalab.document.schema import Save, Step
+from causalab.document.schema import Weights as WeightsStep
 from causalab.document.step_references import produced
-from causalab.document.vocab import MAX_UPDATES
+from causalab.document.vocab import MAX_UPDATES, METRIC_KINDS
 from causalab.errors import CompileError
 from causalab.files import TABLE_SUFFIX
 
+# A metric kind's ordered column fields: where C17 points when a batch has none of its rows.
+_COLUMNS = {kind: tuple(row["columns"]) for kind, row in METRIC_KINDS.items()}
 
-def save_ops(saves: list[dict] | None) -> tuple[SaveOp, ...]:
+
+def save_ops(saves: list[Save]) -> tuple[SaveOp, ...]:
     """``.json`` saves are metric tables; anything else is a tensor."""
-    return tuple(SaveOp(value=s["value"], file_path=s["file_path"],
-                        kind="table" if s["file_path"].endswith(TABLE_SUFFIX) else "tensor")
-                 for s in saves or [])
+    return tuple(SaveOp(value=s.value, file_path=s.file_path,
+                        kind="table" if s.file_path.endswith(TABLE_SUFFIX) else "tensor")
+                 for s in saves)
 
 
-def _outputs(step: str, raw: dict, pass_: Pass, ctx: Context) -> tuple[OutputOp, ...]:
+def _outputs(step: str, raw: ObserveStep, pass_: Pass, ctx: Context) -> tuple[OutputOp, ...]:
     """Outputs as plan ops; publishes each so later operands can be checked (C10, C19)."""
     ops = []
     reads = {r.name: (r, fw) for fw in pass_.forwards for r in fw.reads}
-    for name, out in (raw.get("outputs") or {}).items():
-        out = {"read": out} if isinstance(out, str) else out
-        op = OutputOp(name=name, read=out["read"], reduce=out.get("reduce", "none"),
-                      k=out.get("k"))
+    for name, out in raw.outputs.items():
+        op = OutputOp(name=name, read=out.read, reduce=out.reduce, k=out.k)
         read, fw = reads[op.read]
         if op.reduce == "pca":
             count = schedule.vector_count(read, pass_.inputs[fw.input])
@@ -48,10 +53,10 @@ def _outputs(step: str, raw: dict, pass_: Pass, ctx: Context) -> tuple[OutputOp,
     return tuple(ops)
 
 
-def observe(step: str, raw: dict, entry: Entry, ctx: Context) -> Observe:
-    pass_ = build_pass(entry, raw["rows"], ("steps", step, "rows"), ctx)
+def observe(step: str, raw: ObserveStep, entry: Entry, ctx: Context) -> Observe:
+    pass_ = build_pass(entry, raw.rows, ("steps", step, "rows"), ctx)
     return Observe(name=step, pass_=pass_, outputs=_outputs(step, raw, pass_, ctx),
-                   saves=save_ops(raw.get("saves")))
+                   saves=save_ops(raw.saves))
 
 
 def update_batches(rows: int, pairs: int, epochs: int, seed: int) -> tuple:
@@ -72,22 +77,17 @@ def _check_batches(train: Pass, batches: tuple, entry: Entry) -> None:
         for epoch, updates in enumerate(batches):
             for update, rows in enumerate(updates):
                 if not eligible.intersection(rows):
-                    field = _first_column_field(entry, metric.name)
+                    field = _COLUMNS[metric.kind][0]
                     raise CompileError(entry.path + ("metrics", metric.name, field),
                                        f"epoch {epoch} update {update} (rows {list(rows)}) has "
                                        "no row with every column this metric names")
 
 
-def _first_column_field(entry: Entry, metric: str) -> str:
-    body = entry.body["metrics"][metric]
-    return next((k for k in body if k not in ("kind", "of", "token_form")), "of")
-
-
-def _check_disjoint(step: str, raw: dict, ctx: Context) -> None:
+def _check_disjoint(step: str, raw: FitStep, ctx: Context) -> None:
     """C18: fit and eval rows that are different refs must share no row."""
     path = ("steps", step, "eval", "rows")
-    train = pass_tables(raw["rows"], ctx, ("steps", step, "rows"))
-    held = pass_tables(raw["eval"]["rows"], ctx, path)
+    train = pass_tables(raw.rows, ctx, ("steps", step, "rows"))
+    held = pass_tables(raw.eval.rows, ctx, path)
     for role, table in held.items():
         other = train.get(role)
         if other is None or other.ref == table.ref:
@@ -98,73 +98,69 @@ def _check_disjoint(step: str, raw: dict, ctx: Context) -> None:
                                                f"{table.ref!r} share {shared} rows")
 
 
-def fit(step: str, raw: dict, entry: Entry, ctx: Context) -> Fit:
+def fit(step: str, raw: FitStep, entry: Entry, ctx: Context) -> Fit:
     _check_disjoint(step, raw, ctx)
-    train = build_pass(entry, raw["rows"], ("steps", step, "rows"), ctx)
-    held = build_pass(entry, raw["eval"]["rows"], ("steps", step, "eval", "rows"), ctx)
-    seed = raw.get("seed", 0)
-    updates = raw["epochs"] * -(-train.rows // raw["pairs"])
+    train = build_pass(entry, raw.rows, ("steps", step, "rows"), ctx)
+    held = build_pass(entry, raw.eval.rows, ("steps", step, "eval", "rows"), ctx)
+    updates = raw.epochs * -(-train.rows // raw.pairs)
     if updates > MAX_UPDATES:  # the plan holds every update's rows: bound it before building
-        raise CompileError(("steps", step, "epochs"), f"{raw['epochs']} epochs of "
-                           f"{train.rows} rows in pairs of {raw['pairs']} make {updates} "
+        raise CompileError(("steps", step, "epochs"), f"{raw.epochs} epochs of "
+                           f"{train.rows} rows in pairs of {raw.pairs} make {updates} "
                            f"updates, more than MAX_UPDATES = {MAX_UPDATES}")
-    batches = update_batches(train.rows, raw["pairs"], raw["epochs"], seed)
+    batches = update_batches(train.rows, raw.pairs, raw.epochs, raw.seed)
     _check_batches(train, batches, entry)
-    optimizer, stop = raw["optimizer"], raw["early_stop"]
+    optimizer, stop = raw.optimizer, raw.early_stop
     return Fit(
-        name=step, train=train, batches=batches, eval=held, params=tuple(raw["params"]),
-        objective=tuple((float(w), term) for w, term in raw["objective"]),
-        epochs=raw["epochs"], pairs=raw["pairs"], seed=seed, lr=float(optimizer["lr"]),
-        weight_decay=float(optimizer.get("weight_decay", 0.0)),
-        early_stop_metric=stop["metric"], early_stop_mode=stop.get("mode", "max"),
-        patience=stop["patience"],
-        anneal={g: (float(a["start"]), float(a["end"])) for g, a in (raw.get("anneal") or {}).items()},
-        saves=save_ops(raw.get("saves")), eval_saves=save_ops(raw["eval"].get("saves")))
+        name=step, train=train, batches=batches, eval=held, params=tuple(raw.params),
+        objective=tuple((float(w), term) for w, term in raw.objective),
+        epochs=raw.epochs, pairs=raw.pairs, seed=raw.seed, lr=float(optimizer.lr),
+        weight_decay=float(optimizer.weight_decay), early_stop_metric=stop.metric,
+        early_stop_mode=stop.mode, patience=stop.patience,
+        anneal={g: (float(a.start), float(a.end)) for g, a in raw.anneal.items()},
+        saves=save_ops(raw.saves), eval_saves=save_ops(raw.eval.saves))
 
 
-def weights(step: str, raw: dict) -> Weights:
-    return Weights(name=step, names=tuple(raw["names"]), saves=save_ops(raw.get("saves")))
+def weights(step: str, raw: WeightsStep) -> Weights:
+    return Weights(name=step, names=tuple(raw.names), saves=save_ops(raw.saves))
 
 
-def step_nodes(step: str, raw: dict, ctx: Context, directory: str) -> tuple:
+def step_nodes(step: str, raw: Step, ctx: Context, directory: str) -> tuple:
     """One step as plan nodes: a node, or one nested Plan per entry of a list intervention."""
-    if raw["kind"] == "weights":
+    if raw.kind == "weights":
         return (weights(step, raw),)
-    build = observe if raw["kind"] == "observe" else fit
-    found = entries(ctx.document, step, raw["interventions"])
-    if not isinstance(raw["interventions"], list):
+    build = observe if raw.kind == "observe" else fit
+    found = entries(ctx.document, step, raw.interventions)
+    if not isinstance(raw.interventions, list):
         return (build(step, raw, found[0], ctx),)
     nested = []
     names = [e.name for e in found]
-    if ctx.schema is None:
-        ctx.schema = validate_point(ctx.document)
-    declared = {e.name: e for e in step_entries(ctx.schema)[step]}
+    declared = {e.name: e for e in step_entries(ctx.document)[step]}
     for entry in found:
         # A list entry sees what earlier steps published, never a sibling's outputs.
         before = dict(ctx.published)
         mine = declared[entry.name]
-        own = dict(raw, saves=_entry_saves(raw.get("saves"), entry, names,
-                                           produced(ctx.schema, step, mine)))
-        if raw["kind"] == "fit":
-            own["eval"] = dict(raw["eval"], saves=_entry_saves(
-                raw["eval"].get("saves"), entry, names,
-                produced(ctx.schema, step, mine, evaluation=True)))
-        node = build(step, own, entry, ctx)
+        update = {"saves": _entry_saves(raw.saves, entry, names,
+                                        produced(ctx.document, step, mine))}
+        if raw.kind == "fit":
+            update["eval"] = raw.eval.model_copy(update={"saves": _entry_saves(
+                raw.eval.saves, entry, names,
+                produced(ctx.document, step, mine, evaluation=True))})
+        node = build(step, raw.model_copy(update=update), entry, ctx)
         ctx.published = before
         where = f"{directory}/{step}/{entry.name}" if directory else f"{step}/{entry.name}"
         nested.append(Plan(name=entry.name, directory=where, children=(node,)))
     return tuple(nested)
 
 
-def _entry_saves(saves: list | None, entry: Entry, names: list[str],
-                 produced_here: set[str]) -> list:
+def _entry_saves(saves: list[Save], entry: Entry, names: list[str],
+                 produced_here: set[str]) -> list[Save]:
     """The saves of a list step that belong to this entry: qualified, or bare and produced."""
     mine = []
-    for save in saves or []:
-        head, _, rest = save["value"].partition("/")
+    for save in saves:
+        head, _, rest = save.value.partition("/")
         if rest and head in names:
             if head == entry.name:
-                mine.append(dict(save, value=rest))
-        elif save["value"] in produced_here:
+                mine.append(save.model_copy(update={"value": rest}))
+        elif save.value in produced_here:
             mine.append(save)
     return mine

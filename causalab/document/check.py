@@ -119,8 +119,3 @@ def validate(raw: dict) -> list[tuple[Point, Document]]:
         except DocumentError as error:
             raise DocumentError(authored_path(point, error.path), error.message) from None
     return checked
-
-
-def json_schema() -> dict:
-    """The JSON Schema of one point (a bare integer is accepted at every ``pos``)."""
-    return Document.model_json_schema()

@@ -1,4 +1,4 @@
-"""A point's identity (``produced_by``): SHA-256 of the point without ``header`` (FORMAT §2).
+"""A point's identity (``produced_by``): SHA-256 of the point without ``header`` (docs/format.md §2).
 
 Pure stdlib. The point is the lowered document as a dict; the digest never sees the run's
 settings (device, batch size, output directory), which are not part of the document.

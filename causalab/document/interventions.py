@@ -1,4 +1,4 @@
-"""Interventions: reads, writes, intervened models and metrics (FORMAT §7), one node each.
+"""Interventions: reads, writes, intervened models and metrics (docs/format.md §7), one node each.
 
 Only rules about one node live here: a write's mechanism against its params and operand, a
 logits view with a featurizer, a generated-frame write cut. Whether a name is declared, a
@@ -28,7 +28,7 @@ Operand = Union[StrictStr, Number, Ref, None]
 
 
 class Read(Node):
-    """A value taken out of one forward (FORMAT §7.2)."""
+    """A value taken out of one forward (docs/format.md §7.2)."""
 
     site: StrictStr
     pos: Pos
@@ -46,7 +46,7 @@ class Read(Node):
 
 
 class Write(Node):
-    """A change put into a forward: the mechanism, its operand and params (FORMAT §7.3)."""
+    """A change put into a forward: the mechanism, its operand and params (docs/format.md §7.3)."""
 
     site: StrictStr
     pos: Pos
@@ -90,7 +90,7 @@ def _check_params(mechanism: str, spec: dict, params: dict) -> None:
 
 
 class InterventionModel(Node):
-    """An intervened model: a role plus the writes applied to it, in order (FORMAT §7.7)."""
+    """An intervened model: a role plus the writes applied to it, in order (docs/format.md §7.7)."""
 
     input: StrictStr
     writes: list[StrictStr]
@@ -110,7 +110,7 @@ Metric = Annotated[Union[tuple(METRIC_MODELS.values())], Field(discriminator="ki
 
 
 class Intervention(Node):
-    """A named experiment: reads, writes, models, metrics and decode (FORMAT §7.1)."""
+    """A named experiment: reads, writes, models, metrics and decode (docs/format.md §7.1)."""
 
     reads: dict[StrictStr, Read]
     writes: dict[StrictStr, Write] = {}

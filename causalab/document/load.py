@@ -1,8 +1,8 @@
-"""Read a document's JSON: its bytes, then its tree, refusing what FORMAT §0 forbids.
+"""Read a document's JSON: its bytes, then its tree, refusing what docs/format.md §0 forbids.
 
 Python's ``json`` silently keeps the last of two equal keys, reads ``NaN``/``Infinity``,
 accepts lone surrogates, parses integers of any length and recurses as deep as the input
-nests. FORMAT refuses each: duplicate keys (V4), non-finite numbers (V3), strings that are
+nests. docs/format.md §0 refuses each: duplicate keys (V4), non-finite numbers (V3), strings that are
 not Unicode and integers past ±(2⁵³−1) at their JSON path; input that is not UTF-8, nests
 deeper than ``MAX_DEPTH`` or is longer than ``MAX_BYTES`` at its file, line and column.
 A syntax error names the file, line and column. Opens at most one file; knows nothing of

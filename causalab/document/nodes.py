@@ -17,7 +17,7 @@ Number = Union[StrictInt, FiniteFloat]
 
 
 class Node(BaseModel):
-    """Closed, strict, frozen: the rules of FORMAT §0 for every object."""
+    """Closed, strict, frozen: the rules of docs/format.md §0 for every object."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False,
                               hide_input_in_errors=True)

@@ -27,7 +27,7 @@ class Scope(Node):
 
 
 class Position(Node):
-    """``{"frame"?, "scope"?, <one cut>}``; see FORMAT §6.1.
+    """``{"frame"?, "scope"?, <one cut>}``; see docs/format.md §6.1.
 
     >>> as_position(-1).width
     1
@@ -70,7 +70,7 @@ class Position(Node):
 
     @property
     def width(self) -> int | None:
-        """Positions the cut names, known without a row (FORMAT §6.2); None when unknown."""
+        """Positions the cut names, known without a row (docs/format.md §6.2); None when unknown."""
         if self.index is not None:
             return 1
         if self.last is not None:

@@ -1,8 +1,8 @@
-"""Rules between nodes of one point (FORMAT §14.1): names, operands, orders, metrics, fits.
+"""Rules between nodes of one point (docs/format.md §14.1): names, operands, orders, metrics, fits.
 
 Everything here is decidable offline, from the validated ``Document`` alone: no tokenizer,
 config, rows or weights (those rules live in ``causalab.compile``). Single-node rules live in
-the schema. Each refusal is a ``DocumentError`` at the path of FORMAT's table; step-level
+the schema. Each refusal is a ``DocumentError`` at the path docs/format.md §14 gives; step-level
 rules (outputs, refs, saves, fits) are in ``step_references.py``.
 """
 from __future__ import annotations

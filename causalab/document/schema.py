@@ -1,4 +1,4 @@
-"""The document format as strict, closed pydantic models (FORMAT §2–§9).
+"""The document format as strict, closed pydantic models (docs/format.md §2–§9).
 
 A ``Document`` is one point: sweeps are lowered before it is built (``sweep.py``). The
 models check what one node can say about itself; names that refer to other nodes are
@@ -124,7 +124,7 @@ class SaelensConfig(Node):
 
 
 class Featurizer(Node):
-    """A named parameter set a write acts in (FORMAT §8.1); ``d`` is never authored."""
+    """A named parameter set a write acts in (docs/format.md §8.1); ``d`` is never authored."""
 
     kind: Literal[declarable_featurizer_kinds()]
     k: Annotated[StrictInt, Field(gt=0)] | None = None

@@ -1,4 +1,4 @@
-"""Steps: ``observe``, ``fit`` and ``weights``, discriminated on ``kind`` (FORMAT §9).
+"""Steps: ``observe``, ``fit`` and ``weights``, discriminated on ``kind`` (docs/format.md §9).
 
 One node at a time: an output's ``reduce``/``k`` pairing, an anneal schedule's positive
 ends. What a save may name, which refs are published and which featurizers a fit may train
@@ -23,14 +23,14 @@ InterventionsField = Union[StrictStr, Intervention,
 
 
 class Save(Node):
-    """``{"value", "file_path"}``: one file the step writes (FORMAT §9.4)."""
+    """``{"value", "file_path"}``: one file the step writes (docs/format.md §9.4)."""
 
     value: StrictStr
     file_path: StrictStr
 
 
 class Output(Node):
-    """A read published for later steps, optionally reduced (FORMAT §9.3)."""
+    """A read published for later steps, optionally reduced (docs/format.md §9.3)."""
 
     read: StrictStr
     reduce: Literal[tuple(REDUCE_MODES)] = "none"
@@ -55,7 +55,7 @@ OutputField = Annotated[Output, BeforeValidator(_bare_output,
 
 
 class Observe(Node):
-    """One pass over the rows: metrics, outputs, generated ids (FORMAT §9.2)."""
+    """One pass over the rows: metrics, outputs, generated ids (docs/format.md §9.2)."""
 
     kind: Literal["observe"]
     interventions: InterventionsField | None = None
@@ -101,7 +101,7 @@ Term = Annotated[tuple[Number, StrictStr], Field(strict=False)]
 
 
 class Fit(Node):
-    """Train featurizers through an intervention and score held-out rows (FORMAT §9.5)."""
+    """Train featurizers through an intervention and score held-out rows (docs/format.md §9.5)."""
 
     kind: Literal["fit"]
     interventions: InterventionsField | None = None
@@ -119,7 +119,7 @@ class Fit(Node):
 
 
 class Weights(Node):
-    """Publish named featurizers' parameters; a save writes a stamped bundle (FORMAT §9.6)."""
+    """Publish named featurizers' parameters; a save writes a stamped bundle (docs/format.md §9.6)."""
 
     kind: Literal["weights"]
     names: list[StrictStr]

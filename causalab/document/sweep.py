@@ -1,4 +1,4 @@
-"""Sweep lowering (FORMAT §10): one raw document with ``{"sweep": …}`` wrappers -> points.
+"""Sweep lowering (docs/format.md §10): one raw document with ``{"sweep": …}`` wrappers -> points.
 
 Runs on the raw JSON, before any schema check, and knows nothing of what the swept values
 mean. Each point is an ordinary document; nothing after this module knows a sweep happened.

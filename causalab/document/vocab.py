@@ -23,7 +23,7 @@ PARAMETRIZATIONS = ("cayley",)
 OPTIMIZERS = ("adamw",)
 EARLY_STOP_MODES = ("max", "min")
 
-# FORMAT §5.2. order: forward-order sort key (layer, n): -1 before the stack, "layer" for
+# docs/format.md §5.2. order: forward-order sort key (layer, n): -1 before the stack, "layer" for
 # the addressed layer, "L" (the layer count) after it. accessor: nnterp's standardized name, or "interior" for a tensor inside the
 # attention call. width: the config attribute naming the feature width; q_width =
 # qk_head_dim x query heads, k_width = qk_head_dim x kv heads, z_width = head_dim x query
@@ -117,7 +117,7 @@ COMPONENTS = {
 # Components whose value is vocabulary-shaped without a logits view (a metric's `of`).
 VOCABULARY_COMPONENTS = ("lm_head", "logits")
 
-# FORMAT §7.4. class: absolute writes replace, additive compose, bounding clip, restoring
+# docs/format.md §7.4. class: absolute writes replace, additive compose, bounding clip, restoring
 # measures against f0. A param with "required": False and no default is an open bound.
 MECHANISMS = {
     "swap": {"class": "absolute", "operand": "required", "params": {},
@@ -141,7 +141,7 @@ MECHANISMS = {
                     "formula": "f * |f0| / |f|"},
 }
 
-# FORMAT §8. k / file_path: "required", "forbidden" or "optional". seedable: a `seed` may
+# docs/format.md §8. k / file_path: "required", "forbidden" or "optional". seedable: a `seed` may
 # be authored (never on a loaded featurizer, whatever the kind). identity is implicit.
 FEATURIZER_KINDS = {
     "identity": {"declarable": False, "k": "forbidden", "file_path": "forbidden",
@@ -164,7 +164,7 @@ FEATURIZER_KINDS = {
                "tensors": ("W_enc", "W_dec", "b_enc", "b_dec")},
 }
 
-# FORMAT §8.2: the SAELens architectures an `sae` featurizer runs, keyed by cfg.json's
+# docs/format.md §8.2: the SAELens architectures an `sae` featurizer runs, keyed by cfg.json's
 # `architecture`. tensors: what sae_weights.safetensors may hold (required ones first);
 # config: the cfg.json keys beyond the common ones that the architecture reads.
 SAE_ARCHITECTURES = {
@@ -191,7 +191,7 @@ SAELENS_HOOKS = {
     "attn.hook_z": "attention_z",
 }
 
-# FORMAT §7.8: the COLUMNS table. Column fields name data columns, in compute order.
+# docs/format.md §7.8: the COLUMNS table. Column fields name data columns, in compute order.
 METRIC_KINDS = {
     "match": {"columns": ("expected",), "unit": "fraction", "estimand_version": "match/v1"},
     "logit_diff": {"columns": ("a", "b"), "unit": "logit",
@@ -204,7 +204,7 @@ METRIC_KINDS = {
                    "estimand_version": "token_prob/v1"},
 }
 
-# FORMAT §6.1. Exactly one cut; scope and frame are optional.
+# docs/format.md §6.1. Exactly one cut; scope and frame are optional.
 POSITION_FORMS = {
     "cuts": {"index": "int", "span": "tuple[int, int]", "last": "int", "all": "bool"},
     "scope": {"variable": "str", "segment": "str"},
@@ -214,14 +214,14 @@ POSITION_FORMS = {
     "sugar": 'a bare integer is {"index": i}; -1 is the last token',
 }
 
-# FORMAT §9.3.
+# docs/format.md §9.3.
 REDUCE_MODES = {
     "none": {"needs_k": False, "shape": "as gathered"},
     "mean": {"needs_k": False, "shape": "mean over axis 0"},
     "pca": {"needs_k": True, "shape": "(d, k) orthonormal basis"},
 }
 
-# FORMAT §9.4: result names the run produces itself; no metric, output or read may take one.
+# docs/format.md §9.4: result names the run produces itself; no metric, output or read may take one.
 RESERVED_RESULTS = {
     "exact": ("train/loss", "train/eval"),
     "suffixes": (".generated", ".mask"),
@@ -297,7 +297,7 @@ def _component_payload(row: dict) -> dict:
 
 
 def vocab_payload() -> dict:
-    """The extra keys of ``causalab vocab --json`` (FORMAT §15), as plain JSON data."""
+    """The extra keys of ``causalab vocab --json`` (docs/format.md §15), as plain JSON data."""
     return {
         "metric_kinds": {k: list(r["columns"]) for k, r in METRIC_KINDS.items()},
         "units": {k: {"unit": r["unit"], "estimand_version": r["estimand_version"]}

@@ -1,4 +1,4 @@
-"""Compile-time refusals (FORMAT §14.2): each rule is refused at its JSON path."""
+"""Compile-time refusals (docs/format.md §14.2): each rule is refused at its JSON path."""
 from __future__ import annotations
 
 import json
@@ -155,8 +155,9 @@ def test_models_that_feed_each_other_in_a_cycle_are_refused(compile_doc, patchin
 def test_a_stacked_generated_read_above_256_mib_is_refused(compile_doc, patching):
     body = patching["interventions"]["patch"]
     body["decode"] = 100000
-    body["reads"]["logits"]["pos"] = {"frame": "generated", "last": 2}
-    assert refused(compile_doc, patching).path == PATCH + ("reads", "logits", "pos")
+    body["reads"]["steps"] = {"site": "head", "pos": {"frame": "generated", "last": 2},
+                              "model": "patched", "input": "base"}
+    assert refused(compile_doc, patching).path == PATCH + ("reads", "steps", "pos")
 
 
 def test_an_anchor_variable_found_nowhere_is_refused_naming_both_places(compile_doc, patching):
@@ -181,7 +182,8 @@ def test_a_chat_segment_without_a_chat_template_is_refused(compile_doc, patching
 
 @pytest.mark.parametrize("pos", [{"index": 40}, {"last": 12}, {"span": [3, 30]}])
 def test_a_fixed_cut_that_some_row_cannot_fit_is_refused(compile_doc, patching, pos):
-    patching["interventions"]["patch"]["reads"]["v_cf"]["pos"] = pos
+    body = patching["interventions"]["patch"]
+    body["reads"]["v_cf"]["pos"] = body["writes"]["patch"]["pos"] = pos  # operand fits write
     error = refused(compile_doc, patching)
     assert error.path == PATCH + ("reads", "v_cf", "pos")
     assert "v_cf" in str(error) and "[0, 1]" in str(error) and "out_of_range" in str(error)

@@ -1,5 +1,5 @@
 """The shipped corpus: every document validates, compiles on the built-in tiny Llama and
-round-trips through ``explain --json``; the shipped tables are what FORMAT §4.3 says they are.
+round-trips through ``explain --json``; the shipped tables are what docs/format.md §4.3 says they are.
 
 Compiling needs the config and tokenizer only, never weights. A document that loads a bundle
 made by running another document (``rot``, ``pca``) compiles once that artifact is shipped.
@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "documents" / "v2"
 DATA = REPO / "documents" / "data"
 DOCUMENTS = sorted(p.stem for p in CORPUS.glob("*.json"))
-# FORMAT §16.1, plus the rank sweep and the matched-rank control.
+# docs/format.md §16.1, plus the rank sweep and the matched-rank control.
 LISTED = {
     "patching", "zero_ablation", "mean_ablation", "steer_renormalize", "logit_lens", "das",
     "das_apply", "dbm", "pca_harvest", "pca_control", "neuron_patching", "head_patching",

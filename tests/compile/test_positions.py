@@ -1,4 +1,4 @@
-"""Position resolution on the real tokenizers of the four built-in families (FORMAT §6)."""
+"""Position resolution on the real tokenizers of the four built-in families (docs/format.md §6)."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""The documents/real/ corpus (FORMAT §16.2): Llama-3.2-1B at its pinned commit, weekdays_full.
+"""The documents/real/ corpus (docs/format.md §16.2): Llama-3.2-1B at its pinned commit, weekdays_full.
 
 Validating needs nothing. Compiling needs the checkpoint's config and tokenizer, which come from
 the hub cache: where the cache lacks them the compile test skips with the resolver's reason
@@ -20,7 +20,7 @@ REAL = REPO / "documents" / "real"
 DATA = REPO / "documents" / "data"
 KEY = "meta-llama/Llama-3.2-1B"
 REVISION = "4e20de362430cd3b72f300e6b0f18e50e7166e08"
-# FORMAT §16.2: the five documents and the points each lowers to.
+# docs/format.md §16.2: the five documents and the points each lowers to.
 POINTS = {
     "weekdays_layer_sweep": 32,
     "weekdays_head_patching": 96,

@@ -1,4 +1,4 @@
-"""The point digest (FORMAT §2) and the JSON reader's own refusals (V3, V4, bad JSON)."""
+"""The point digest (docs/format.md §2) and the JSON reader's own refusals (V3, V4, bad JSON)."""
 from __future__ import annotations
 
 import hashlib

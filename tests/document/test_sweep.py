@@ -1,4 +1,4 @@
-"""Sweep lowering (FORMAT §10): spellings, named axes, Cartesian order, labels, limits."""
+"""Sweep lowering (docs/format.md §10): spellings, named axes, Cartesian order, labels, limits."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Every validate-time refusal of FORMAT §14.1 (V1–V28), each asserted by its JSON path."""
+"""Every validate-time refusal of docs/format.md §14.1 (V1–V28), each asserted by its JSON path."""
 from __future__ import annotations
 
 import json

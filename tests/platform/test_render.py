@@ -11,6 +11,7 @@ from hydra import compose, initialize_config_dir
 from causalab.document import digest, lower, validate
 from causalab.errors import UsageError
 from causalab.render import CONF, SCAFFOLDING, render
+from causalab.render import compose as compose_documents
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -117,7 +118,7 @@ def test_the_built_in_model_files_pin_the_tensor_digest_and_state_the_shape():
         if not key.startswith(SCHEME):
             continue
         assert document["model"]["revision"] == resolve(key).revision, model
-        shape = compose_config([f"model={model}"])["shape"]
+        shape = compose_documents([f"model={model}"])["shape"]  # registers causalab.each
         config = BUILTINS[key[len(SCHEME):]]["config"]
         layers = config.get("num_hidden_layers", config.get("n_layer"))
         heads = config.get("num_attention_heads", config.get("n_head"))

@@ -1,0 +1,101 @@
+"""conf/ composes: groups own what they mirror, experiments are overrides, and every one runs.
+
+The data group owns the roles, readout/ the head site, intervention/ the shared bodies and the
+model files only counts; an experiment says what is its own. Each experiment compiles on the
+models its header names (no weights), and one real multirun runs every experiment at once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from causalab.render import CONF, render
+
+REPO = Path(__file__).resolve().parents[2]
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+DEFAULT_MODEL = "llama"
+# An experiment pinned to a layer the 2-layer tiny Llama lacks; it names the models it runs on.
+NOT_ON_TINY = ("das",)
+
+
+def _named_models(experiment: str) -> list[str]:
+    """The models the header's commands run it on, else the default model of conf/config.yaml."""
+    header = [line for line in (CONF / "experiment" / f"{experiment}.yaml").read_text()
+              .splitlines() if line.startswith("#")]
+    named = [m for line in header for found in re.findall(r"model=([\w,]+)", line)
+             for m in found.split(",")]
+    return sorted(set(named)) or [DEFAULT_MODEL]
+
+
+def test_experiments_restate_no_roles_no_head_site_and_no_index_lists():
+    for name in EXPERIMENTS:
+        text = (CONF / "experiment" / f"{name}.yaml").read_text()
+        assert not re.search(r"^roles:", text, re.M), name
+        assert "lm_head" not in text, name
+    for path in (CONF / "model").glob("*.yaml"):
+        assert not re.search(r"\[\[0\]", path.read_text()), path.name
+
+
+def test_shared_intervention_bodies_are_used_by_more_than_one_experiment():
+    used = {p.stem: 0 for p in (CONF / "intervention").glob("*.yaml")}
+    for name in EXPERIMENTS:
+        text = (CONF / "experiment" / f"{name}.yaml").read_text()
+        for body in used:
+            used[body] += f"/intervention@interventions." in text and f": {body}\n" in text
+    assert used and all(count >= 2 for count in used.values()), used
+
+
+def test_every_layer_and_every_head_come_from_the_model_counts():
+    document = render(["experiment=head_patching", "model=llama3_2_1b"])
+    assert document["sites"]["head_out"]["heads"] == {"sweep": [[h] for h in range(32)]}
+    lens = render(["experiment=logit_lens", "model=weekday_gpt2"])
+    assert lens["sites"]["resid"]["layers"] == {"sweep": [[layer] for layer in range(4)]}
+
+
+def test_a_document_keeps_only_the_roles_its_steps_read():
+    assert set(render(["experiment=zero_ablation", "model=tiny_llama"])["roles"]) == {"base"}
+    assert set(render(["experiment=patching", "model=tiny_llama"])["roles"]) == {
+        "base", "counterfactual"}
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_compiles_on_every_model_its_header_names(experiment, monkeypatch):
+    import causalab.compile
+    from causalab.document import validate
+    from causalab.models import SCHEME
+
+    monkeypatch.chdir(REPO)  # bundle paths are relative to the working directory
+    for model in _named_models(experiment):
+        document = render([f"experiment={experiment}", f"model={model}"])
+        assert validate(document), (experiment, model)
+        if document["model"]["key"].startswith(SCHEME):  # a hub checkpoint is not here
+            plan = causalab.compile.compile_document(document, data_root="documents/data")
+            assert plan.children, (experiment, model)
+
+
+@pytest.mark.slow
+def test_one_multirun_runs_every_experiment_on_the_tiny_llama(tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", MLFLOW_DISABLE_TELEMETRY="true",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    pattern = f"glob(*,exclude=[{','.join(NOT_ON_TINY)}])"
+    command = [sys.executable, "-m", "causalab.run", "-m", f"experiment={pattern}",
+               "model=tiny_llama", "tracking.enabled=false",
+               f"run.data_root={REPO / 'documents' / 'data'}",
+               f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ran = {}
+    for document in (tmp_path / "multirun").glob("*/document.json"):
+        overrides = (document.parent / ".hydra" / "overrides.yaml").read_text()
+        name = re.search(r"experiment=(\w+)", overrides).group(1)
+        ran[name] = json.loads(document.read_text())
+    assert set(ran) == set(EXPERIMENTS) - set(NOT_ON_TINY)
+    for name, document in ran.items():
+        assert document == render([f"experiment={name}", "model=tiny_llama"]), name
