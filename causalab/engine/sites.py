@@ -11,8 +11,12 @@ window; the seam does.
 ``block_mid`` (the residual after attention) is a sum inside the block's forward, not a
 module boundary, so no tracer place holds it. A write there is made of two exact halves: the
 norm in front of the MLP is fed the written value, and the block's output is rebuilt as that
-value plus what the block adds after the MLP (the MLP's output, or the norm behind it on
-sandwich-norm families), once that is computed (``Places.settle``).
+value plus ``mlp_output``, once that is computed (``Places.settle``).
+
+``attention_output`` and ``mlp_output`` are what the residual stream receives: on
+sandwich-norm blocks (Gemma-2) the outputs of the norms behind each sublayer, so
+``block_mid = block_input + attention_output`` and ``block_output = block_mid + mlp_output``
+on every family.
 """
 from __future__ import annotations
 
@@ -24,8 +28,12 @@ from causalab.errors import RunError
 _OUT_PROJECTION = ("o_proj", "c_proj", "out_proj", "dense")
 _ACTIVATION = ("act_fn", "act", "activation_fn", "activation")
 _DOWN_PROJECTION = ("down_proj", "c_proj", "fc2", "dense_4h_to_h")
-_PRE_MLP_NORM = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2")
+_PRE_MLP_NORM = ("post_attention_layernorm", "ln_2")
+# Sandwich-norm blocks (Gemma-2/3, OLMo-2) normalise each sublayer's output before the
+# residual adds it; there the attention's post-norm carries the name llama gives its pre-MLP norm.
 _POST_MLP_NORM = "post_feedforward_layernorm"
+_POST_ATTENTION_NORM = "post_attention_layernorm"
+_SANDWICH_PRE_MLP_NORM = "pre_feedforward_layernorm"
 _INTERIOR_ARGUMENT = {"attention_query": 1, "attention_key": 2}
 # Where block_output sorts in forward order (FORMAT §5.2): a block_mid write settles before it.
 _BLOCK_OUTPUT_RANK = 60
@@ -107,10 +115,34 @@ def _place(component: str, layer: int, accessor: str, rank: int) -> Address:
 
 def _mlp_branch(places: Places, layer: int) -> Any:
     """What block ``layer`` adds to its residual after the MLP, as the forward computed it."""
-    block = places.model.layers[layer]
-    if _POST_MLP_NORM in dict(block._module.named_children()):
-        return getattr(block, _POST_MLP_NORM).output
     return places.get(_place("mlp_output", layer, "mlps_output", 50))
+
+
+def _sandwich(block: Any) -> bool:
+    return _POST_MLP_NORM in dict(block._module.named_children())
+
+
+def _branch_of(model: Any, address: Address) -> Any:
+    """The envoy whose output the residual adds for ``attention_output``/``mlp_output`` on a
+    sandwich-norm block (the post-norm), or None where that is the sublayer itself."""
+    if address.component not in ("attention_output", "mlp_output"):
+        return None
+    block = model.layers[address.layer]
+    if not _sandwich(block):
+        return None
+    name = _POST_ATTENTION_NORM if address.component == "attention_output" else _POST_MLP_NORM
+    return getattr(block, name)
+
+
+def _pre_mlp(model: Any, address: Address) -> tuple[Any, str]:
+    """(envoy, side) holding ``block_mid``: the input of the norm in front of the MLP, or of
+    the MLP itself on a post-norm block that has none."""
+    block = model.layers[address.layer]
+    if not _sandwich(block):
+        return _child(block, _PRE_MLP_NORM, "norm in front of the MLP", address), "input"
+    if _SANDWICH_PRE_MLP_NORM in dict(block._module.named_children()):
+        return getattr(block, _SANDWICH_PRE_MLP_NORM), "input"
+    return model.mlps[address.layer], "input"
 
 
 def _child(envoy: Any, names: tuple[str, ...], what: str, address: Address) -> Any:
@@ -189,7 +221,7 @@ def _module_tensor(places: Places, address: Address) -> tuple[Any, str]:
     if component == "mlp_neuron_output":
         return _child(model.mlps[layer], _DOWN_PROJECTION, "MLP down-projection", address), "input"
     if component == "block_mid":
-        return _child(model.layers[layer], _PRE_MLP_NORM, "norm in front of the MLP", address), "input"
+        return _pre_mlp(model, address)
     if component == "ln_final":
         return model.ln_final, "output"
     if component == "lm_head":
@@ -219,6 +251,9 @@ def _fetch(places: Places, address: Address) -> Any:
         return _CALLS[component](places, address)
     if component == "attention_probs":
         places.interface(address.layer)
+    branch = _branch_of(model, address)
+    if branch is not None:
+        return branch.output
     accessor = _LAYER_ACCESSORS.get(component)
     if accessor in _INPUT_SIDE:
         return _first_input(getattr(model, accessor.replace("_input", ""))[address.layer])
@@ -239,8 +274,11 @@ def _store(places: Places, address: Address, value: Any) -> None:
     if component in _CALLS:
         _CALLS[component](places, address, value)
         return
+    branch = _branch_of(model, address)
     accessor = _LAYER_ACCESSORS.get(component)
-    if accessor in _INPUT_SIDE:
+    if branch is not None:
+        branch.output = value
+    elif accessor in _INPUT_SIDE:
         _set_first_input(getattr(model, accessor.replace("_input", ""))[address.layer], value)
     elif accessor is not None:
         getattr(model, accessor)[address.layer] = value

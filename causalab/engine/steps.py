@@ -108,7 +108,9 @@ def _save_output(node: Observe, value: output_rules.Published, name: str, save: 
         stamp = featurizer_stamp(name, "pca", k, d, read.site, read.address,
                                  state["model_ref"], state["digest"])
         metadata = stamp_metadata(stamp, produced_by=state["digest"])
-    return record.write_tensor(directory / save.file_path, value.value.float(), metadata)
+    # A float read is saved as float32 (a bf16 model's reads too); ids stay integers.
+    tensor = value.value.float() if value.value.is_floating_point() else value.value
+    return record.write_tensor(directory / save.file_path, tensor, metadata)
 
 
 def run_fit_step(node: Fit, model: Any, state: dict, directory: Path,
