@@ -29,6 +29,7 @@ FORBIDDEN = {
                "causalab.cli"},
 }
 MAX_LINES = 800
+MAX_FUNCTION_LINES = 60
 
 
 def _sources() -> list[Path]:
@@ -161,6 +162,17 @@ def test_every_file_stays_under_the_hard_line_limit():
     assert not too_long
 
 
+def test_every_function_stays_within_sixty_lines():
+    lengths = {}
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                where = f"{path.relative_to(PACKAGE).as_posix()}:{node.lineno} {node.name}"
+                lengths[where] = node.end_lineno - node.lineno + 1
+    assert lengths, "no function found to measure"
+    assert not {where: n for where, n in lengths.items() if n > MAX_FUNCTION_LINES}
+
+
 def test_nothing_pickles():
     hits = []
     for path in _sources():
@@ -179,6 +191,15 @@ def test_engine_tables_have_the_vocabulary_keys():
     assert set(mechanisms.MECHANISMS) == set(vocab.MECHANISMS)
     assert set(metrics.METRICS) == set(vocab.METRIC_KINDS)
     assert set(featurizers.FEATURIZERS) == set(vocab.FEATURIZER_KINDS) | {"identity"}
+
+
+def test_the_engine_reaches_exactly_the_accessors_the_vocabulary_names():
+    vocab = importlib.import_module("causalab.document.vocab")
+    sites = importlib.import_module("causalab.engine.sites")
+    named = {row["accessor"] for row in vocab.COMPONENTS.values()}
+    named |= {row["accessor"] for row in vocab.EXTRA_ACCESSORS.values()}
+    assert len(named) > 20
+    assert set(sites.REACH) == named
 
 
 def test_every_featurizer_kind_lives_in_its_own_module():
