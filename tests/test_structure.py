@@ -162,6 +162,27 @@ def test_every_file_stays_under_the_hard_line_limit():
     assert not too_long
 
 
+def test_the_pipeline_uses_only_the_names_the_engine_room_offers():
+    engine = importlib.import_module("causalab.engine")
+    offered = set()
+    for line in engine.__doc__.split("may use only:")[1].split("``"):
+        if "." in line and " " not in line.strip():
+            offered.add(line.strip())
+    assert offered
+    used = set()
+    for path in _sources():
+        if _room(path) is not None or path.parent != PACKAGE and path.parent.name != "tracking":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("causalab.engine."):
+                module = node.module.removeprefix("causalab.engine.")
+                used.update(f"{module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module == "causalab.engine":
+                used.update(f"{alias.name}" for alias in node.names)
+    assert used
+    assert not {name for name in used if name not in offered and name not in {"record"}}
+
+
 def test_every_function_stays_within_sixty_lines():
     lengths = {}
     for path in _sources():
