@@ -17,6 +17,8 @@ from causalab.engine.forwards import batch_key
 # An un-intervened address tensor is kept whole when at most this big and while the
 # document's kept tensors fit the budget; otherwise its reads are kept gathered.
 WHOLE_BYTES, WHOLE_BUDGET = 32 * 2 ** 20, 512 * 2 ** 20
+# Bytes of un-intervened residuals kept per document for prefix resume (0 turns it off).
+RESUME_BUDGET = 256 * 2 ** 20
 
 
 class DocumentCache:
@@ -25,18 +27,33 @@ class DocumentCache:
     ``reads``: un-intervened read key (``forwards.read_key``) -> ``Published`` over every row;
     ``wholes``: whole key -> an address's whole tensor ``(rows, seq, …)``; ``inputs``: (batch
     key, device) -> (ids, mask, position ids); ``positions``: an unscoped prompt cut's
-    (windows, reasons); ``prefetched``: ``id(pass_)`` -> (pass, its result).
+    (windows, reasons); ``prefetched``: ``id(pass_)`` -> (pass, its result); ``prefixes``:
+    (batch key, layer) -> the un-intervened residual leaving block ``layer``, ``(rows, seq,
+    d)``, while ``resume_budget`` bytes allow (prefix resume).
     """
 
-    __slots__ = ("reads", "wholes", "inputs", "positions", "prefetched", "whole_bytes")
+    __slots__ = ("reads", "wholes", "inputs", "positions", "prefetched", "whole_bytes",
+                 "prefixes", "resume_budget", "resume_bytes")
 
-    def __init__(self) -> None:
+    def __init__(self, resume_budget: int | None = None) -> None:
         self.reads: dict = {}
         self.wholes: dict = {}
         self.inputs: dict = {}
         self.positions: dict = {}
         self.prefetched: dict = {}
         self.whole_bytes = 0
+        self.prefixes: dict = {}
+        self.resume_budget = RESUME_BUDGET if resume_budget is None else resume_budget
+        self.resume_bytes = 0
+
+    def prefix_room(self, batch: Any, layers: int, width: int) -> bool:
+        """Whether ``layers`` more residuals of ``batch`` (``width`` wide, fp32) fit the
+        resume budget; if so they are charged to it."""
+        size = len(batch.input_ids) * batch.tokens * width * 4 * layers
+        if self.resume_bytes + size > self.resume_budget:
+            return False
+        self.resume_bytes += size
+        return True
 
     def whole_key(self, pass_: Pass, forward: Forward, read: ReadOp,
                   pending: frozenset | set = frozenset()) -> tuple | None:

@@ -21,6 +21,7 @@ from causalab.engine import forwards
 from causalab.engine import windows as window_rules
 from causalab.engine.forwards import batch_key, tap_ops
 from causalab.engine.passes import PassResult, featurized, result_of
+from causalab.engine.resume import resume_layer
 from causalab.engine.seam import Window
 from causalab.engine.taps import prepare
 
@@ -96,10 +97,10 @@ def issue_order(forwards: list[Forward]) -> list[tuple[int, str, str]]:
 
 
 def lockstep(model: Any, passes: list, states: list, *, trace: Callable, fill: Callable,
-             reads: Callable) -> list[PassResult]:
+             reads: Callable, prefixes: Callable) -> list[PassResult]:
     """The walk's ``run_pass`` over several passes of one signature at once (every row, no
     grad): un-intervened forwards filled into the document cache in one trace (``fill``)
-    and served from it (``reads``), intervened ones fused into one ``trace``."""
+    and served from it (``reads``), intervened ones fused (``_run_fused``)."""
     rows = tuple(range(passes[0].rows))
     resolved = [window_rules.resolve_pass(model, p, s) for p, s in zip(passes, states)]
     values: list[dict] = [{} for _ in passes]
@@ -107,7 +108,8 @@ def lockstep(model: Any, passes: list, states: list, *, trace: Callable, fill: C
         for index, forward in enumerate(passes[0].forwards):
             each = [pass_.forwards[index] for pass_ in passes]
             if forward.writes:
-                raws = _run_fused(model, passes, each, states, rows, resolved, values, trace)
+                raws = _run_fused(model, passes, each, states, rows, resolved, values, trace,
+                                  prefixes)
             else:
                 fill(model, list(zip(passes, each, states, resolved)))
                 raws = [reads(model, passes[i], each[i], states[i], rows, resolved[i], values[i])
@@ -119,23 +121,44 @@ def lockstep(model: Any, passes: list, states: list, *, trace: Callable, fill: C
                 for pass_, found, known in zip(passes, resolved, values)]
 
 
+def _by_resume_layer(each: list, kept: dict) -> dict:
+    """Units grouped by the block their trace resumes at (0: from the start), in unit order;
+    a unit whose prefix is not kept starts from block 0."""
+    runs: dict[int, list[int]] = {}
+    for unit, forward in enumerate(each):
+        layer = resume_layer(forward)
+        runs.setdefault(layer if layer and (layer - 1) in kept else 0, []).append(unit)
+    return runs
+
+
 def _run_fused(model: Any, passes: list, each: list, states: list, rows: tuple,
-               resolved: list, values: list, trace: Callable) -> list[dict]:
-    """One trace over every pass's rows stacked: pass ``i`` holds batch rows ``i·n …
-    (i+1)·n − 1`` and its taps act there only; raw reads come back per pass."""
+               resolved: list, values: list, trace: Callable, prefixes: Callable) -> list[dict]:
+    """One trace per resume layer over its passes' rows stacked: the ``i``-th pass of a trace
+    holds batch rows ``i·n … (i+1)·n − 1`` and its taps act there only; points resuming at
+    block ``R`` share a trace that skips blocks before ``R`` (``causalab.engine.resume``)."""
     local = {row: i for i, row in enumerate(rows)}
-    prepared = {}
-    for unit, (pass_, forward, state) in enumerate(zip(passes, each, states)):
-        entries = prepare(pass_, forward, state, rows, resolved[unit], values[unit], local,
-                          forward.taps)
-        for (kind, name), entry in entries.items():
-            prepared[(unit, kind, name)] = entry._replace(
-                window=shifted(entry.window, unit * len(rows)), out=(unit, name))
+    wanted = {layer - 1 for layer in map(resume_layer, each) if layer}
+    kept = prefixes(model, passes[0], each[0], states[0], wanted)
     inputs, position_ids = forwards.prompt_inputs(model, passes[0].inputs[each[0].input], rows,
                                                   states[0].cache.inputs)
-    copies = len(passes)
-    inputs = {key: tensor.repeat(copies, 1) for key, tensor in inputs.items()}
-    got = trace(model, inputs, position_ids.repeat(copies, 1), issue_order(each), prepared)
-    return [forwards.gathered(pass_, forward, rows, resolved[unit],
-                              {read.name: [got[(unit, read.name)]] for read in forward.reads})
-            for unit, (pass_, forward) in enumerate(zip(passes, each))]
+    raws: list = [None] * len(passes)
+    for layer, units in _by_resume_layer(each, kept).items():
+        prepared = {}
+        for slot, unit in enumerate(units):
+            entries = prepare(passes[unit], each[unit], states[unit], rows, resolved[unit],
+                              values[unit], local, each[unit].taps)
+            for (kind, name), entry in entries.items():
+                prepared[(unit, kind, name)] = entry._replace(
+                    window=shifted(entry.window, slot * len(rows)), out=(unit, name))
+        copies = len(units)
+        stacked = {key: tensor.repeat(copies, 1) for key, tensor in inputs.items()}
+        resume = (layer, kept[layer - 1].repeat(copies, 1, 1)) if layer else None
+        order = [(units[slot], kind, name)
+                 for slot, kind, name in issue_order([each[unit] for unit in units])]
+        got = trace(model, stacked, position_ids.repeat(copies, 1), order, prepared,
+                    resume=resume)
+        for unit in units:
+            raws[unit] = forwards.gathered(passes[unit], each[unit], rows, resolved[unit],
+                                           {read.name: [got[(unit, read.name)]]
+                                            for read in each[unit].reads})
+    return raws

@@ -23,6 +23,7 @@ import torch
 
 from causalab.compile.plan import Featurizers, Fit, Forward, Observe, Pass, Plan, Weights
 from causalab.engine import decoding, forwards, fusion, generate, record, steps
+from causalab.engine.resume import hidden_width, resume_layer
 from causalab.engine import outputs as output_rules
 from causalab.engine import windows as window_rules
 from causalab.engine.cache import DocumentCache
@@ -55,6 +56,7 @@ class WalkState:
     point: Any = None
     batch_size: int | None = None
     entry: str | None = None
+    fill_prefixes: bool = False
 
 
 def new_state(*, cache: DocumentCache | None = None, model_ref: Any = None,
@@ -108,7 +110,8 @@ def _run_node(node: Any, model: Any, state: WalkState, out: str, directory: Path
             result = run_pass(model, node.pass_, state, batch_size=state.batch_size)
         return steps.finish_observe(node, result, state, directory)
     if isinstance(node, Fit):
-        runner = functools.partial(run_pass, batch_size=state.batch_size)
+        # A fit runs its passes again every update: their frozen prefixes are worth keeping.
+        runner = functools.partial(run_pass, batch_size=state.batch_size, fill_prefixes=True)
         return steps.run_fit_step(node, model, state, directory, runner)
     if isinstance(node, Weights):
         return steps.run_weights(node, state, directory)
@@ -133,7 +136,8 @@ def prefetch(points: list, model: Any, *, batch_size: int | None = None,
         for index in range(len(points[0].children)):
             passes = [point.children[index].pass_ for point in points]
             results = fusion.lockstep(model, passes, states, trace=_trace,
-                                      fill=_fill_unintervened, reads=_forward_reads)
+                                      fill=_fill_unintervened, reads=_forward_reads,
+                                      prefixes=prefixes)
             for pass_, result in zip(passes, results):
                 kept.append(pass_)
                 cache.keep_prefetched(pass_, result)
@@ -150,16 +154,22 @@ def discard_prefetched(point: Plan, cache: DocumentCache) -> None:
 
 
 def run_pass(model: Any, pass_: Pass, state: WalkState | None, *, rows=None,
-             batch_size: int | None = None, grad: bool = False) -> PassResult:
+             batch_size: int | None = None, grad: bool = False,
+             fill_prefixes: bool = False) -> PassResult:
     """Every forward of ``pass_`` over ``rows`` (default: all), then its metrics.
 
     ``batch_size`` (default: the walk state's) cuts ``rows`` into windows, one trace each.
-    With ``grad`` the graph through featurizer parameters is kept (a fit's update).
+    With ``grad`` the graph through featurizer parameters is kept (a fit's update). With
+    ``fill_prefixes`` an intervened forward that can resume (``causalab.engine.resume``)
+    first keeps its un-intervened prefix over every row, so this and later runs skip it;
+    without, it resumes only from a prefix already kept.
     """
     state = state if state is not None else new_state()
     if batch_size is not None:
         # The argument wins over the walk's own setting; a copy, so the caller's state keeps it.
         state = dataclasses.replace(state, batch_size=batch_size)
+    if fill_prefixes:
+        state = dataclasses.replace(state, fill_prefixes=True)
     run_rows = tuple(range(pass_.rows)) if rows is None else tuple(int(r) for r in rows)
     resolved = window_rules.resolve_pass(model, pass_, state)
     values: dict[str, output_rules.Published] = {}
@@ -273,29 +283,67 @@ def _trace_unintervened(model: Any, units: list, taps: list) -> dict:
 
 def _run_forward(model: Any, pass_: Pass, forward: Forward, state: WalkState,
                  run_rows: tuple, resolved: dict, values: dict) -> dict:
-    """One trace per window of rows; raw reads concatenated in ``run_rows`` order."""
+    """One trace per window of rows; raw reads concatenated in ``run_rows`` order, each
+    trace resumed from the kept prefix where there is one."""
     local = {row: i for i, row in enumerate(run_rows)}
     pieces: dict[str, list] = {read.name: [] for read in forward.reads}
+    layer = resume_layer(forward)
+    kept = prefixes(model, pass_, forward, state, {layer - 1} if layer else set(),
+                    fill=state.fill_prefixes).get(layer - 1 if layer else None)
     for chunk in forwards.chunks(run_rows, state.batch_size):
         prepared = prepare(pass_, forward, state, chunk, resolved, values, local, forward.taps)
         inputs, position_ids = forwards.prompt_inputs(model, pass_.inputs[forward.input], chunk,
                                                       state.cache.inputs)
-        got = _trace(model, inputs, position_ids, forward.taps, prepared)
+        resume = None if kept is None else (layer, _rows_of(kept, chunk))
+        got = _trace(model, inputs, position_ids, forward.taps, prepared, resume=resume)
         for name in pieces:
             pieces[name].append(got[name])
     return forwards.gathered(pass_, forward, run_rows, resolved, pieces)
 
 
+def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, layers: set,
+             *, fill: bool = True) -> dict:
+    """``{layer: residual leaving block layer}`` (un-intervened, every row of the forward's
+    input, ``(rows, seq, d)``) for those of ``layers`` kept or, with ``fill``, computed now
+    in one trace while the resume budget allows; layers without one are left out."""
+    batch, cache = pass_.inputs[forward.input], state.cache
+    key = forwards.batch_key(batch)
+    missing = sorted(layer for layer in layers if (key, layer) not in cache.prefixes)
+    if fill and missing and cache.prefix_room(batch, len(missing), hidden_width(model)):
+        every = tuple(range(pass_.rows))
+        pieces: dict = {layer: [] for layer in missing}
+        for chunk in forwards.chunks(every, state.batch_size):
+            inputs, position_ids = forwards.prompt_inputs(model, batch, chunk, cache.inputs)
+            with torch.no_grad(), model.trace(inputs, position_ids=position_ids):
+                for layer in missing:
+                    pieces[layer].append(model.layers_output[layer].detach().clone())
+        for layer in missing:
+            cache.prefixes[(key, layer)] = torch.cat(pieces[layer], 0)
+    return {layer: cache.prefixes[(key, layer)] for layer in layers
+            if (key, layer) in cache.prefixes}
+
+
+def _rows_of(tensor: torch.Tensor, chunk: tuple) -> torch.Tensor:
+    if chunk == tuple(range(tensor.shape[0])):
+        return tensor
+    return tensor.index_select(0, torch.tensor(chunk, dtype=torch.long, device=tensor.device))
+
+
 def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any, prepared: dict,
-           cache: Any = None) -> dict:
+           cache: Any = None, resume: tuple | None = None) -> dict:
     """One nnterp trace: the taps in order; with a KV cache (a decode step) also the
-    greedy next token, under ``generate.GENERATED``."""
+    greedy next token, under ``generate.GENERATED``. ``resume = (R, residual)`` skips
+    blocks ``0 … R−1``, block ``R−1`` handing on ``residual`` (``(batch, seq, d)``)."""
     nested = frozenset(entry.op.address.layer for entry in prepared.values()
                        if entry.op.address.key_axis)
     places = Places(model, nested)
     kwargs = {} if cache is None else {"cache": cache, "use_cache": True}
     got: dict = {}
     with model.trace(inputs, position_ids=position_ids, **kwargs):
+        if resume is not None:
+            # Earlier blocks' outputs feed only skipped blocks; any tensor of the shape will do.
+            for layer in range(resume[0]):
+                model.layers[layer].skip(resume[1])
         _issue(places, taps, prepared, got)
         if cache is not None:
             # A write at ``logits`` chooses the next token; the model's own output lacks it.

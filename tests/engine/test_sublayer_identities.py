@@ -76,16 +76,29 @@ def _document(resolved) -> dict:
     }
 
 
-def _families() -> list:
-    from causalab.models import registry
+SMOLLM2 = "smollm2-135m"
 
-    names = ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"]
-    return names + [name for name in ("tiny-smollm2",) if name in getattr(registry, "BUILTINS", {})]
+
+def _families() -> list:
+    """The four tiny families, and SmolLM2 (slow: dequantized once per session) where the
+    registry has it."""
+    from causalab.models import BUILTINS
+
+    names: list = ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"]
+    if SMOLLM2 in BUILTINS:
+        names.append(pytest.param(SMOLLM2, marks=pytest.mark.slow, id="smollm2"))
+    return names
+
+
+def _resolved(family, tiny, request):
+    if family == SMOLLM2:
+        request.getfixturevalue("smollm2_dir")  # the suite's one place that materialises it
+    return tiny(family)
 
 
 @pytest.mark.parametrize("family", _families())
-def test_each_sublayer_output_is_what_the_residual_receives_so_the_block_sums_hold(family, tiny, oracle, kit, tmp_path):
-    resolved = tiny(family)
+def test_each_sublayer_output_is_what_the_residual_receives_so_the_block_sums_hold(family, tiny, oracle, kit, tmp_path, request):
+    resolved = _resolved(family, tiny, request)
     model, tokenizer = oracle(resolved.path)
     data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
     plan = kit.run_compiled(_document(resolved), data_root, tmp_path / "out")
@@ -120,8 +133,8 @@ def _zeroing_document(resolved) -> dict:
 
 
 @pytest.mark.parametrize("family", _families())
-def test_zeroing_a_sublayer_output_removes_what_the_residual_would_have_added(family, tiny, oracle, kit, tmp_path):
-    resolved = tiny(family)
+def test_zeroing_a_sublayer_output_removes_what_the_residual_would_have_added(family, tiny, oracle, kit, tmp_path, request):
+    resolved = _resolved(family, tiny, request)
     model, tokenizer = oracle(resolved.path)
     data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
     plan = kit.run_compiled(_zeroing_document(resolved), data_root, tmp_path / "out")
