@@ -38,6 +38,7 @@ ui: setup
 bench: setup
 	$(PY) scripts/bench/patching.py
 	$(PY) scripts/bench/cayley.py
+	$(PY) scripts/bench/medium.py
 
 clean:
 	rm -rf out outputs multirun mlflow.db mlartifacts .pytest_cache

@@ -9,7 +9,7 @@ the walk asks it what is known and tells it what was computed.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from causalab.compile.plan import Forward, Pass, ReadOp
 from causalab.engine.forwards import batch_key
@@ -21,6 +21,25 @@ WHOLE_BYTES, WHOLE_BUDGET = 32 * 2 ** 20, 512 * 2 ** 20
 RESUME_BUDGET = 256 * 2 ** 20
 
 
+class Prefix(NamedTuple):
+    """An un-intervened residual ``(rows, seq, d)`` per window of rows it was computed in.
+
+    A forward's values depend on which rows share its batch (the kernels' blocking follows
+    the batch), so a trace resumes from it only over exactly one of those windows, or copies
+    of one stacked (fusion): then the skipped blocks would have computed the same bits.
+    """
+
+    pieces: list
+    windows: tuple
+
+    def rows(self, chunk: tuple) -> Any:
+        """The residual over ``chunk`` when it is one of the windows, else None."""
+        for piece, window in zip(self.pieces, self.windows):
+            if tuple(window) == tuple(chunk):
+                return piece
+        return None
+
+
 class DocumentCache:
     """The one mutable store a document's walks share; each kind of entry in its own dict.
 
@@ -28,8 +47,8 @@ class DocumentCache:
     ``wholes``: whole key -> an address's whole tensor ``(rows, seq, …)``; ``inputs``: (batch
     key, device) -> (ids, mask, position ids); ``positions``: an unscoped prompt cut's
     (windows, reasons); ``prefetched``: ``id(pass_)`` -> (pass, its result); ``prefixes``:
-    (batch key, layer) -> the un-intervened residual leaving block ``layer``, ``(rows, seq,
-    d)``, while ``resume_budget`` bytes allow (prefix resume).
+    (batch key, layer) -> the un-intervened residual leaving block ``layer`` (a
+    :class:`Prefix`), while ``resume_budget`` bytes allow (prefix resume).
     """
 
     __slots__ = ("reads", "wholes", "inputs", "positions", "prefetched", "whole_bytes",

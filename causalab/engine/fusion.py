@@ -121,13 +121,14 @@ def lockstep(model: Any, passes: list, states: list, *, trace: Callable, fill: C
                 for pass_, found, known in zip(passes, resolved, values)]
 
 
-def _by_resume_layer(each: list, kept: dict) -> dict:
+def _by_resume_layer(each: list, residuals: dict) -> dict:
     """Units grouped by the block their trace resumes at (0: from the start), in unit order;
-    a unit whose prefix is not kept starts from block 0."""
+    a unit whose prefix is not kept over these rows starts from block 0."""
     runs: dict[int, list[int]] = {}
     for unit, forward in enumerate(each):
         layer = resume_layer(forward)
-        runs.setdefault(layer if layer and (layer - 1) in kept else 0, []).append(unit)
+        runs.setdefault(layer if layer and residuals.get(layer - 1) is not None else 0,
+                        []).append(unit)
     return runs
 
 
@@ -139,10 +140,11 @@ def _run_fused(model: Any, passes: list, each: list, states: list, rows: tuple,
     local = {row: i for i, row in enumerate(rows)}
     wanted = {layer - 1 for layer in map(resume_layer, each) if layer}
     kept = prefixes(model, passes[0], each[0], states[0], wanted)
+    residuals = {layer: prefix.rows(rows) for layer, prefix in kept.items()}
     inputs, position_ids = forwards.prompt_inputs(model, passes[0].inputs[each[0].input], rows,
                                                   states[0].cache.inputs)
     raws: list = [None] * len(passes)
-    for layer, units in _by_resume_layer(each, kept).items():
+    for layer, units in _by_resume_layer(each, residuals).items():
         prepared = {}
         for slot, unit in enumerate(units):
             entries = prepare(passes[unit], each[unit], states[unit], rows, resolved[unit],
@@ -152,7 +154,7 @@ def _run_fused(model: Any, passes: list, each: list, states: list, rows: tuple,
                     window=shifted(entry.window, slot * len(rows)), out=(unit, name))
         copies = len(units)
         stacked = {key: tensor.repeat(copies, 1) for key, tensor in inputs.items()}
-        resume = (layer, kept[layer - 1].repeat(copies, 1, 1)) if layer else None
+        resume = (layer, residuals[layer - 1].repeat(copies, 1, 1)) if layer else None
         order = [(units[slot], kind, name)
                  for slot, kind, name in issue_order([each[unit] for unit in units])]
         got = trace(model, stacked, position_ids.repeat(copies, 1), order, prepared,

@@ -26,7 +26,7 @@ from causalab.engine import decoding, forwards, fusion, generate, record, steps
 from causalab.engine.resume import hidden_width, resume_layer
 from causalab.engine import outputs as output_rules
 from causalab.engine import windows as window_rules
-from causalab.engine.cache import DocumentCache
+from causalab.engine.cache import DocumentCache, Prefix
 from causalab.engine.events import Events
 from causalab.engine.passes import PassResult, featurized, result_of
 from causalab.engine.seam import apply_write, gather
@@ -288,13 +288,15 @@ def _run_forward(model: Any, pass_: Pass, forward: Forward, state: WalkState,
     local = {row: i for i, row in enumerate(run_rows)}
     pieces: dict[str, list] = {read.name: [] for read in forward.reads}
     layer = resume_layer(forward)
+    fill = state.fill_prefixes and run_rows == tuple(range(pass_.rows))
     kept = prefixes(model, pass_, forward, state, {layer - 1} if layer else set(),
-                    fill=state.fill_prefixes).get(layer - 1 if layer else None)
+                    fill=fill).get(layer - 1 if layer else None)
     for chunk in forwards.chunks(run_rows, state.batch_size):
         prepared = prepare(pass_, forward, state, chunk, resolved, values, local, forward.taps)
         inputs, position_ids = forwards.prompt_inputs(model, pass_.inputs[forward.input], chunk,
                                                       state.cache.inputs)
-        resume = None if kept is None else (layer, _rows_of(kept, chunk))
+        residual = None if kept is None else kept.rows(chunk)
+        resume = None if residual is None else (layer, residual)
         got = _trace(model, inputs, position_ids, forward.taps, prepared, resume=resume)
         for name in pieces:
             pieces[name].append(got[name])
@@ -303,9 +305,9 @@ def _run_forward(model: Any, pass_: Pass, forward: Forward, state: WalkState,
 
 def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, layers: set,
              *, fill: bool = True) -> dict:
-    """``{layer: residual leaving block layer}`` (un-intervened, every row of the forward's
-    input, ``(rows, seq, d)``) for those of ``layers`` kept or, with ``fill``, computed now
-    in one trace while the resume budget allows; layers without one are left out."""
+    """``{layer: Prefix}``: the un-intervened residual leaving block ``layer`` over every row
+    of the forward's input, for those of ``layers`` kept or, with ``fill``, computed now (one
+    trace per window of rows) while the resume budget allows; others are left out."""
     batch, cache = pass_.inputs[forward.input], state.cache
     key = forwards.batch_key(batch)
     missing = sorted(layer for layer in layers if (key, layer) not in cache.prefixes)
@@ -317,16 +319,11 @@ def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, layers
             with torch.no_grad(), model.trace(inputs, position_ids=position_ids):
                 for layer in missing:
                     pieces[layer].append(model.layers_output[layer].detach().clone())
+        windows = tuple(forwards.chunks(every, state.batch_size))
         for layer in missing:
-            cache.prefixes[(key, layer)] = torch.cat(pieces[layer], 0)
+            cache.prefixes[(key, layer)] = Prefix(pieces[layer], windows)
     return {layer: cache.prefixes[(key, layer)] for layer in layers
             if (key, layer) in cache.prefixes}
-
-
-def _rows_of(tensor: torch.Tensor, chunk: tuple) -> torch.Tensor:
-    if chunk == tuple(range(tensor.shape[0])):
-        return tensor
-    return tensor.index_select(0, torch.tensor(chunk, dtype=torch.long, device=tensor.device))
 
 
 def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any, prepared: dict,
