@@ -39,6 +39,7 @@ bench: setup
 	$(PY) scripts/bench/patching.py
 	$(PY) scripts/bench/cayley.py
 	$(PY) scripts/bench/explain.py
+	$(PY) scripts/bench/medium.py
 
 # SAELens lives in its own venv: sae-lens 6.54 needs transformer-lens < 4 (STACK.md).
 SAELENS_PY := .venv-saelens/bin/python

@@ -41,6 +41,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     is raised once they have. An interrupt stops at once, ending every started point.
     """
     from causalab.engine import record
+    from causalab.engine.cache import DocumentCache
     from causalab.engine.containment import check_plan
     from causalab.engine.events import Events
     from causalab.engine.load import load_model, served_dtype
@@ -58,19 +59,19 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     events.run_start(raw, points)
     written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
     saves: list[str] = []
-    shared: dict = {}
+    cache = DocumentCache()
     failed: Exception | None = None
     for group in groups(points, batch_size):
         started = [point for point in group if events.point_start(point) is not False]
         try:
-            prefetch(started, model, batch_size=batch_size, shared=shared)
+            prefetch(started, model, batch_size=batch_size, cache=cache)
         except BaseException as error:
             _abandon(events, started, error)
             raise
         for index, point in enumerate(started):
             try:
                 done = run_plan(point, model, out=out, batch_size=batch_size, events=events,
-                                shared=shared)
+                                cache=cache)
             except Exception as error:
                 events.point_end(point, [], error)
                 failed = failed or error
@@ -79,7 +80,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
                 _abandon(events, started[index:], error)
                 raise
             finally:
-                discard_prefetched(point, shared)
+                discard_prefetched(point, cache)
             events.point_end(point, [str(Path(p).relative_to(out)) for p in done], None)
             saves += done
     if failed is not None:

@@ -29,6 +29,7 @@ FORBIDDEN = {
                "causalab.cli"},
 }
 MAX_LINES = 800
+MAX_FUNCTION_LINES = 60
 
 
 def _sources() -> list[Path]:
@@ -161,6 +162,38 @@ def test_every_file_stays_under_the_hard_line_limit():
     assert not too_long
 
 
+def test_the_pipeline_uses_only_the_names_the_engine_room_offers():
+    engine = importlib.import_module("causalab.engine")
+    offered = set()
+    for line in engine.__doc__.split("may use only:")[1].split("``"):
+        if "." in line and " " not in line.strip():
+            offered.add(line.strip())
+    assert offered
+    used = set()
+    for path in _sources():
+        if _room(path) is not None or path.parent != PACKAGE and path.parent.name != "tracking":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("causalab.engine."):
+                module = node.module.removeprefix("causalab.engine.")
+                used.update(f"{module}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module == "causalab.engine":
+                used.update(f"{alias.name}" for alias in node.names)
+    assert used
+    assert not {name for name in used if name not in offered and name not in {"record"}}
+
+
+def test_every_function_stays_within_sixty_lines():
+    lengths = {}
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                where = f"{path.relative_to(PACKAGE).as_posix()}:{node.lineno} {node.name}"
+                lengths[where] = node.end_lineno - node.lineno + 1
+    assert lengths, "no function found to measure"
+    assert not {where: n for where, n in lengths.items() if n > MAX_FUNCTION_LINES}
+
+
 def test_nothing_pickles():
     hits = []
     for path in _sources():
@@ -179,6 +212,15 @@ def test_engine_tables_have_the_vocabulary_keys():
     assert set(mechanisms.MECHANISMS) == set(vocab.MECHANISMS)
     assert set(metrics.METRICS) == set(vocab.METRIC_KINDS)
     assert set(featurizers.FEATURIZERS) == set(vocab.FEATURIZER_KINDS) | {"identity"}
+
+
+def test_the_engine_reaches_exactly_the_accessors_the_vocabulary_names():
+    vocab = importlib.import_module("causalab.document.vocab")
+    sites = importlib.import_module("causalab.engine.sites")
+    named = {row["accessor"] for row in vocab.COMPONENTS.values()}
+    named |= {row["accessor"] for row in vocab.EXTRA_ACCESSORS.values()}
+    assert len(named) > 20
+    assert set(sites.REACH) == named
 
 
 def test_every_featurizer_kind_lives_in_its_own_module():

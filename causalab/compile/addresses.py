@@ -20,10 +20,7 @@ from causalab.document import vocab
 from causalab.errors import CompileError
 
 EAGER_ONLY_MESSAGE = 'needs eager attention: set "attn_implementation": "eager" in model'
-# Standardized accessors outside the 21 components: module-boundary places with no width.
-# Accessors outside the 21 that nnterp exposes on every family (FORMAT §5.4): places without
-# width or heads. name -> (per layer, order within the layer, read-only: a derived value).
-EXTRA_ACCESSORS = {"attentions_input": (True, 6, False), "next_token_probs": (False, 1003, True)}
+EXTRA_ACCESSORS = vocab.EXTRA_ACCESSORS
 _MLP_WIDE = ("mlp_activation", "mlp_neuron_output")
 _ATTENTION = ("attention_input_norm", "attention_query", "attention_key", "attention_scores",
               "attention_probs", "attention_z", "attention_premix", "attention_output")
@@ -94,6 +91,8 @@ def _row(component: str) -> dict:
 
 
 def _layered(component: str) -> bool:
+    if component in EXTRA_ACCESSORS:
+        return EXTRA_ACCESSORS[component]["order"][0] == "layer"
     return not _row(component)["whole_model"]
 
 
@@ -135,18 +134,14 @@ def unavailable(component: str, layer: int | None, f: Facts,
 
 def _order(component: str, layer: int | None, f: Facts) -> tuple[int, int]:
     """The sort key ``(layer, n)``: whole-model places sort at -1 or at the layer count."""
-    if component in EXTRA_ACCESSORS:
-        layered, n, _ = EXTRA_ACCESSORS[component]
-        return (layer, n) if layered else (f.layers, n)
-    where, n = _row(component)["order"]
+    where, n = (EXTRA_ACCESSORS.get(component) or _row(component))["order"]
     if where == "layer":
         return (layer, n)
     return (f.layers, n) if where == "L" else (where, n)
 
 
 def _check_layer(component: str, layer: int | None, f: Facts, path: tuple) -> None:
-    layered = EXTRA_ACCESSORS[component][0] if component in EXTRA_ACCESSORS else _layered(component)
-    if layered and (layer is None or not 0 <= layer < f.layers):
+    if _layered(component) and (layer is None or not 0 <= layer < f.layers):
         raise CompileError(path + ("layers",),
                            f"layer {layer} is out of range: the model has {f.layers} layers")
 
@@ -180,9 +175,10 @@ def resolve_address(component: str, layer: int | None, heads, units, config: Any
         raise CompileError(path + ("component",), f"unknown component {component!r}; one of {names}")
     _check_layer(component, layer, f, path)
     if component in EXTRA_ACCESSORS:
-        return Address(component=component, layer=layer, accessor=component,
+        extra = EXTRA_ACCESSORS[component]
+        return Address(component=component, layer=layer, accessor=extra["accessor"],
                        order=_order(component, layer, f), seq_axis=1, width=None, full_width=None,
-                       read_only=EXTRA_ACCESSORS[component][2])
+                       read_only=extra["read_only"])
     why = unavailable(component, layer, f, attn_implementation)
     if why:
         raise CompileError(path + ("component",), f"{component} is unavailable here: {why}")
@@ -195,7 +191,7 @@ def resolve_address(component: str, layer: int | None, heads, units, config: Any
         component=component, layer=layer if _layered(component) else None,
         accessor=row["accessor"], order=_order(component, layer, f),
         seq_axis=row["seq_axis"], width=width, full_width=full, heads=heads, units=units,
-        groups=groups, per_group=per, interior=row["accessor"] == "interior",
+        groups=groups, per_group=per, interior=vocab.is_interior(row),
         key_axis=row["key_axis"], read_only=row["read_only"],
     )
 

@@ -32,8 +32,9 @@ def _default(node: type, name: str) -> Any:
 class Address:
     """A (component, layer) resolved against the checkpoint, plus the site's selection.
 
-    ``accessor`` is nnterp's standardized name (``layers_output``) or ``interior`` for a
-    tensor inside the attention call. ``order`` is the forward-order sort key ``(layer, n)``.
+    ``accessor`` is how the engine reaches the tensor (the vocabulary's accessor column:
+    nnterp's standardized name such as ``layers_output``, or ``interior.<part>`` inside the
+    attention call). ``order`` is the forward-order sort key ``(layer, n)``.
     ``seq_axis`` is 1 at a module boundary and 2 inside attention. ``width`` is the feature
     width the site exposes after ``heads``/``units`` slicing (``None`` when it has none).
     ``full_width`` is the width before slicing; ``groups``/``per_group`` regroup the feature

@@ -24,10 +24,12 @@ OPTIMIZERS = ("adamw",)
 EARLY_STOP_MODES = ("max", "min")
 
 # docs/format.md §5.2. order: forward-order sort key (layer, n): -1 before the stack, "layer" for
-# the addressed layer, "L" (the layer count) after it. accessor: nnterp's standardized name, or "interior" for a tensor inside the
-# attention call. width: the config attribute naming the feature width; q_width =
-# qk_head_dim x query heads, k_width = qk_head_dim x kv heads, z_width = head_dim x query
-# heads; None where the last axis is not features (ids, the key axis).
+# the addressed layer, "L" (the layer count) after it. accessor: how the engine reaches the
+# tensor, a key of causalab.engine.sites.REACH (nnterp's standardized name where it has one;
+# "interior.<part>" for a tensor inside the attention call). width: the config attribute
+# naming the feature width; q_width = qk_head_dim x query heads, k_width = qk_head_dim x kv
+# heads, z_width = head_dim x query heads; None where the last axis is not features (ids,
+# the key axis).
 COMPONENTS = {
     "input_ids": {"order": (-1, -2), "accessor": "embeddings_input", "per_head": False,
                   "key_axis": False, "read_only": True, "whole_model": True,
@@ -44,15 +46,15 @@ COMPONENTS = {
                              "per_head": False, "key_axis": False, "read_only": False,
                              "whole_model": False, "residual": False,
                              "width": "hidden_size", "seq_axis": 1, "eager_only": False},
-    "attention_query": {"order": ("layer", 11), "accessor": "interior", "per_head": True,
+    "attention_query": {"order": ("layer", 11), "accessor": "interior.query", "per_head": True,
                         "key_axis": False, "read_only": False, "whole_model": False,
                         "residual": False, "width": "q_width", "seq_axis": 2,
                         "eager_only": False},
-    "attention_key": {"order": ("layer", 12), "accessor": "interior", "per_head": True,
+    "attention_key": {"order": ("layer", 12), "accessor": "interior.key", "per_head": True,
                       "key_axis": False, "read_only": False, "whole_model": False,
                       "residual": False, "width": "k_width", "seq_axis": 2,
                       "eager_only": False},
-    "attention_scores": {"order": ("layer", 15), "accessor": "interior", "per_head": True,
+    "attention_scores": {"order": ("layer", 15), "accessor": "interior.scores", "per_head": True,
                          "key_axis": True, "read_only": False, "whole_model": False,
                          "residual": False, "width": None, "seq_axis": 2,
                          "eager_only": True},
@@ -60,7 +62,7 @@ COMPONENTS = {
                         "per_head": True, "key_axis": True, "read_only": False,
                         "whole_model": False, "residual": False, "width": None,
                         "seq_axis": 2, "eager_only": True},
-    "attention_z": {"order": ("layer", 22), "accessor": "interior", "per_head": True,
+    "attention_z": {"order": ("layer", 22), "accessor": "interior.z", "per_head": True,
                     "key_axis": False, "read_only": False, "whole_model": False,
                     "residual": False, "width": "z_width", "seq_axis": 2,
                     "eager_only": False},
@@ -113,6 +115,19 @@ COMPONENTS = {
                "residual": False, "width": "vocab_size", "seq_axis": 1,
                "eager_only": False},
 }
+
+# FORMAT §5.4: places outside the components that nnterp exposes on every family, without
+# width or heads; order and accessor as in COMPONENTS. read_only: a derived value.
+EXTRA_ACCESSORS = {
+    "attentions_input": {"order": ("layer", 6), "accessor": "attentions_input", "read_only": False},
+    "next_token_probs": {"order": ("L", 1003), "accessor": "next_token_probs", "read_only": True},
+}
+
+
+def is_interior(row: dict) -> bool:
+    """True for a tensor inside the attention call (sequence axis 2, reached by its call)."""
+    return row["accessor"].startswith("interior.")
+
 
 # Components whose value is vocabulary-shaped without a logits view (a metric's `of`).
 VOCABULARY_COMPONENTS = ("lm_head", "logits")
@@ -241,7 +256,7 @@ def declarable_featurizer_kinds() -> tuple[str, ...]:
 
 
 def _component_line(name: str, row: dict) -> str:
-    where = "interior" if row["accessor"] == "interior" else f"nnterp {row['accessor']}"
+    where = "interior" if is_interior(row) else f"nnterp {row['accessor']}"
     flags = [flag for flag, on in (("[heads]", row["per_head"]), ("[eager]", row["eager_only"]),
                                    ("[read-only]", row["read_only"]),
                                    ("[whole-model]", row["whole_model"]),
@@ -281,7 +296,7 @@ def render_vocab() -> str:
 
 
 def _component_payload(row: dict) -> dict:
-    interior = row["accessor"] == "interior"
+    interior = is_interior(row)
     return {
         "accessor": None if interior else row["accessor"],
         "interior": interior,

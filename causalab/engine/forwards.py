@@ -3,8 +3,8 @@
 Plain torch and python around the walk's traces: it never opens a trace and never decides
 which forward runs. A forward's inputs are tensors made once per document from a prompt
 batch (left padding, position ids from the mask); its reads come back per chunk of rows and
-are concatenated here. An un-intervened address may be kept whole (bounded by a per-tensor
-size and a per-document budget) so later reads at other positions are gathered from it.
+are concatenated here; a read at an address kept whole (``cache.DocumentCache``) is gathered
+from the kept tensor.
 """
 from __future__ import annotations
 
@@ -16,10 +16,6 @@ from causalab.compile.plan import Forward, Pass, PromptBatch, ReadOp
 from causalab.engine import outputs as output_rules
 from causalab.engine import windows as window_rules
 from causalab.engine.seam import gather
-
-# An un-intervened address tensor is kept whole when at most this big and while the
-# document's kept tensors fit the budget; otherwise its reads are kept gathered.
-_WHOLE_BYTES, _WHOLE_BUDGET, _WHOLE_SPENT = 32 * 2 ** 20, 512 * 2 ** 20, "whole bytes"
 
 
 def tap_ops(forward: Forward) -> dict[tuple[str, str], Any]:
@@ -39,25 +35,6 @@ def read_key(batch: PromptBatch, read: ReadOp, decode: int = 0) -> tuple:
     windows depend on the rows' anchor values too, not on the ids alone."""
     anchors = tuple(sorted(batch.anchors.items())) if read.pos.dynamic else ()
     return (batch_key(batch), read.address, read.pos, read.view, decode, anchors)
-
-
-def whole_key(pass_: Pass, forward: Forward, read: ReadOp, cache: dict,
-              pending: frozenset | set = frozenset()) -> tuple | None:
-    """The cache key of ``read``'s whole address tensor (a new one, not already ``pending``
-    in this trace, is charged to the budget), or None: only plain prompt reads of known
-    width (not vocabulary, not keys)."""
-    address, batch = read.address, pass_.inputs[forward.input]
-    if read.view != "raw" or not address.full_width or address.key_axis or read.pos.frame != "prompt":
-        return None
-    key = ("whole", batch_key(batch), address.component, address.layer)
-    if key in cache or key in pending:
-        return key
-    size = pass_.rows * len(batch.input_ids[0] if pass_.rows else ()) * address.full_width * 4
-    spent = cache.get(_WHOLE_SPENT, 0) + size
-    if size > _WHOLE_BYTES or spent > _WHOLE_BUDGET:
-        return None
-    cache[_WHOLE_SPENT] = spent
-    return key
 
 
 def from_whole(tensor: torch.Tensor, pass_: Pass, forward: Forward, read: ReadOp,
@@ -92,19 +69,20 @@ def gathered(pass_: Pass, forward: Forward, run_rows: tuple, resolved: dict,
 
 
 def prompt_inputs(model: Any, batch: PromptBatch, chunk: tuple,
-                   shared: dict) -> tuple[dict, torch.Tensor]:
+                  kept: dict) -> tuple[dict, torch.Tensor]:
     """The rows ``chunk`` as model inputs, position ids taken from the mask (§18.7).
 
     The whole batch is made into tensors once per document (a sweep point's batch is a
-    new object holding equal rows, hence the value key); a chunk is a row selection.
+    new object holding equal rows, hence the value key) and kept in ``kept`` (the document
+    cache's ``inputs``); a chunk is a row selection.
     """
     device = model._model.get_input_embeddings().weight.device
     key = ("inputs", batch_key(batch), str(device))
-    whole = shared.get(key)
+    whole = kept.get(key)
     if whole is None:
         ids = torch.tensor(batch.input_ids, dtype=torch.long, device=device)
         mask = torch.tensor(batch.attention_mask, dtype=torch.long, device=device)
-        whole = shared[key] = (ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+        whole = kept[key] = (ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
     if chunk == tuple(range(len(batch.input_ids))):
         ids, mask, position_ids = whole
     else:

@@ -1,7 +1,8 @@
 """Fusion: which sweep points' intervened forwards share one trace, and how they share it.
 
-Plain planning over plan data and the seam's windows; it never opens a trace (the walk does)
-and never changes a number. Fused points run the same prompt rows padded to the same width,
+Planning over plan data and the seam's windows, and the lockstep run of a fused group
+through the ``trace`` the walk hands it: it never opens a trace itself and never changes a
+number. Fused points run the same prompt rows padded to the same width,
 stacked one copy per point; left padding, the mask and position ids make a row's
 activations independent of the rows beside it, and each point's writes and reads act on its
 own slice of rows only. Points fuse only where that is plainly so: every step is an
@@ -11,11 +12,18 @@ rows, the same inputs and the same forwards. Anything else runs one point at a t
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
+
+import torch
 
 from causalab.compile.plan import Forward, Observe, Plan
+from causalab.engine import forwards
+from causalab.engine import windows as window_rules
 from causalab.engine.forwards import batch_key, tap_ops
+from causalab.engine.passes import PassResult, featurized, result_of
+from causalab.engine.resume import resume_layer
 from causalab.engine.seam import Window
+from causalab.engine.taps import prepare
 
 # Tokens one fused trace may hold when no batch size bounds it (rows × padded width).
 _FUSED_TOKENS = 16384
@@ -86,3 +94,73 @@ def issue_order(forwards: list[Forward]) -> list[tuple[int, str, str]]:
             order = tuple(ops[(kind, name)].address.order)
             keyed.append(((order, kind != "write", unit, index), (unit, kind, name)))
     return [tap for _, tap in sorted(keyed, key=lambda item: item[0])]
+
+
+def lockstep(model: Any, passes: list, states: list, *, trace: Callable, fill: Callable,
+             reads: Callable, prefixes: Callable) -> list[PassResult]:
+    """The walk's ``run_pass`` over several passes of one signature at once (every row, no
+    grad): un-intervened forwards filled into the document cache in one trace (``fill``)
+    and served from it (``reads``), intervened ones fused (``_run_fused``)."""
+    rows = tuple(range(passes[0].rows))
+    resolved = [window_rules.resolve_pass(model, p, s) for p, s in zip(passes, states)]
+    values: list[dict] = [{} for _ in passes]
+    with torch.no_grad():
+        for index, forward in enumerate(passes[0].forwards):
+            each = [pass_.forwards[index] for pass_ in passes]
+            if forward.writes:
+                raws = _run_fused(model, passes, each, states, rows, resolved, values, trace,
+                                  prefixes)
+            else:
+                fill(model, list(zip(passes, each, states, resolved)))
+                raws = [reads(model, passes[i], each[i], states[i], rows, resolved[i], values[i])
+                        for i in range(len(passes))]
+            for own, raw, known, state in zip(each, raws, values, states):
+                for read in own.reads:
+                    known[read.name] = featurized(raw[read.name], read, state)
+        return [result_of(pass_, rows, found, known)
+                for pass_, found, known in zip(passes, resolved, values)]
+
+
+def _by_resume_layer(each: list, residuals: dict) -> dict:
+    """Units grouped by the block their trace resumes at (0: from the start), in unit order;
+    a unit whose prefix is not kept over these rows starts from block 0."""
+    runs: dict[int, list[int]] = {}
+    for unit, forward in enumerate(each):
+        layer = resume_layer(forward)
+        runs.setdefault(layer if layer and residuals.get(layer - 1) is not None else 0,
+                        []).append(unit)
+    return runs
+
+
+def _run_fused(model: Any, passes: list, each: list, states: list, rows: tuple,
+               resolved: list, values: list, trace: Callable, prefixes: Callable) -> list[dict]:
+    """One trace per resume layer over its passes' rows stacked: the ``i``-th pass of a trace
+    holds batch rows ``i·n … (i+1)·n − 1`` and its taps act there only; points resuming at
+    block ``R`` share a trace that skips blocks before ``R`` (``causalab.engine.resume``)."""
+    local = {row: i for i, row in enumerate(rows)}
+    wanted = {layer - 1 for layer in map(resume_layer, each) if layer}
+    kept = prefixes(model, passes[0], each[0], states[0], wanted)
+    residuals = {layer: prefix.rows(rows) for layer, prefix in kept.items()}
+    inputs, position_ids = forwards.prompt_inputs(model, passes[0].inputs[each[0].input], rows,
+                                                  states[0].cache.inputs)
+    raws: list = [None] * len(passes)
+    for layer, units in _by_resume_layer(each, residuals).items():
+        prepared = {}
+        for slot, unit in enumerate(units):
+            entries = prepare(passes[unit], each[unit], states[unit], rows, resolved[unit],
+                              values[unit], local, each[unit].taps)
+            for (kind, name), entry in entries.items():
+                prepared[(unit, kind, name)] = entry._replace(
+                    window=shifted(entry.window, slot * len(rows)), out=(unit, name))
+        copies = len(units)
+        stacked = {key: tensor.repeat(copies, 1) for key, tensor in inputs.items()}
+        resume = (layer, residuals[layer - 1].repeat(copies, 1, 1)) if layer else None
+        order = [(units[slot], kind, name)
+                 for slot, kind, name in issue_order([each[unit] for unit in units])]
+        got = trace(model, stacked, position_ids.repeat(copies, 1), order, prepared,
+                    resume=resume)
+        for unit in units:
+            raws[unit] = forwards.gathered(passes[unit], each[unit], rows, resolved[unit],
+                                           {read.name: [got[(unit, read.name)]]
+                                            for read in each[unit].reads})
+    return raws

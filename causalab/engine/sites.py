@@ -1,34 +1,45 @@
 """Live places: an address's tensor inside a running nnterp forward, fetched and put back.
 
-Called only from inside the walk's trace, in forward order. It knows nnterp's standardized
-accessors and the few submodule names nnterp does not standardize (the attention
-out-projection, the MLP nonlinearity and down-projection, the norm in front of the MLP); the
-address itself (component, layer, widths) comes from the plan. Values are handed over in the
-seam's layouts: ``(batch, seq, d)`` at a module boundary, ``(batch, heads, seq, head_dim)``
-inside attention, ``(batch, heads, q, keys)`` for a pattern. It never gathers or writes a
-window; the seam does.
+Called only from inside the walk's trace, in forward order. ``REACH`` is keyed by the
+vocabulary's accessor column (``vocab.COMPONENTS[c]["accessor"]``, and the extra accessors
+of FORMAT §5.4): each entry says how to fetch and store that tensor, through nnterp's
+standardized accessors or the few submodule names nnterp does not standardize (the
+attention out-projection, the MLP nonlinearity and down-projection, the norm in front of the
+MLP, the sandwich norms). The address itself (component, layer, widths) comes from the plan.
+Values are handed over in the seam's layouts: ``(batch, seq, d)`` at a module boundary,
+``(batch, heads, seq, head_dim)`` inside attention, ``(batch, heads, q, keys)`` for a
+pattern. It never gathers or writes a window; the seam does.
+
+``attention_output`` and ``mlp_output`` are what the residual stream receives: on
+sandwich-norm blocks (Gemma-2) the outputs of the norms behind each sublayer, so
+``block_mid = block_input + attention_output`` and ``block_output = block_mid + mlp_output``
+on every family.
 
 ``block_mid`` (the residual after attention) is a sum inside the block's forward, not a
 module boundary, so no tracer place holds it. A write there is made of two exact halves: the
 norm in front of the MLP is fed the written value, and the block's output is rebuilt as that
-value plus what the block adds after the MLP (the MLP's output, or the norm behind it on
-sandwich-norm families), once that is computed (``Places.settle``).
+value plus ``mlp_output``, once that is computed (``Places.settle``).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 from causalab.compile.plan import Address
+from causalab.document import vocab
 from causalab.errors import RunError
 
 _OUT_PROJECTION = ("o_proj", "c_proj", "out_proj", "dense")
 _ACTIVATION = ("act_fn", "act", "activation_fn", "activation")
 _DOWN_PROJECTION = ("down_proj", "c_proj", "fc2", "dense_4h_to_h")
-_PRE_MLP_NORM = ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2")
+_PRE_MLP_NORM = ("post_attention_layernorm", "ln_2")
+# Sandwich-norm blocks (Gemma-2/3, OLMo-2) normalise each sublayer's output before the
+# residual adds it; there the attention's post-norm carries the name llama gives its pre-MLP norm.
 _POST_MLP_NORM = "post_feedforward_layernorm"
+_POST_ATTENTION_NORM = "post_attention_layernorm"
+_SANDWICH_PRE_MLP_NORM = "pre_feedforward_layernorm"
 _INTERIOR_ARGUMENT = {"attention_query": 1, "attention_key": 2}
 # Where block_output sorts in forward order (FORMAT §5.2): a block_mid write settles before it.
-_BLOCK_OUTPUT_RANK = 60
+_BLOCK_OUTPUT_RANK = vocab.COMPONENTS["block_output"]["order"][1]
 
 
 class Places:
@@ -80,7 +91,7 @@ class Places:
                 continue
             self._unsettled.discard(layer)
             mid = self.current[("block_mid", layer)]
-            output = _place("block_output", layer, "layers_output", _BLOCK_OUTPUT_RANK)
+            output = _place("block_output", layer)
             value = mid + _mlp_branch(self, layer)
             # The settled output is what this forward's block leaves before any write there.
             self.original.setdefault(("block_output", layer), value)
@@ -100,21 +111,25 @@ class Places:
         return self._interface[layer]
 
 
-def _place(component: str, layer: int, accessor: str, rank: int) -> Address:
-    """A bare address the engine itself needs (no selection, no width)."""
-    return Address(component, layer, accessor, (layer, rank), 1, None, None)
+def _place(component: str, layer: int) -> Address:
+    """A bare address the engine itself needs (no selection, no width), from its vocab row."""
+    row = vocab.COMPONENTS[component]
+    return Address(component=component, layer=layer, accessor=row["accessor"],
+                   order=(layer, row["order"][1]), seq_axis=row["seq_axis"], width=None,
+                   full_width=None)
 
 
 def _mlp_branch(places: Places, layer: int) -> Any:
     """What block ``layer`` adds to its residual after the MLP, as the forward computed it."""
-    block = places.model.layers[layer]
-    if _POST_MLP_NORM in dict(block._module.named_children()):
-        return getattr(block, _POST_MLP_NORM).output
-    return places.get(_place("mlp_output", layer, "mlps_output", 50))
+    return places.get(_place("mlp_output", layer))
+
+
+def _children(envoy: Any) -> dict:
+    return dict(envoy._module.named_children())
 
 
 def _child(envoy: Any, names: tuple[str, ...], what: str, address: Address) -> Any:
-    children = dict(envoy._module.named_children())
+    children = _children(envoy)
     for name in names:
         if name in children:
             return getattr(envoy, name)
@@ -140,6 +155,78 @@ def _softcapped(model: Any, logits: Any) -> Any:
 
     cap = getattr(model._model.config, "final_logit_softcapping", None)
     return torch.tanh(logits / cap) * cap if cap else logits
+
+
+class Reach(NamedTuple):
+    """How the engine reaches one accessor's tensor: ``fetch(places, address) -> value`` and
+    ``store(places, address, value)`` (None for a derived, read-only value)."""
+
+    fetch: Callable[[Places, Address], Any]
+    store: Callable[[Places, Address, Any], None] | None
+
+
+def _boundary(locate: Callable[[Places, Address], tuple[Any, str]]) -> Reach:
+    """A tensor on a submodule's boundary: ``locate`` gives (envoy, "input"|"output")."""
+    def fetch(places: Places, address: Address) -> Any:
+        envoy, side = locate(places, address)
+        return _first_input(envoy) if side == "input" else envoy.output
+
+    def store(places: Places, address: Address, value: Any) -> None:
+        envoy, side = locate(places, address)
+        if side == "input":
+            _set_first_input(envoy, value)
+        else:
+            envoy.output = value
+    return Reach(fetch, store)
+
+
+def _standard(accessor: str) -> Reach:
+    """One of nnterp's per-layer standardized accessors (``layers_output[l]``)."""
+    def fetch(places: Places, address: Address) -> Any:
+        return getattr(places.model, accessor)[address.layer]
+
+    def store(places: Places, address: Address, value: Any) -> None:
+        getattr(places.model, accessor)[address.layer] = value
+    return Reach(fetch, store)
+
+
+def _input_of(stack: str) -> Reach:
+    """The first input of a block's attention or MLP module (``attentions``/``mlps``)."""
+    return _boundary(lambda places, address: (getattr(places.model, stack)[address.layer], "input"))
+
+
+def _sublayer(accessor: str, post_norm: str) -> Reach:
+    """A sublayer's output as the residual receives it: the post-norm's output on a
+    sandwich-norm block, nnterp's standardized accessor elsewhere."""
+    plain = _standard(accessor)
+
+    def locate(places: Places, address: Address) -> Any:
+        block = places.model.layers[address.layer]
+        return getattr(block, post_norm) if _POST_MLP_NORM in _children(block) else None
+
+    def fetch(places: Places, address: Address) -> Any:
+        norm = locate(places, address)
+        return plain.fetch(places, address) if norm is None else norm.output
+
+    def store(places: Places, address: Address, value: Any) -> None:
+        norm = locate(places, address)
+        if norm is None:
+            plain.store(places, address, value)
+        else:
+            norm.output = value
+    return Reach(fetch, store)
+
+
+def _pre_mlp(places: Places, address: Address) -> tuple[Any, str]:
+    """(envoy, side) holding ``block_mid``: the input of the norm in front of the MLP, or of
+    the MLP itself on a post-norm block that has none."""
+    model = places.model
+    block = model.layers[address.layer]
+    if _POST_MLP_NORM not in _children(block):
+        return _child(block, _PRE_MLP_NORM, "norm in front of the MLP", address), "input"
+    if _SANDWICH_PRE_MLP_NORM in _children(block):
+        return getattr(block, _SANDWICH_PRE_MLP_NORM), "input"
+    return model.mlps[address.layer], "input"
 
 
 def _z(places: Places, address: Address, value: Any = None) -> Any:
@@ -175,85 +262,89 @@ def _scores(places: Places, address: Address, value: Any = None) -> Any:
     return None
 
 
-def _module_tensor(places: Places, address: Address) -> tuple[Any, str]:
-    """(envoy, "input"|"output") for the components that sit on a submodule's boundary."""
-    model, layer, component = places.model, address.layer, address.component
-    if component == "embeddings":
-        return model.embed_tokens, "output"
-    if component == "input_ids":
-        return model.embed_tokens, "input"
-    if component == "attention_premix":
-        return _child(model.attentions[layer], _OUT_PROJECTION, "attention out-projection", address), "input"
-    if component == "mlp_activation":
-        return _child(model.mlps[layer], _ACTIVATION, "MLP nonlinearity", address), "output"
-    if component == "mlp_neuron_output":
-        return _child(model.mlps[layer], _DOWN_PROJECTION, "MLP down-projection", address), "input"
-    if component == "block_mid":
-        return _child(model.layers[layer], _PRE_MLP_NORM, "norm in front of the MLP", address), "input"
-    if component == "ln_final":
-        return model.ln_final, "output"
-    if component == "lm_head":
-        return model.lm_head, "output"
-    return None, ""
+def _call(part: Callable) -> Reach:
+    """A tensor inside the attention call: ``part(places, address[, value])`` does both."""
+    return Reach(part, part)
 
 
-_LAYER_ACCESSORS = {
-    "block_input": "layers_input",
-    "block_output": "layers_output",
-    "attention_input_norm": "attentions_input",
-    "attentions_input": "attentions_input",
-    "attention_output": "attentions_output",
-    "mlp_input_norm": "mlps_input",
-    "mlp_input": "mlps_input",
-    "mlp_output": "mlps_output",
-    "attention_probs": "attention_probabilities",
+def _probabilities() -> Reach:
+    """nnterp's pattern accessor; the interface is opened first, in case its source is needed."""
+    plain = _standard("attention_probabilities")
+
+    def fetch(places: Places, address: Address) -> Any:
+        places.interface(address.layer)
+        return plain.fetch(places, address)
+    return Reach(fetch, plain.store)
+
+
+def _whole(name: str, side: str) -> Reach:
+    """A whole-model module's input or output (``embed_tokens``, ``ln_final``, ``lm_head``)."""
+    return _boundary(lambda places, address: (getattr(places.model, name), side))
+
+
+def _inside(stack: str, names: tuple[str, ...], what: str, side: str) -> Reach:
+    """A submodule nnterp does not standardize, found by its usual names inside a block."""
+    return _boundary(lambda places, address: (
+        _child(getattr(places.model, stack)[address.layer], names, what, address), side))
+
+
+def _logits_fetch(places: Places, address: Address) -> Any:
+    return _softcapped(places.model, places.model.lm_head.output)
+
+
+def _logits_store(places: Places, address: Address, value: Any) -> None:
+    """Nothing downstream of the logits to store into; ``Places.put`` keeps the value."""
+
+
+def _probabilities_of_next(places: Places, address: Address) -> Any:
+    return _logits_fetch(places, address).softmax(-1)
+
+
+# accessor (vocab.COMPONENTS / vocab.EXTRA_ACCESSORS) -> how it is reached.
+REACH: dict[str, Reach] = {
+    "embeddings_input": _whole("embed_tokens", "input"),
+    "embeddings_output": _whole("embed_tokens", "output"),
+    "layers_input": _standard("layers_input"),
+    "attentions_norm_output": _input_of("attentions"),
+    "attentions_input": _input_of("attentions"),
+    "interior.query": _call(_interior),
+    "interior.key": _call(_interior),
+    "interior.scores": _call(_scores),
+    "attention_probabilities": _probabilities(),
+    "interior.z": _call(_z),
+    "attentions_premix": _inside("attentions", _OUT_PROJECTION, "attention out-projection", "input"),
+    "attentions_output": _sublayer("attentions_output", _POST_ATTENTION_NORM),
+    "layers_mid": _boundary(_pre_mlp),
+    "mlps_norm_output": _input_of("mlps"),
+    "mlps_input": _input_of("mlps"),
+    "mlps_activation": _inside("mlps", _ACTIVATION, "MLP nonlinearity", "output"),
+    "mlps_neurons": _inside("mlps", _DOWN_PROJECTION, "MLP down-projection", "input"),
+    "mlps_output": _sublayer("mlps_output", _POST_MLP_NORM),
+    "layers_output": _standard("layers_output"),
+    "ln_final_output": _whole("ln_final", "output"),
+    "lm_head_output": _whole("lm_head", "output"),
+    "logits": Reach(_logits_fetch, _logits_store),
+    "next_token_probs": Reach(_probabilities_of_next, None),
 }
-_INPUT_SIDE = ("attentions_input", "mlps_input")
-_CALLS = {"attention_query": _interior, "attention_key": _interior, "attention_z": _z,
-          "attention_scores": _scores}
+
+
+def _reach(address: Address) -> Reach:
+    reach = REACH.get(address.accessor)
+    if reach is None:
+        raise RunError((address.component,),
+                       f"{address.component} ({address.accessor}) cannot be reached on this model")
+    return reach
 
 
 def _fetch(places: Places, address: Address) -> Any:
-    component, model = address.component, places.model
-    if component in _CALLS:
-        return _CALLS[component](places, address)
-    if component == "attention_probs":
-        places.interface(address.layer)
-    accessor = _LAYER_ACCESSORS.get(component)
-    if accessor in _INPUT_SIDE:
-        return _first_input(getattr(model, accessor.replace("_input", ""))[address.layer])
-    if accessor is not None:
-        return getattr(model, accessor)[address.layer]
-    if component == "logits":
-        return _softcapped(model, model.lm_head.output)
-    if component == "next_token_probs":
-        return _softcapped(model, model.lm_head.output).softmax(-1)
-    envoy, side = _module_tensor(places, address)
-    if envoy is None:
-        raise RunError((component,), f"{component} ({address.accessor}) cannot be reached on this model")
-    return _first_input(envoy) if side == "input" else envoy.output
+    return _reach(address).fetch(places, address)
 
 
 def _store(places: Places, address: Address, value: Any) -> None:
-    component, model = address.component, places.model
-    if component in _CALLS:
-        _CALLS[component](places, address, value)
-        return
-    accessor = _LAYER_ACCESSORS.get(component)
-    if accessor in _INPUT_SIDE:
-        _set_first_input(getattr(model, accessor.replace("_input", ""))[address.layer], value)
-    elif accessor is not None:
-        getattr(model, accessor)[address.layer] = value
-    elif component == "logits":
-        return
-    else:
-        envoy, side = _module_tensor(places, address)
-        if envoy is None:
-            raise RunError((component,), f"{component} ({address.accessor}) cannot be reached on this model")
-        if side == "input":
-            _set_first_input(envoy, value)
-        else:
-            envoy.output = value
+    reach = _reach(address)
+    if reach.store is None:
+        raise RunError((address.component,), f"{address.component} cannot be written here")
+    reach.store(places, address, value)
 
 
 def project_to_vocabulary(model: Any, hidden: Any) -> Any:

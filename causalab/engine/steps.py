@@ -16,41 +16,42 @@ from causalab.engine import outputs as output_rules
 from causalab.engine import record
 from causalab.engine.bundles import document_stamp, stamp_metadata, weights_results
 from causalab.engine.metrics import metric_table
+from causalab.engine.passes import PassResult
 from causalab.errors import CausalabError, RunError
 from causalab.files import TENSOR_KEY
 
 
-def build_featurizers(node: Featurizers, model: Any, state: dict) -> None:
+def build_featurizers(node: Featurizers, model: Any, state: Any) -> None:
     """Live featurizer objects on the model's device, shared by the plan's later steps."""
     from causalab.engine.featurizers import build_featurizer
 
     device = model._model.get_input_embeddings().weight.device
     for spec in node.featurizers:
         try:
-            state["featurizers"][spec.name] = build_featurizer(spec, device,
-                                                               resolver=state["events"].resolve)
+            state.featurizers[spec.name] = build_featurizer(spec, device,
+                                                            resolver=state.events.resolve)
         except CausalabError as error:  # a download refused at the bare "file_path"
             if error.path[:1] != ("file_path",):
                 raise
             raise type(error)(("featurizers", spec.name) + error.path, error.message) from None
-        state["specs"][spec.name] = spec
-    node.results.update(featurizers=dict(state["featurizers"]))
+        state.specs[spec.name] = spec
+    node.results.update(featurizers=dict(state.featurizers))
 
 
 def _find_read(pass_: Pass, name: str):
     return next(read for forward in pass_.forwards for read in forward.reads if read.name == name)
 
 
-def _publish(node: Observe, result: dict, state: dict) -> dict:
+def _publish(node: Observe, result: PassResult, state: Any) -> dict:
     published = {}
     for output in node.outputs:
         try:
-            value = output_rules.reduce(result["reads"][output.read], output,
-                                        result["layouts"][output.read])
+            value = output_rules.reduce(result.reads[output.read], output,
+                                        result.layouts[output.read])
         except RunError as error:
             raise RunError(("steps", node.name, "outputs") + error.path, error.message) from None
         published[output.name] = value
-        state["published"][output.name] = value
+        state.published[output.name] = value
     return published
 
 
@@ -64,16 +65,16 @@ def metric_rows(pass_: Pass, result: dict, name: str, digest: str, saved_as: str
                         digest, name=saved_as)
 
 
-def step_label(step: str, state: dict) -> str:
+def step_label(step: str, state: Any) -> str:
     """The step as events name it: ``<step>/<intervention>`` inside a list entry's plan."""
-    entry = state.get("entry")
+    entry = state.entry
     return f"{step}/{entry}" if entry else step
 
 
-def _report_metrics(pass_: Pass, result: dict, state: dict, step: str) -> None:
+def _report_metrics(pass_: Pass, result: dict, state: Any, step: str) -> None:
     for name, (values, eligible) in result["metrics"].items():
         mean = float(values.detach().float().mean()) if len(eligible) else None
-        state["events"].metric(state["point"], step, name, mean, len(eligible))
+        state.events.metric(state.point, step, name, mean, len(eligible))
 
 
 def _plain(name: str, produced: dict) -> str:
@@ -83,17 +84,17 @@ def _plain(name: str, produced: dict) -> str:
     return name.rsplit("/", 1)[-1]
 
 
-def finish_observe(node: Observe, result: dict, state: dict, directory: Path) -> list[str]:
+def finish_observe(node: Observe, result: PassResult, state: Any, directory: Path) -> list[str]:
     """Publish outputs, report metrics and write the step's saves (generated ids included)."""
     published = _publish(node, result, state)
     node.results.update(result, outputs=published)
     _report_metrics(node.pass_, result, state, step_label(node.name, state))
     written = []
-    generated = result.get("generated", {})
+    generated = result.generated
     for save in node.saves:
         name = _plain(save.value, {**result["metrics"], **published, **generated})
         if name in result["metrics"]:
-            rows = metric_rows(node.pass_, result, name, state["digest"], name)
+            rows = metric_rows(node.pass_, result, name, state.digest, name)
             written.append(record.write_json(directory / save.file_path, rows, root=directory))
         elif name in published:
             written.append(_save_output(node, published[name], name, save, state, directory))
@@ -106,26 +107,27 @@ def finish_observe(node: Observe, result: dict, state: dict, directory: Path) ->
 
 
 def _save_output(node: Observe, value: output_rules.Published, name: str, save: SaveOp,
-                 state: dict, directory: Path) -> str:
+                 state: Any, directory: Path) -> str:
     metadata = None
     if value.reduce == "pca":
         output = next(o for o in node.outputs if o.name == name)
         read = _find_read(node.pass_, output.read)
         d, k = value.value.shape
         stamp = featurizer_stamp(name, "pca", k, d, read.site, read.address,
-                                 state["model_ref"], state["digest"])
-        metadata = stamp_metadata(stamp, produced_by=state["digest"])
-    return record.write_tensor(directory / save.file_path, value.value.float(), metadata,
-                               root=directory)
+                                 state.model_ref, state.digest)
+        metadata = stamp_metadata(stamp, produced_by=state.digest)
+    # A float read is saved as float32 (a bf16 model's reads too); ids stay integers.
+    tensor = value.value.float() if value.value.is_floating_point() else value.value
+    return record.write_tensor(directory / save.file_path, tensor, metadata, root=directory)
 
 
-def run_fit_step(node: Fit, model: Any, state: dict, directory: Path,
+def run_fit_step(node: Fit, model: Any, state: Any, directory: Path,
                  run_pass: Callable) -> list[str]:
     """Train the fit's featurizers (``causalab.engine.fit``), then write its saves."""
     from causalab.engine.fit import run_fit
 
-    results = run_fit(node, model, state["featurizers"], state, run_pass=run_pass,
-                      events=state["events"], point=state["point"],
+    results = run_fit(node, model, state.featurizers, state, run_pass=run_pass,
+                      events=state.events, point=state.point,
                       step=step_label(node.name, state))
     node.results.update(results)
     written = []
@@ -135,22 +137,22 @@ def run_fit_step(node: Fit, model: Any, state: dict, directory: Path,
     last = results.get("eval")
     for save in node.eval_saves:
         name = _plain(save.value, last["metrics"] if last else {})
-        rows = metric_rows(node.eval, last, name, state["digest"], name)
+        rows = metric_rows(node.eval, last, name, state.digest, name)
         written.append(record.write_json(directory / save.file_path, rows, root=directory))
     return written
 
 
-def run_weights(node: Weights, state: dict, directory: Path) -> list[str]:
+def run_weights(node: Weights, state: Any, directory: Path) -> list[str]:
     """Publish each named featurizer's ``weight`` and write stamped bundles."""
-    tensors = weights_results(node.names, state["featurizers"])
+    tensors = weights_results(node.names, state.featurizers)
     for name, value in tensors.items():
-        state["published"][name] = output_rules.Published(value, None, None, "weights")
+        state.published[name] = output_rules.Published(value, None, None, "weights")
     node.results.update(tensors)
     written = []
     for save in node.saves:
-        spec = state["specs"][save.value]
-        metadata = stamp_metadata(document_stamp(spec), produced_by=state["digest"])
-        bundle = {**state["featurizers"][save.value].tensors(), TENSOR_KEY: tensors[save.value]}
+        spec = state.specs[save.value]
+        metadata = stamp_metadata(document_stamp(spec), produced_by=state.digest)
+        bundle = {**state.featurizers[save.value].tensors(), TENSOR_KEY: tensors[save.value]}
         written.append(record.write_tensors(directory / save.file_path, bundle, metadata,
                                             root=directory))
     return written

@@ -35,15 +35,15 @@ def layout(windows: tuple, rows, ragged: bool) -> Window:
     return Window.from_windows([windows[r] for r in rows], ragged=flat)
 
 
-def resolve_pass(model: Any, pass_: Pass, state: dict) -> dict:
+def resolve_pass(model: Any, pass_: Pass, state: Any) -> dict:
     """Windows of every read and write over ALL rows of the pass, resolved once (§6.2, §6.5).
 
     Keyed ``(kind, name, input role) -> (windows, reasons)``, plus ``("provenance", name,
-    role)`` for the reads of a dynamic pass; kept in ``state["windows"]`` per pass.
+    role)`` for the reads of a dynamic pass; kept in ``state.windows`` per pass.
     """
     key = id(pass_)
-    if key in state["windows"]:
-        return state["windows"][key]
+    if key in state.windows:
+        return state.windows[key]
     decode = decoder(model)
     if pass_.dynamic:
         for role, batch in pass_.inputs.items():
@@ -68,22 +68,22 @@ def resolve_pass(model: Any, pass_: Pass, state: dict) -> dict:
                 resolved[("provenance", op.name, forward.input)] = _provenance(
                     resolved[op_key], batch, decode)
     _check_operand_windows(pass_, resolved)
-    state["windows"][key] = resolved
+    state.windows[key] = resolved
     return resolved
 
 
-def _windows(spec, batch: PromptBatch, rows: int, decode, where: tuple, state: dict) -> tuple:
+def _windows(spec, batch: PromptBatch, rows: int, decode, where: tuple, state: Any) -> tuple:
     """(windows, reasons) of ``spec`` on every row; an unscoped prompt cut depends on the
     masks and prefix alone, so a document's points share it."""
     key = None
     if spec.frame == "prompt" and spec.variable is None and spec.segment is None:
         key = ("positions", spec, batch.attention_mask, batch.prefix, rows)
-        if key in state["shared"]:
-            return state["shared"][key]
+        if key in state.cache.positions:
+            return state.cache.positions[key]
     found = [_resolve_row(spec, batch, row, decode, where) for row in range(rows)]
     result = (tuple(w for w, _ in found), tuple(r for _, r in found))
     if key is not None:
-        state["shared"][key] = result
+        state.cache.positions[key] = result
     return result
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from causalab.engine import fusion, walk
+from causalab.engine import fusion
 from causalab.models import resolve
 from causalab.pipeline import run_document
 
@@ -58,13 +58,13 @@ def test_fused_points_write_the_tables_one_point_at_a_time_writes(family, mechan
                                                                    monkeypatch):
     document = _document(family, mechanism)
     fused_traces = []
-    original = walk._run_fused
+    original = fusion._run_fused
 
     def counting(*args, **kwargs):
         fused_traces.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(walk, "_run_fused", counting)
+    monkeypatch.setattr(fusion, "_run_fused", counting)
     run_document(document, out=str(tmp_path / "fused"))
     assert fused_traces, "the sweep was never fused"
 

@@ -1,0 +1,104 @@
+"""The document cache: what the points of one document share, kept by kind under named methods.
+
+One cache lives for one document's run (``pipeline.run_document``) and is handed to every
+point's walk. It holds only values that do not depend on any intervention: the prompt
+batches as tensors, resolved prompt windows, un-intervened reads (gathered, or the whole
+address tensor while a byte budget allows), and the results ``walk.prefetch`` computed for
+fused points ahead of their own walks. It never opens a trace and never decides what runs;
+the walk asks it what is known and tells it what was computed.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from causalab.compile.plan import Forward, Pass, ReadOp
+from causalab.engine.forwards import batch_key
+
+# An un-intervened address tensor is kept whole when at most this big and while the
+# document's kept tensors fit the budget; otherwise its reads are kept gathered.
+WHOLE_BYTES, WHOLE_BUDGET = 32 * 2 ** 20, 512 * 2 ** 20
+# Bytes of un-intervened residuals kept per document for prefix resume (0 turns it off).
+RESUME_BUDGET = 256 * 2 ** 20
+
+
+class Prefix(NamedTuple):
+    """An un-intervened residual ``(rows, seq, d)`` per window of rows it was computed in.
+
+    A forward's values depend on which rows share its batch (the kernels' blocking follows
+    the batch), so a trace resumes from it only over exactly one of those windows, or copies
+    of one stacked (fusion): then the skipped blocks would have computed the same bits.
+    """
+
+    pieces: list
+    windows: tuple
+
+    def rows(self, chunk: tuple) -> Any:
+        """The residual over ``chunk`` when it is one of the windows, else None."""
+        for piece, window in zip(self.pieces, self.windows):
+            if tuple(window) == tuple(chunk):
+                return piece
+        return None
+
+
+class DocumentCache:
+    """The one mutable store a document's walks share; each kind of entry in its own dict.
+
+    ``reads``: un-intervened read key (``forwards.read_key``) -> ``Published`` over every row;
+    ``wholes``: whole key -> an address's whole tensor ``(rows, seq, …)``; ``inputs``: (batch
+    key, device) -> (ids, mask, position ids); ``positions``: an unscoped prompt cut's
+    (windows, reasons); ``prefetched``: ``id(pass_)`` -> (pass, its result); ``prefixes``:
+    (batch key, layer) -> the un-intervened residual leaving block ``layer`` (a
+    :class:`Prefix`), while ``resume_budget`` bytes allow (prefix resume).
+    """
+
+    __slots__ = ("reads", "wholes", "inputs", "positions", "prefetched", "whole_bytes",
+                 "prefixes", "resume_budget", "resume_bytes")
+
+    def __init__(self, resume_budget: int | None = None) -> None:
+        self.reads: dict = {}
+        self.wholes: dict = {}
+        self.inputs: dict = {}
+        self.positions: dict = {}
+        self.prefetched: dict = {}
+        self.whole_bytes = 0
+        self.prefixes: dict = {}
+        self.resume_budget = RESUME_BUDGET if resume_budget is None else resume_budget
+        self.resume_bytes = 0
+
+    def prefix_room(self, batch: Any, layers: int, width: int) -> bool:
+        """Whether ``layers`` more residuals of ``batch`` (``width`` wide, fp32) fit the
+        resume budget; if so they are charged to it."""
+        size = len(batch.input_ids) * batch.tokens * width * 4 * layers
+        if self.resume_bytes + size > self.resume_budget:
+            return False
+        self.resume_bytes += size
+        return True
+
+    def whole_key(self, pass_: Pass, forward: Forward, read: ReadOp,
+                  pending: frozenset | set = frozenset()) -> tuple | None:
+        """The key of ``read``'s whole address tensor (a new one, not already ``pending`` in
+        this trace, is charged to the budget), or None: only plain prompt reads of known
+        width (not vocabulary, not keys) are kept whole."""
+        address, batch = read.address, pass_.inputs[forward.input]
+        if (read.view != "raw" or not address.full_width or address.key_axis
+                or read.pos.frame != "prompt"):
+            return None
+        key = ("whole", batch_key(batch), address.component, address.layer)
+        if key in self.wholes or key in pending:
+            return key
+        size = pass_.rows * len(batch.input_ids[0] if pass_.rows else ()) * address.full_width * 4
+        if size > WHOLE_BYTES or self.whole_bytes + size > WHOLE_BUDGET:
+            return None
+        self.whole_bytes += size
+        return key
+
+    def keep_prefetched(self, pass_: Pass, result: Any) -> None:
+        self.prefetched[id(pass_)] = (pass_, result)
+
+    def take_prefetched(self, pass_: Pass) -> Any:
+        """The result ``prefetch`` left for exactly this pass (removed), or None."""
+        kept = self.prefetched.pop(id(pass_), None)
+        return kept[1] if kept is not None and kept[0] is pass_ else None
+
+    def drop_prefetched(self, pass_: Pass) -> None:
+        self.prefetched.pop(id(pass_), None)

@@ -1,0 +1,131 @@
+"""Prefix resume: a forward whose taps all sit at block R or later skips blocks 0 … R−1.
+
+The oracle is the same document run with resume off (a zero resume budget): every table
+and bundle must be byte-identical (tensors compared exactly), on every family, for a fused
+layer sweep and for a DAS fit at layer 1, and resumed traces must actually have run.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from causalab.engine import cache as cache_module
+from causalab.engine import walk
+from causalab.pipeline import run_document
+
+REPO = Path(__file__).resolve().parents[2]
+SMOLLM2 = "smollm2-135m"
+PLACES = [("block_output", 0), ("block_input", 1), ("attention_output", 1), ("mlp_output", 1),
+          ("block_output", 1)]
+
+
+def _families() -> list:
+    """The four tiny families, and SmolLM2 (slow) where the registry has it."""
+    from causalab.models import BUILTINS
+
+    names: list = ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"]
+    if SMOLLM2 in BUILTINS:
+        names.append(pytest.param(SMOLLM2, marks=pytest.mark.slow, id="smollm2"))
+    return names
+
+
+def _resolved(family, tiny, request):
+    if family == SMOLLM2:
+        request.getfixturevalue("smollm2_dir")  # the suite's one place that materialises it
+    return tiny(family)
+
+
+@pytest.fixture()
+def resumed(monkeypatch):
+    """Counts traces that skipped a prefix."""
+    seen = {"resumed": 0}
+    original = walk._trace
+
+    def counting(*args, **kwargs):
+        seen["resumed"] += kwargs.get("resume") is not None
+        return original(*args, **kwargs)
+    monkeypatch.setattr(walk, "_trace", counting)
+    return seen
+
+
+def _sweep(resolved) -> dict:
+    sites = [{"component": c, "layers": [layer]} for c, layer in PLACES]
+    return {
+        "model": {"key": resolved.key, "revision": resolved.revision, "dtype": "fp32"},
+        "roles": {"base": {"field": "input"}, "counterfactual": {"field": "counterfactual_inputs[0]"}},
+        "sites": {"target": {"sweep": sites, "as": "place"}, "head": {"component": "logits"}},
+        "interventions": {"patch": {
+            "reads": {"v_cf": {"site": "target", "pos": -1, "input": "counterfactual"},
+                      "logits": {"site": "head", "pos": -1, "model": "patched", "input": "base"}},
+            "writes": {"patch": {"site": "target", "pos": -1, "mechanism": "swap", "operand": "v_cf"}},
+            "models": {"patched": {"input": "base", "writes": ["patch"]}},
+            "metrics": {"logit_diff": {"kind": "logit_diff", "of": "logits",
+                                       "a": "cf_answer", "b": "base_answer"}}}},
+        "steps": {"patch": {"kind": "observe", "interventions": "patch",
+                            "rows": {"base": "pairs", "counterfactual": "pairs"},
+                            "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"}]}},
+    }
+
+
+def _das(resolved) -> dict:
+    document = json.loads((REPO / "documents" / "v2" / "das.json").read_text())
+    document["model"] = {"key": resolved.key, "revision": resolved.revision, "dtype": "fp32"}
+    document["sites"]["target"]["layers"] = [1]
+    document["steps"]["fit"]["epochs"] = 2
+    return document
+
+
+def _files(root: Path) -> dict:
+    """Every output but run.json: JSON as bytes, safetensors as their tensors."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        if path.name == "run.json" or not path.is_file():
+            continue
+        key = str(path.relative_to(root))
+        found[key] = load_file(str(path)) if path.suffix == ".safetensors" else path.read_bytes()
+    return found
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys() and a
+    for key in a:
+        if isinstance(a[key], dict):
+            assert a[key].keys() == b[key].keys()
+            assert all(torch.equal(a[key][n], b[key][n]) for n in a[key]), key
+        else:
+            assert a[key] == b[key], key
+
+
+def _both(document, tmp_path, monkeypatch, data_root) -> tuple[dict, dict]:
+    monkeypatch.chdir(REPO)
+    run_document(copy.deepcopy(document), out=str(tmp_path / "resumed"), data_root=data_root)
+    monkeypatch.setattr(cache_module, "RESUME_BUDGET", 0)
+    run_document(copy.deepcopy(document), out=str(tmp_path / "full"), data_root=data_root)
+    return _files(tmp_path / "resumed"), _files(tmp_path / "full")
+
+
+@pytest.mark.parametrize("family", _families())
+def test_a_fused_sweep_resumed_past_its_prefix_writes_the_tables_the_full_forward_writes(
+        family, tiny, kit, tmp_path, monkeypatch, resumed, request):
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    got, want = _both(_sweep(_resolved(family, tiny, request)), tmp_path, monkeypatch, data_root)
+    # Block 1 onward (block_output[0] and the layer-1 places) in one trace; block_output[1]
+    # needs no block computed, in a second.
+    assert resumed["resumed"] == 2
+    _same(got, want)
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"])
+def test_a_das_fit_on_its_cached_prefix_fits_the_rotation_the_full_forward_fits(
+        family, tiny, tmp_path, monkeypatch, resumed, request):
+    document = _das(_resolved(family, tiny, request))
+    got, want = _both(document, tmp_path, monkeypatch, str(REPO / "documents" / "data"))
+    # The corpus fit's train split is one batch of all its rows: every update and every
+    # eval resumes (a minibatch of other rows does not: the prefix's bits follow its batch).
+    assert resumed["resumed"] > 2
+    _same(got, want)
