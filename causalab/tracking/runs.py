@@ -39,6 +39,10 @@ MODEL_KEY = "causalab.model.key"
 MODEL_REVISION = "causalab.model.revision"
 SWEEP = "causalab.sweep"
 OVERRIDES = "causalab.overrides"
+REUSED_FROM = "causalab.reused_from"
+JOB = "causalab.job"
+# MLflow 3 opens an experiment on its GenAI pages unless this tag names a training-style kind.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 _UNSAFE_KEY = re.compile(r"[^\w\-. /:]")
 
 
@@ -100,9 +104,12 @@ def experiment_id(mlflow: MlflowClient, name: str, uri: str) -> str:
     """
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
+        if found.tags.get(EXPERIMENT_KIND[0]) is None:
+            mlflow.set_experiment_tag(found.experiment_id, *EXPERIMENT_KIND)
         return found.experiment_id
     try:
-        return mlflow.create_experiment(name, artifact_location=artifact_location(uri))
+        return mlflow.create_experiment(name, artifact_location=artifact_location(uri),
+                                        tags=dict([EXPERIMENT_KIND]))
     except Exception as error:
         found = mlflow.get_experiment_by_name(name)
         if found is None:
@@ -144,10 +151,13 @@ def _tag_values(tags: Mapping[str, Any]) -> dict[str, str]:
 
 
 def finished_run(mlflow: MlflowClient, experiment: str, produced_by: str) -> str | None:
-    """The id of a FINISHED run in ``experiment`` whose ``causalab.produced_by`` is the digest."""
+    """The id of a FINISHED run in ``experiment`` whose ``causalab.produced_by`` is the digest:
+    the run that computed it, never a link to it (a link names its origin)."""
     query = (f"tags.`{PRODUCED_BY}` = '{produced_by}' and attributes.status = 'FINISHED'")
     runs = mlflow.search_runs([experiment], filter_string=query, max_results=1)
-    return runs[0].info.run_id if runs else None
+    if not runs:
+        return None
+    return runs[0].data.tags.get(REUSED_FROM) or runs[0].info.run_id
 
 
 def children(mlflow: MlflowClient, experiment: str, parent: str) -> list:
@@ -255,6 +265,9 @@ def _record(run) -> dict:
         "produced_by": tags.get(PRODUCED_BY),
         "point": tags.get(POINT),
         "kind": tags.get(KIND),
+        "model": tags.get(MODEL_KEY),
+        "job": tags.get(JOB),
+        "reused_from": tags.get(REUSED_FROM),
         "error": tags.get(ERROR),
         "artifact_uri": run.info.artifact_uri,
         "metrics": dict(run.data.metrics),
