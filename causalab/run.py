@@ -88,7 +88,7 @@ def _report(out: str, written: list[str], events, summary, job: str) -> None:
     runs = len(events.point_runs)
     skipped = f", {len(events.skipped)} reused as done" if events.skipped else ""
     print(f"mlflow: {runs} run(s){skipped} in experiment {events.experiment!r} at {events.uri}")
-    print(f"see them: {ui_command(events.uri)}")
+    print(f"see them: {ui_command(events.uri, events.experiment_id)}")
 
 
 def _run(config) -> None:

@@ -69,11 +69,26 @@ def artifact_location(uri: str) -> str | None:
     return (database.resolve().parent / ARTIFACTS).as_uri()
 
 
-def ui_command(uri: str) -> str:
-    """The one command that shows these runs: the server's address, or ``mlflow ui`` on the DB."""
+def runs_page(base: str, experiment_id: str | None) -> str:
+    """The UI address of an experiment's runs table.
+
+    MLflow 3.17's UI picks GenAI or model-training pages from a ``workflowType`` it keeps per
+    browser (GenAI unless told), not from the experiment's kind tag; the query says which.
+    """
+    if experiment_id is None:
+        return base.rstrip("/")
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
+def ui_command(uri: str, experiment_id: str | None = None) -> str:
+    """The one command that shows these runs: the server's runs page, or ``mlflow ui`` on the
+    DB (without job execution) and the page to open."""
     if uri.startswith(("http://", "https://")):
-        return f"open {uri}"
-    return f"mlflow ui --backend-store-uri {uri}"
+        return f"open {runs_page(uri, experiment_id)}"
+    command = f"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri {uri}"
+    if experiment_id is None:
+        return command
+    return f"{command}  # then open {runs_page('http://127.0.0.1:5000', experiment_id)}"
 
 
 @functools.lru_cache(maxsize=1)
