@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import atexit
 import queue
+import sys
 import threading
+import time
 from typing import Any, Callable
 
 _STOP = object()
@@ -52,8 +54,13 @@ class Lane:
             error, self._error = self._error, None
             raise error
 
-    def drain(self) -> None:
-        """At exit: finish what was sent, say nothing (the sender is gone)."""
-        if self._thread.is_alive():
-            self._calls.join()
-            self._calls.put(_STOP)
+    def drain(self, limit_s: float = 60.0) -> None:
+        """At exit: finish what was sent, for at most ``limit_s`` (a store that stopped
+        answering would otherwise hold the process through every retry); say what was left."""
+        deadline = time.monotonic() + limit_s
+        while self._calls.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self._calls.unfinished_tasks:
+            print(f"causalab: {self._calls.unfinished_tasks} MLflow call(s) not sent: the "
+                  f"tracking store did not answer within {limit_s:.0f} s", file=sys.stderr)
+        self._calls.put(_STOP)

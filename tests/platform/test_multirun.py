@@ -49,7 +49,7 @@ def test_a_joblib_multirun_of_three_jobs_is_one_parent_with_three_finished_child
     for child in children:
         names = {a.path for a in client.list_artifacts(child.info.run_id)}
         assert {"document.json", "run.json", "hydra_config.yaml", "iia.json"} <= names
-        assert "logit_diff" in child.data.metrics
+        assert "patch/logit_diff" in child.data.metrics
     assert "mlflow ui" not in done.stdout and "see them" in done.stdout
 
 
@@ -68,7 +68,7 @@ def test_a_multirun_of_swept_documents_nests_each_job_s_points_under_its_own_run
             "layers=0,pos=-1", "layers=0,pos=-4", "layers=1,pos=-1", "layers=1,pos=-4"]
         assert {r.info.status for r in points} == {"FINISHED"}
         plots = MlflowClient(mlflow_server).list_artifacts(job.info.run_id, "plots")
-        assert [a.path for a in plots] == ["plots/layer_curve.png"]
+        assert [a.path for a in plots] == ["plots/position_heatmap.png"]
     assert len(runs) == 1 + 2 + 8
 
 
