@@ -47,17 +47,23 @@ def _medium_model(folder: Path) -> str:
     return str(folder)
 
 
+def _revision(path: str) -> str:
+    from causalab.models import resolve
+
+    return resolve(path).revision
+
+
 def _vocab(tokenizer_dir: Path) -> int:
     from causalab.models import load_tokenizer
 
     return len(load_tokenizer(str(tokenizer_dir)))
 
 
-def _document(model: str) -> dict:
+def _document(path: str) -> dict:
     target = {"component": "block_input", "layers": {"sweep": [[0], [1], [2], [3]], "as": "layer"}}
     pos = {"sweep": [-1, -2], "as": "pos"}
     return {
-        "model": {"key": model, "dtype": "fp32"},
+        "model": {"key": path, "revision": _revision(path), "dtype": "fp32"},
         "roles": {"base": {"field": "input"}, "counterfactual": {"field": "counterfactual_inputs[0]"}},
         "sites": {"target": target, "head": {"component": "lm_head"}},
         "interventions": {"patch": {

@@ -161,3 +161,29 @@ def test_the_ui_opens_on_the_runs_table_and_compares_k_with_test_and_control_iia
     assert {"k", "test/iia", "control/iia"} <= {row.strip() for row in rows}
     assert shot.stat().st_size > 10_000
     assert not math.isnan(das["points"]["k=1"].data.metrics["control/iia"])
+
+
+def test_a_runs_uri_resolves_with_no_track_when_a_tracking_uri_is_set(das, mlflow_server,
+                                                                      tmp_path, monkeypatch,
+                                                                      capsys):
+    from causalab.cli import main
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    monkeypatch.setenv("CAUSALAB_HOME", str(tmp_path / "home"))
+    run = das["points"]["k=4"]
+    point = json.loads((das["out"] / "k=4" / "document.json").read_text())
+    apply = json.loads((REPO / "documents" / "v2" / "das_apply.json").read_text())
+    apply["model"] = point["model"]
+    apply["sites"]["target"] = point["sites"]["target"]
+    apply["featurizers"]["rot"].update(k=4, file_path=f"runs:/{run.info.run_id}/rot.safetensors")
+    apply["interventions"]["das"]["reads"]["v_cf"]["pos"] = -1
+    apply["steps"]["apply"]["rows"] = point["steps"]["test"]["rows"]
+    document = tmp_path / "apply.json"
+    document.write_text(json.dumps(apply))
+    status = main(["run", str(document), "--no-track", "--device-map", "cpu",
+                   "--out", str(tmp_path / "out"), "--data-root", DATA])
+    assert status == 0, capsys.readouterr().err
+    applied = json.loads((tmp_path / "out" / "iia.json").read_text())
+    scored = json.loads((das["out"] / "k=4" / "test_logit_diff.json").read_text())
+    # The same rotation at the same site on the same rows: equal within float32 noise.
+    assert [r["value"] for r in applied] == pytest.approx([r["value"] for r in scored], abs=1e-5)
