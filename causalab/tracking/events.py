@@ -37,6 +37,7 @@ class _PointRun:
     fits: dict[str, str]
     title: str = ""
     run_id: str | None = None
+    params: dict[str, str] = field(default_factory=dict)
     metrics: list = field(default_factory=list)
     means: dict[str, float] = field(default_factory=dict)
     losses: dict[str, list[float]] = field(default_factory=dict)
@@ -164,16 +165,16 @@ class TrackingEvents(Events):
                      store.COORDINATES: json.dumps(coordinates, sort_keys=True, default=str)})
         run = _PointRun(label, _steps(point), _fits(point),
                         plots.title_of(getattr(point, "document", None)) or self._title)
+        run.params = naming.point_params(getattr(point, "document", None), coordinates,
+                                         self.job_params)
         self._open[id(point)] = run
-        params = naming.point_params(getattr(point, "document", None), coordinates, self.job_params)
-        self.lane.send(self._create, run, name, tags, params)
+        self.lane.send(self._create, run, name, tags)
         return True
 
-    def _create(self, run: _PointRun, name: str, tags: dict, params: dict) -> None:
+    def _create(self, run: _PointRun, name: str, tags: dict) -> None:
         run.run_id = store.create_run(self.client, self.experiment_id, name, tags,
                                       self.sweep_run_id or self.parent_run_id)
         self.point_runs[run.label] = run.run_id
-        store.log_batch(self.client, run.run_id, params=params)
 
     def _reuse(self, point: Any, label: str, found: str) -> None:
         """Link a done point into this parent now (a multirun job), or at the sweep's end."""
@@ -329,9 +330,10 @@ class TrackingEvents(Events):
         run.metrics.append(store.metric(key, value, step, int(time.time() * 1000)))
 
     def _flush(self, run: _PointRun) -> None:
-        if run.metrics and run.run_id is not None:
-            store.log_batch(self.client, run.run_id, metrics=run.metrics)
-            run.metrics = []
+        """The point's params and every number it buffered, in one request when they fit."""
+        if (run.metrics or run.params) and run.run_id is not None:
+            store.log_batch(self.client, run.run_id, metrics=run.metrics, params=run.params)
+            run.metrics, run.params = [], {}
 
     def _log_config(self, run_id: str) -> None:
         if self.config is None:

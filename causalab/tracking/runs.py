@@ -183,8 +183,15 @@ def children(mlflow: MlflowClient, experiment: str, parent: str) -> list:
 
 def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Metric] = (),
               params: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None):
-    """Log in as few requests as MLflow's batch limits allow."""
+    """Log in as few requests as MLflow's batch limits allow: one, when everything fits."""
     metrics = list(metrics)
+    params_, tags_ = _param_values(params or {}), _tag_values(tags or {})
+    if len(metrics) <= MAX_METRICS_PER_BATCH and len(params_) + len(tags_) <= MAX_PARAMS_TAGS_PER_BATCH:
+        if metrics or params_ or tags_:
+            mlflow.log_batch(run_id, metrics=metrics,
+                             params=[Param(k, v) for k, v in params_.items()],
+                             tags=[RunTag(k, v) for k, v in tags_.items()])
+        return
     for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
         mlflow.log_batch(run_id, metrics=metrics[start:start + MAX_METRICS_PER_BATCH])
     items = [Param(k, v) for k, v in _param_values(params or {}).items()]
