@@ -39,7 +39,7 @@ class Result:
         """Every point's table of that file name as one DataFrame, with a ``point`` column."""
         import pandas
 
-        frames = [frame.assign(point=str(Path(path).parent).replace(".", ""))
+        frames = [frame.assign(point=_point_of(path))
                   for path, frame in self.tables.items() if Path(path).name == name]
         if not frames:
             raise UsageError((name,), f"no saved table named {name!r}; saved: "
@@ -53,6 +53,12 @@ class Result:
             raise UsageError((point or "<root>", name),
                              f"no published value {name!r}; published: {sorted(found)}")
         return found[name]
+
+
+def _point_of(path: str) -> str:
+    """The point directory a table was written under (``""`` for an unswept document)."""
+    parent = Path(path).parent.as_posix()
+    return "" if parent == "." else parent
 
 
 class _Collect(Events):
@@ -72,8 +78,14 @@ def _published(node: Any) -> dict[str, Any]:
         if getattr(child, "digest", None) is None and hasattr(child, "children"):
             found.update(_published(child))
         outputs = (getattr(child, "results", None) or {}).get("outputs") or {}
-        found.update(outputs)
+        found.update({name: _tensor(value) for name, value in outputs.items()})
     return found
+
+
+def _tensor(published: Any) -> Any:
+    """The tensor of a published value, detached on the CPU (the engine wraps it)."""
+    value = getattr(published, "value", published)
+    return value.detach().cpu() if hasattr(value, "detach") else value
 
 
 def run(document: Mapping[str, Any] | str | Path, *, out: str | None = None,

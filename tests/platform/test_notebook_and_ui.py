@@ -187,3 +187,29 @@ def test_a_runs_uri_resolves_with_no_track_when_a_tracking_uri_is_set(das, mlflo
     scored = json.loads((das["out"] / "k=4" / "test_logit_diff.json").read_text())
     # The same rotation at the same site on the same rows: equal within float32 noise.
     assert [r["value"] for r in applied] == pytest.approx([r["value"] for r in scored], abs=1e-5)
+
+
+def test_the_run_result_holds_a_published_mean_as_the_tensor_a_plain_forward_gives(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from causalab.models import load_tokenizer, resolve
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(REPO)
+        result = causalab.run("documents/v2/mean_ablation.json", out=str(tmp_path),
+                              data_root=DATA)
+    published = result.value("mean")
+    path = resolve("causalab:tiny-llama").path
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(path)
+    rows = json.loads((REPO / "documents" / "data" / "weekdays_full" / "data.json").read_text())
+    # One unpadded forward per row: block 0's output at the last token, averaged over rows.
+    with torch.no_grad():
+        last = [model(**tokenizer(row["input"], return_tensors="pt"), output_hidden_states=True)
+                .hidden_states[1][0, -1] for row in rows if row.get("split") == "train"]
+    expected = torch.stack(last).mean(0)
+    assert published.reshape(-1).shape == expected.shape
+    # float32 sums over 30 rows in another order: equal within 1e-5.
+    assert torch.allclose(published.reshape(-1).float(), expected, atol=1e-5)
+    assert set(result.tables) == {"clean.json", "ablated.json"}
