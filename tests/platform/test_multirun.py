@@ -99,6 +99,8 @@ def test_a_multirun_repeated_links_every_done_job_into_its_new_parent_and_says_s
         mlflow_server, experiment_name, tmp_path):
     arguments = ["experiment=patching", "model=tiny_llama,tiny_gpt2",
                  f"tracking.experiment={experiment_name}"]
+    for name in ("first", "again"):
+        (tmp_path / name).mkdir()
     _multirun(arguments, tmp_path / "first", mlflow_server)
     again = _multirun(arguments, tmp_path / "again", mlflow_server)
     runs = _experiment_runs(mlflow_server, experiment_name)
