@@ -18,6 +18,8 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	$(PY) -m pip install -q -c constraints.txt -r requirements.txt
 	$(PY) -m pip install -q -c constraints.txt --no-deps -e .
 	$(PY) -c "import nnterp, nnsight; assert nnsight.__version__ == '0.7.0', nnsight.__version__"
+	# the browser test drives Debian's Chromium (a tool cannot download its own browser here)
+	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 	touch $(STAMP)
 
 test: setup
@@ -32,14 +34,17 @@ test-all: setup
 run: setup
 	$(PY) -m causalab.run experiment=das model=llama
 
+# The runs table, not the GenAI pages: open http://127.0.0.1:5000/#/experiments/<id>/runs?workflowType=machine_learning
 ui: setup
-	.venv/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
+	@echo "runs: http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning"
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false .venv/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
 
 bench: setup
 	$(PY) scripts/bench/patching.py
 	$(PY) scripts/bench/cayley.py
 	$(PY) scripts/bench/explain.py
 	$(PY) scripts/bench/medium.py
+	$(PY) scripts/bench/tracking.py
 
 # SAELens lives in its own venv: sae-lens 6.54 needs transformer-lens < 4 (STACK.md).
 SAELENS_PY := .venv-saelens/bin/python

@@ -11,6 +11,8 @@ Importing this package imports nothing heavy: each public name is loaded on firs
 >>> plan = causalab.compile_document(causalab.load_json("documents/v2/patching.json"),
 ...                                  data_root="documents/data")  # doctest: +SKIP
 >>> print(causalab.explain(plan))  # doctest: +SKIP
+>>> result = causalab.run("documents/v2/patching.json")  # doctest: +SKIP
+>>> result.table("iia.json")  # doctest: +SKIP
 """
 from __future__ import annotations
 
@@ -28,6 +30,10 @@ _PUBLIC = {
     "compile_point": "causalab.compile",
     "explain": "causalab.compile",
     "run_document": "causalab.pipeline",
+    "run": "causalab.results",
+    "Result": "causalab.results",
+    "read_table": "causalab.results",
+    "search_points": "causalab.results",
     "resolve_model": "causalab.models",
     "Events": "causalab.engine.events",
     "TrackingEvents": "causalab.tracking",

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from causalab import flags
 from causalab.document import vocab
+from causalab.engine.events import Events
 from causalab.errors import CausalabError, UsageError, format_path
 from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT
 from causalab.interrupts import exit_status, interrupts, one_line
@@ -194,10 +195,24 @@ def _known_store(args: argparse.Namespace):
 
 # --- verbs that run or reach the tracking store ------------------------------------------
 
+class _Resolving(Events):
+    """With ``--no-track``: log nothing, still read ``runs:/`` bundles from the tracking URI
+    (MLFLOW_TRACKING_URI, ``--tracking-uri``, else ./mlflow.db); mlflow loads only if asked."""
+
+    def __init__(self, tracking_uri: str | None) -> None:
+        self.uri = tracking_uri
+        self.skipped: dict[str, str] = {}
+
+    def resolve(self, uri: str) -> str:
+        from causalab.tracking import resolve_artifact
+
+        return resolve_artifact(uri, self.uri)
+
+
 def _tracking_events(args: argparse.Namespace) -> Any:
-    """The MLflow listener for a run (docs/platform.md §5), or None with ``--no-track``."""
+    """The MLflow listener for a run (docs/platform.md §5), or a ``runs:/`` reader with ``--no-track``."""
     if args.no_track:
-        return None
+        return _Resolving(args.tracking_uri)
     from causalab.tracking import TrackingEvents
 
     return TrackingEvents(tracking_uri=args.tracking_uri, rerun=args.rerun, out=args.out,
@@ -216,12 +231,19 @@ def verb_run(args: argparse.Namespace) -> dict:
 
     raw = _read_document(args.document)
     events = _tracking_events(args)
-    with events if events is not None else contextlib.nullcontext():
+    tracked = not args.no_track
+    with events if tracked else contextlib.nullcontext():
         written = run_document(raw, out=args.out, batch_size=args.batch_size,
                                device_map=args.device_map, data_root=args.data_root,
                                events=Chain(events, PointProgress()))
     written = [str(p) for p in written]
-    return {"text": "\n".join(written), "written": written, "out": args.out}
+    skipped = [{"point": label or "<root>", "reused_run_id": run_id,
+                "linked_run_id": getattr(events, "linked", {}).get(label)}
+               for label, run_id in events.skipped.items()]
+    for entry in skipped:  # stdout stays the list of files; what was reused is said beside it
+        print(f"skipped {entry['point']}: done in run {entry['reused_run_id']}", file=sys.stderr)
+    return {"text": "\n".join(written), "written": written, "out": args.out,
+            "skipped": skipped}
 
 
 def verb_render(args: argparse.Namespace) -> dict:
@@ -249,8 +271,11 @@ def verb_runs(args: argparse.Namespace) -> dict:
     from causalab.tracking import list_runs
 
     runs = list_runs(produced_by=args.produced_by, tracking_uri=args.tracking_uri)
-    lines = [f"{r['run_id']}  {r['status']:<9} {(r.get('name') or ''):<24} "
-             f"{(r.get('produced_by') or '')[:12]}".rstrip() for r in runs]
+    lines = [f"{r['run_id']}  {r['status']:<9} {(r.get('model') or '-'):<24} "
+             f"{(r.get('job') or '-'):<32} {(r.get('name') or ''):<20} "
+             f"{(r.get('produced_by') or '')[:12]}"
+             f"{'  reuses ' + r['reused_from'] if r.get('reused_from') else ''}".rstrip()
+             for r in runs]
     return {"text": "\n".join(lines) if lines else "(no runs)", "runs": runs}
 
 
@@ -345,8 +370,20 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)
 
 
+_DESCRIPTION = ("causalab: declarative causal interventions on transformer language models, "
+                "tracked in MLflow.\nEach verb prints text, or with --json the whole result "
+                "object; a refusal is one line on stderr.")
+_EPILOG = """examples:
+  causalab validate documents/v2/patching.json
+  causalab explain documents/v2/das.json --json
+  causalab run documents/v2/patching.json --out out --device-map cpu
+  causalab runs --json
+  python -m causalab.run experiment=das model=llama   (Hydra: compose, render, run, track)"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="causalab", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="causalab", description=_DESCRIPTION, epilog=_EPILOG,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(parser, top=True)
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for name, (function, help_text) in VERBS.items():
@@ -393,6 +430,16 @@ def _error_line(err: BaseException) -> str:
     # Not a refusal but a fault: still one line, with the way to see more.
     return (f"error: {type(err).__name__}: {_one_line(str(err))} "
             f"(run with --debug for the traceback)")
+
+
+def _error_object(err: BaseException) -> dict:
+    """A refusal as ``--json`` prints it: ``{"ok": false, "error": {path, message, line}}``."""
+    refusal = isinstance(err, CausalabError)
+    return {"ok": False, "error": {
+        "kind": type(err).__name__,
+        "path": list(err.path) if refusal else [],
+        "message": _one_line(err.message if refusal else str(err)),
+        "line": _error_line(err)}}
 
 
 def _print(result: dict, as_json: bool) -> None:
@@ -442,6 +489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             traceback.print_exc(file=sys.stderr)
         print(_error_line(err), file=sys.stderr)
+        if "--json" in argv:
+            _print(_error_object(err), True)
         return EXIT_USAGE if isinstance(err, UsageError) else EXIT_REFUSED
     _print(result, args.json)
     return EXIT_OK

@@ -13,6 +13,7 @@ This module holds no experiment logic: the pipeline runs, tracking logs.
 from __future__ import annotations
 
 import sys
+import types
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -61,23 +62,34 @@ def tracking_events(config: Any, out: str):
         parent_run_id=parent.get("run_id"), run_name=name, job_params=params)
 
 
-def _report(out: str, written: list[str], events, summary) -> None:
+def _job_line(document: dict) -> str:
+    """``job 2: experiment=das model=gpt2 · causalab:weekday-gpt2``: which job this block is."""
+    hydra_config = HydraConfig.get()
+    number = hydra_config.job.get("num")
+    name = hydra_config.job.override_dirname or "(no overrides)"
+    model = (document.get("model") or {}).get("key") or "?"
+    return f"job {number if number is not None else 0}: {name} · {model}"
+
+
+def _report(out: str, written: list[str], events, summary, job: str) -> None:
+    print(job)
     if summary.lines:
         print(summary.render())
     print(f"causalab: {len(written)} files in {Path(out).resolve()}")
     if events is None:
         return
-    from causalab.tracking import ui_command
+    from causalab.tracking import naming, ui_command
 
     for label, run_id in events.skipped.items():
         metrics = events.client.get_run(run_id).data.metrics
-        shown = " ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items())
-                         if not k.endswith("/eligible") and not k.startswith(("train/", "eval/")))
-        print(f"{label or '<root>'}  done before in run {run_id}: {shown}")
+        shown = " ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items()) if naming.is_score(k))
+        link = events.linked.get(label)
+        linked = f", linked here as run {link}" if link else ""
+        print(f"{label or '<root>'}  reused: done in run {run_id}{linked}: {shown}")
     runs = len(events.point_runs)
-    skipped = f", {len(events.skipped)} skipped as done" if events.skipped else ""
+    skipped = f", {len(events.skipped)} reused as done" if events.skipped else ""
     print(f"mlflow: {runs} run(s){skipped} in experiment {events.experiment!r} at {events.uri}")
-    print(f"see them: {ui_command(events.uri)}")
+    print(f"see them: {ui_command(events.uri, events.experiment_id)}")
 
 
 def _run(config) -> None:
@@ -99,7 +111,7 @@ def _run(config) -> None:
                                device_map=device_map,
                                data_root=options.get("data_root") or DEFAULT_DATA_ROOT,
                                events=Chain(events, PointProgress(), summary))
-    _report(out, written, events, summary)
+    _report(out, written, events, summary, _job_line(document))
 
 
 @hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")
@@ -120,3 +132,16 @@ def main(config) -> None:
 if __name__ == "__main__":
     process_settings()
     main()
+
+
+class _CallableModule(types.ModuleType):
+    """Importing this module binds ``causalab.run`` to it; calling it stays the notebook API
+    (:func:`causalab.results.run`), so ``causalab.run(document)`` works either way."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from causalab.results import run
+
+        return run(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

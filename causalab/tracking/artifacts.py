@@ -106,3 +106,4 @@ def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> None:
         local = Path(staging) / Path(artifact).name
         local.write_bytes(data)
         log_files(mlflow, run_id, [(str(local), artifact)])
+

@@ -80,7 +80,8 @@ class MultirunParent(Callback):
             mlflow.delete_run(parent["run_id"])
             return
         points = [(_coordinates(run), dict(run.data.metrics)) for run in children]
-        for name, png in plots.sweep_plots(points).items():
+        title = " ".join(_naming(config)) or "multirun"
+        for name, png in plots.sweep_plots(points, title=title).items():
             artifacts.log_bytes(mlflow, parent["run_id"], png, name)
         good = all(run.info.status == "FINISHED" for run in children)
         store.terminate(mlflow, parent["run_id"], "FINISHED" if good else "FAILED")

@@ -3,9 +3,13 @@
 A swept document gets a parent run and one child per point (``mlflow.parentRunId``); inside
 a Hydra multirun the job's runs nest under the multirun's parent instead of standing alone.
 A point whose digest already has a FINISHED run in the experiment is skipped (resume) unless
-``rerun``. Numbers are buffered and sent with ``log_batch``. A point that raises ends FAILED
-with the error as the ``causalab.error`` tag; an interrupt ends it KILLED; a run is marked
-FINISHED only after its files are logged. Never touches MLflow's fluent active-run stack.
+``rerun``; under a parent it is linked there (:mod:`causalab.tracking.links`), so the parent
+shows every point it asked for. Everything but that lookup is sent to one background lane
+(:mod:`causalab.tracking.background`) and awaited at the run's end: numbers buffered per
+point and sent with ``log_batch``, files uploaded once per point, plots drawn there. A point
+that raises ends FAILED with the error as the ``causalab.error`` tag; an interrupt ends it
+KILLED, after what it wrote is uploaded; a run is FINISHED only after its files are logged.
+Never touches MLflow's fluent active-run stack.
 """
 from __future__ import annotations
 
@@ -17,23 +21,26 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from causalab.engine.events import Events
-from causalab.files import DEFAULT_OUT, DOCUMENT, HYDRA_CONFIG, RUN_RECORD
-from causalab.tracking import artifacts, owners, plots
+from causalab.errors import UsageError
+from causalab.files import DOCUMENT, HYDRA_CONFIG, RUN_RECORD
+from causalab.tracking import artifacts, links, naming, owners, plots
 from causalab.tracking import runs as store
+from causalab.tracking.background import Lane
 from causalab.tracking.reach import reach, source_of
 
-_FLUSH_AT = 1000
 
 
 @dataclass
 class _PointRun:
-    """What one open point run has buffered."""
+    """One point's run: its id once the lane created it, and what the point has buffered."""
 
-    run_id: str
+    label: str
     steps: list[str]
     fits: dict[str, str]
+    title: str = ""
+    run_id: str | None = None
+    params: dict[str, str] = field(default_factory=dict)
     metrics: list = field(default_factory=list)
-    keys: dict[str, str] = field(default_factory=dict)
     means: dict[str, float] = field(default_factory=dict)
     losses: dict[str, list[float]] = field(default_factory=dict)
     evals: dict[str, list[float]] = field(default_factory=dict)
@@ -44,10 +51,11 @@ class TrackingEvents(Events):
 
     ``tracking_uri``: MLFLOW_TRACKING_URI wins, then this, then ./mlflow.db. ``experiment``:
     the MLflow experiment name (MLFLOW_EXPERIMENT_NAME, else ``causalab``). ``hydra_config``:
-    the job's composed config, logged as ``hydra_config.yaml`` and flattened into params.
-    ``parent_run_id``: nest under this run (a multirun's parent); ``run_name``: the name of the
-    job's top run (its overrides); ``job_params``: extra params (a job's swept overrides).
-    ``out``: the run's output folder (default: ``--out`` found in ``argv``, else ``out``).
+    the job's composed config, logged as ``hydra_config.yaml``. ``parent_run_id``: nest under
+    this run (a multirun's parent); ``run_name``: the name of the job's top run (its
+    overrides); ``job_params``: extra params (a job's swept overrides). ``out``: the run's
+    output folder, the one given to ``run_document`` (or ``--out`` found in ``argv``):
+    without it the listener cannot find the files it should upload, so it refuses to start.
     """
 
     def __init__(self, tracking_uri: str | None = None, experiment: str | None = None,
@@ -56,12 +64,15 @@ class TrackingEvents(Events):
                  job_params: Mapping[str, Any] | None = None, argv: list[str] | None = None):
         import os
 
+        self.out = out or _out_from_argv(argv) or ("out" if argv is not None else None)
+        if self.out is None:
+            raise UsageError(("out",), "TrackingEvents needs out=<the folder run_document "
+                                       "writes to>, to upload what the run writes there")
         self.uri = store.resolve_uri(tracking_uri)
         self.experiment = (experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME")
                            or store.DEFAULT_EXPERIMENT)
         self.rerun = rerun
         self.config = hydra_config
-        self.out = out or _out_from_argv(argv) or DEFAULT_OUT
         self.parent_run_id = parent_run_id
         self.run_name = run_name
         self.job_params = {str(k): store.param_value(v) for k, v in (job_params or {}).items()}
@@ -69,14 +80,19 @@ class TrackingEvents(Events):
         self.sweep_run_id: str | None = None
         self.point_runs: dict[str, str] = {}
         self.skipped: dict[str, str] = {}
+        self.linked: dict[str, str] = {}
         self.failed: list[str] = []
         self._client = None
         self._experiment_id: str | None = None
+        self._lane: Lane | None = None
         self._open: dict[int, _PointRun] = {}
+        self._ended: list[_PointRun] = []
         self._deferred: _PointRun | None = None
         self._done: list[tuple[dict, dict]] = []
-        self._common: dict[str, str] | None = None
         self._reattached = False
+        self._reused: list[tuple[Any, str, str]] = []
+        self._config_text: str | None = None
+        self._title = ""
 
     # --- connection -------------------------------------------------------------------------
 
@@ -92,16 +108,16 @@ class TrackingEvents(Events):
         self.client
         return self._experiment_id
 
-    def _params(self, document: dict | None) -> dict[str, str]:
-        """The flattened composed config (else the document) plus the job's own params."""
-        if self.config is None:
-            params = store.flatten(document or {})
-        else:
-            if self._common is None:
-                self._common = store.flatten(self.config)
-            params = dict(self._common)
-        params.update(self.job_params)
-        return params
+    @property
+    def lane(self) -> Lane:
+        if self._lane is None:
+            self._lane = Lane()
+        return self._lane
+
+    def wait(self) -> None:
+        """Block until every MLflow call sent so far has run (raises the first failure)."""
+        if self._lane is not None:
+            self._lane.wait()
 
     def _tags(self, kind: str, point: Any = None) -> dict[str, str]:
         tags = {store.KIND: kind, store.VERSION: store.code_version(), **owners.owner_tags()}
@@ -113,6 +129,8 @@ class TrackingEvents(Events):
             tags["causalab.argv"] = " ".join(self.argv)
         if self.job_params:
             tags[store.OVERRIDES] = json.dumps(self.job_params, sort_keys=True)
+        if self.run_name:
+            tags[store.JOB] = self.run_name
         return tags
 
     # --- the run ----------------------------------------------------------------------------
@@ -120,6 +138,10 @@ class TrackingEvents(Events):
     def run_start(self, document: dict, points: list[Any]) -> None:
         from causalab.document.digest import digest
 
+        self.client
+        first = points[0] if points else None
+        self._title = plots.title_of(getattr(first, "document", None) or document)
+        self.lane.send(plots.warm)
         swept = len(points) > 1 or any(getattr(p, "coordinates", None) for p in points)
         sweep = digest(document) if swept else None
         # What a killed earlier run of this document left RUNNING ends KILLED first.
@@ -133,12 +155,13 @@ class TrackingEvents(Events):
             owners.reopen(self.client, reattach)
             self.sweep_run_id, self._reattached = reattach, True
             return
-        tags = self._tags("sweep", points[0] if points else None)
+        tags = self._tags("sweep", first)
         tags[store.SWEEP] = sweep
         self.sweep_run_id = store.create_run(self.client, self.experiment_id,
                                              self.run_name or "sweep", tags, self.parent_run_id)
-        store.log_batch(self.client, self.sweep_run_id, params=self._params(document))
-        self._log_config(self.sweep_run_id)
+        self.lane.send(store.log_batch, self.client, self.sweep_run_id,
+                       params=_shared_params(points, self.job_params))
+        self.lane.send(self._log_config, self.sweep_run_id)
 
     def point_start(self, point: Any) -> bool:
         label = self._label(point)
@@ -146,33 +169,50 @@ class TrackingEvents(Events):
             found = store.finished_run(self.client, self.experiment_id, point.digest)
             if found:
                 self.skipped[label] = found
+                self._reuse(point, label, found)
                 return False
         name = label if self.sweep_run_id else (self.run_name or label or "point")
         tags = self._tags("point", point)
         coordinates = dict(getattr(point, "coordinates", None) or {})
         tags.update({store.PRODUCED_BY: point.digest, store.POINT: label,
                      store.COORDINATES: json.dumps(coordinates, sort_keys=True, default=str)})
-        run_id = store.create_run(self.client, self.experiment_id, name, tags,
-                                  self.sweep_run_id or self.parent_run_id)
-        # Open before anything else is sent, so a failure from here on still ends it.
-        self._open[id(point)] = _PointRun(run_id, _steps(point), _fits(point))
-        self.point_runs[label] = run_id
-        params = self._params(point.document)
-        params.update({str(k): store.param_value(v) for k, v in coordinates.items()})
-        store.log_batch(self.client, run_id, params=params)
+        run = _PointRun(label, _steps(point), _fits(point),
+                        plots.title_of(getattr(point, "document", None)) or self._title)
+        run.params = naming.point_params(getattr(point, "document", None), coordinates,
+                                         self.job_params)
+        self._open[id(point)] = run
+        self.lane.send(self._create, run, name, tags)
         return True
+
+    def _create(self, run: _PointRun, name: str, tags: dict) -> None:
+        run.run_id = store.create_run(self.client, self.experiment_id, name, tags,
+                                      self.sweep_run_id or self.parent_run_id)
+        self.point_runs[run.label] = run.run_id
+
+    def _reuse(self, point: Any, label: str, found: str) -> None:
+        """Link a done point into this parent now (a multirun job), or at the sweep's end."""
+        if self.parent_run_id is not None:
+            self.lane.send(self._link, point, label, found)
+        elif self.sweep_run_id is not None:
+            self._reused.append((point, label, found))
+
+    def _link(self, point: Any, label: str, found: str) -> None:
+        parent = self.sweep_run_id or self.parent_run_id
+        name = label if self.sweep_run_id else (self.run_name or label or "point")
+        self.linked[label] = links.link(self.client, self.experiment_id, found, parent, name,
+                                        self._tags("point", point))
 
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
         run = self._open.get(id(point))
         if run is None:
             return
-        first = run.keys.setdefault(name, step)
-        key = name if first == step else f"{step}/{name}"
+        key = naming.metric_key(step, name)
         ordinal = run.steps.index(step) if step in run.steps else 0
-        if mean is not None and math.isfinite(mean):
-            self._add(run, key, mean, ordinal)
-            run.means[key] = mean
-        self._add(run, f"{key}/eligible", eligible, ordinal)
+        score = mean if mean is not None and math.isfinite(mean) else math.nan
+        self._add(run, key, score, ordinal)
+        if not math.isnan(score):
+            run.means[key] = score
+        self._add(run, naming.eligible_key(step, name), eligible, ordinal)
 
     def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
         run = self._open.get(id(point))
@@ -195,60 +235,68 @@ class TrackingEvents(Events):
             self._add(run, self._fit_key(run, step, "eval/kept"), kept, epoch)
 
     def point_end(self, point: Any, written: list[str], error: BaseException | None) -> None:
-        run = self._open.get(id(point))
+        run = self._open.pop(id(point), None)
         if run is None:
             return
-        try:
-            self._upload(point, run, written, error)
-        except BaseException as failure:
-            self._end(run.run_id, error or failure)
-            self._open.pop(id(point), None)
-            self.failed.append(run.run_id)
-            raise
+        files = self._files(point, written, error)
+        self.lane.send(self._upload, run, files)
         self._done.append((dict(getattr(point, "coordinates", None) or {}), dict(run.means)))
         if error is not None:
-            self._end(run.run_id, error)
-            self.failed.append(run.run_id)
+            self.lane.send(self._end_point, run, error)
             if self.sweep_run_id:
-                self._end(self.sweep_run_id, error)
+                self.lane.send(self._end, self.sweep_run_id, error)
         elif not getattr(point, "directory", ""):
             self._deferred = run
         else:
-            self._end(run.run_id, None)
-        self._open.pop(id(point), None)
+            self._ended.append(run)
+            self.lane.send(self._end_point, run, None)
 
-    def _upload(self, point: Any, run: _PointRun, written: list[str],
-                error: BaseException | None) -> None:
-        """Send a point's buffered numbers, its files, its config and its loss plots."""
-        self._flush(run)
+    def _files(self, point: Any, written: list[str], error: BaseException | None) -> list:
+        """``(local, artifact)`` pairs of a point: its saves, its document, the root document."""
         directory = getattr(point, "directory", "") or ""
         files = [(str(Path(self.out) / path), _inside(path, directory)) for path in written]
         if directory and not any(a == DOCUMENT for _, a in files):
             files.insert(0, (str(Path(self.out) / directory / DOCUMENT), DOCUMENT))
-        artifacts.log_files(self.client, run.run_id, [f for f in files if Path(f[0]).is_file()])
         if not directory and error is None:
-            self._log_root_document(run.run_id)
+            files.insert(0, (str(Path(self.out) / DOCUMENT), DOCUMENT))
+        return files
+
+    def _upload(self, run: _PointRun, files: list) -> None:
+        """Send a point's buffered numbers, its files, its config and its loss plots."""
+        self._flush(run)
+        artifacts.log_files(self.client, run.run_id, [f for f in files if Path(f[0]).is_file()])
         self._log_config(run.run_id)
-        self._log_losses(run)
+        for step, losses in run.losses.items():
+            watched = f"eval/{run.fits.get(step, 'eval')}"
+            png = plots.loss_curve(losses, run.evals.get(step, []), title=f"{run.title} · {step}",
+                                   eval_name=watched)
+            artifacts.log_bytes(self.client, run.run_id, png, f"plots/{step}_loss.png")
 
     def run_end(self, written: list[str]) -> None:
-        record = [p for p in written if Path(p).name == RUN_RECORD]
+        record = [(p, RUN_RECORD) for p in written if Path(p).name == RUN_RECORD][:1]
+        record = [f for f in record if Path(f[0]).is_file()]
+        for run in self._ended:
+            self.lane.send(lambda run=run: artifacts.log_files(self.client, run.run_id, record))
+        self._ended = []
         if self._deferred is not None:
             run, self._deferred = self._deferred, None
-            artifacts.log_files(self.client, run.run_id,
-                                [(p, RUN_RECORD) for p in record[:1] if Path(p).is_file()])
-            self._end(run.run_id, None)
+            self.lane.send(lambda: artifacts.log_files(self.client, run.run_id, record))
+            self.lane.send(self._end_point, run, None)
         if self.sweep_run_id:
-            self._finish_sweep(written, record)
+            self.lane.send(self._finish_sweep, written, record)
+        self.wait()
 
-    def _finish_sweep(self, written: list[str], record: list[str]) -> None:
-        if not self.point_runs and not self._reattached:
+    def _finish_sweep(self, written: list[str], record: list) -> None:
+        if not self.point_runs and self.parent_run_id is None and not self._reattached:
             self.client.delete_run(self.sweep_run_id)
             return
+        for point, label, found in self._reused:
+            self._link(point, label, found)
         roots = [p for p in written if Path(p).name == DOCUMENT]
-        files = [(p, DOCUMENT) for p in sorted(roots, key=len)[:1]] + [(p, RUN_RECORD) for p in record[:1]]
+        files = [(p, DOCUMENT) for p in sorted(roots, key=len)[:1]] + record
         artifacts.log_files(self.client, self.sweep_run_id, [f for f in files if Path(f[0]).is_file()])
-        for name, png in plots.sweep_plots(self._done).items():
+        done = self._done + links.means_of(self.client, self.linked.values())
+        for name, png in plots.sweep_plots(done, title=self._title).items():
             artifacts.log_bytes(self.client, self.sweep_run_id, png, name)
         self._end(self.sweep_run_id, RuntimeError("a point failed") if self.failed else None)
 
@@ -257,16 +305,24 @@ class TrackingEvents(Events):
         return artifacts.resolve_artifact(uri, self.uri)
 
     def close(self, error: BaseException | None = None) -> None:
-        """End whatever is still open: KILLED on an interrupt, FAILED on any other error."""
+        """End whatever is still open: KILLED on an interrupt, FAILED on any other error.
+
+        What was already sent (files of points that ended) is uploaded first.
+        """
         error = error or RuntimeError("the run stopped before its end")
         for run in list(self._open.values()):
-            self._end(run.run_id, error)
+            self.lane.send(self._upload, run, [])
+            self.lane.send(self._end_point, run, error)
         self._open.clear()
         if self._deferred is not None:
-            self._end(self._deferred.run_id, error)
+            self.lane.send(self._end_point, self._deferred, error)
             self._deferred = None
-        if self.sweep_run_id and self._status(self.sweep_run_id) == "RUNNING":
-            self._end(self.sweep_run_id, error)
+        if self.sweep_run_id:
+            self.lane.send(self._end_if_running, self.sweep_run_id, error)
+        try:
+            self.wait()
+        except Exception:  # the run's own error is the one to report
+            pass
 
     def __enter__(self) -> "TrackingEvents":
         """Reach the store now, in seconds, before the run compiles or loads a model."""
@@ -288,36 +344,35 @@ class TrackingEvents(Events):
 
     def _add(self, run: _PointRun, key: str, value: float, step: int) -> None:
         run.metrics.append(store.metric(key, value, step, int(time.time() * 1000)))
-        if len(run.metrics) >= _FLUSH_AT:
-            self._flush(run)
 
     def _flush(self, run: _PointRun) -> None:
-        if run.metrics:
-            store.log_batch(self.client, run.run_id, metrics=run.metrics)
-            run.metrics = []
+        """The point's params and every number it buffered, in one request when they fit."""
+        if (run.metrics or run.params) and run.run_id is not None:
+            store.log_batch(self.client, run.run_id, metrics=run.metrics, params=run.params)
+            run.metrics, run.params = [], {}
 
     def _log_config(self, run_id: str) -> None:
         if self.config is None:
             return
-        from omegaconf import DictConfig, OmegaConf
+        if self._config_text is None:
+            from omegaconf import DictConfig, OmegaConf
 
-        config = self.config if isinstance(self.config, DictConfig) else OmegaConf.create(self.config)
-        self.client.log_text(run_id, OmegaConf.to_yaml(config, resolve=True), HYDRA_CONFIG)
+            config = self.config
+            if not isinstance(config, DictConfig):
+                config = OmegaConf.create(config)
+            self._config_text = OmegaConf.to_yaml(config, resolve=True)
+        self.client.log_text(run_id, self._config_text, HYDRA_CONFIG)
 
-    def _log_root_document(self, run_id: str) -> None:
-        path = Path(self.out) / DOCUMENT
-        if path.is_file():
-            artifacts.log_files(self.client, run_id, [(str(path), DOCUMENT)])
+    def _end_point(self, run: _PointRun, error: BaseException | None) -> None:
+        if run.run_id is None:
+            return
+        if error is not None:
+            self.failed.append(run.run_id)
+        self._end(run.run_id, error)
 
-    def _log_losses(self, run: _PointRun) -> None:
-        for step, losses in run.losses.items():
-            watched = run.fits.get(step, "eval")
-            png = plots.loss_curve(losses, run.evals.get(step, []), title=step,
-                                   eval_name=f"eval/{watched}")
-            artifacts.log_bytes(self.client, run.run_id, png, f"plots/{step}_loss.png")
-
-    def _status(self, run_id: str) -> str:
-        return self.client.get_run(run_id).info.status
+    def _end_if_running(self, run_id: str, error: BaseException) -> None:
+        if self.client.get_run(run_id).info.status == "RUNNING":
+            self._end(run_id, error)
 
     def _end(self, run_id: str, error: BaseException | None) -> None:
         if error is None:
@@ -327,6 +382,14 @@ class TrackingEvents(Events):
         store.log_batch(self.client, run_id, tags={store.ERROR: message})
         status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
         store.terminate(self.client, run_id, status)
+
+
+def _shared_params(points: list[Any], job: Mapping[str, str]) -> dict[str, str]:
+    """A sweep parent's params: the job's own and the facts every point shares."""
+    each = [naming.point_params(getattr(p, "document", None), {}, job) for p in points]
+    if not each:
+        return dict(job)
+    return {k: v for k, v in each[0].items() if all(other.get(k) == v for other in each[1:])}
 
 
 def _steps(point: Any) -> list[str]:

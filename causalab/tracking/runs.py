@@ -40,6 +40,10 @@ MODEL_KEY = "causalab.model.key"
 MODEL_REVISION = "causalab.model.revision"
 SWEEP = "causalab.sweep"
 OVERRIDES = "causalab.overrides"
+REUSED_FROM = "causalab.reused_from"
+JOB = "causalab.job"
+# MLflow 3 opens an experiment on its GenAI pages unless this tag names a training-style kind.
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 _UNSAFE_KEY = re.compile(r"[^\w\-. /:]")
 
 
@@ -66,11 +70,26 @@ def artifact_location(uri: str) -> str | None:
     return (database.resolve().parent / ARTIFACTS).as_uri()
 
 
-def ui_command(uri: str) -> str:
-    """The one command that shows these runs: the server's address, or ``mlflow ui`` on the DB."""
+def runs_page(base: str, experiment_id: str | None) -> str:
+    """The UI address of an experiment's runs table.
+
+    MLflow 3.17's UI picks GenAI or model-training pages from a ``workflowType`` it keeps per
+    browser (GenAI unless told), not from the experiment's kind tag; the query says which.
+    """
+    if experiment_id is None:
+        return base.rstrip("/")
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
+def ui_command(uri: str, experiment_id: str | None = None) -> str:
+    """The one command that shows these runs: the server's runs page, or ``mlflow ui`` on the
+    DB (without job execution) and the page to open."""
     if uri.startswith(("http://", "https://")):
-        return f"open {uri}"
-    return f"mlflow ui --backend-store-uri {uri}"
+        return f"open {runs_page(uri, experiment_id)}"
+    command = f"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri {uri}"
+    if experiment_id is None:
+        return command
+    return f"{command}  # then open {runs_page('http://127.0.0.1:5000', experiment_id)}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,9 +120,12 @@ def experiment_id(mlflow: MlflowClient, name: str, uri: str) -> str:
     """
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
+        if found.tags.get(EXPERIMENT_KIND[0]) is None:
+            mlflow.set_experiment_tag(found.experiment_id, *EXPERIMENT_KIND)
         return found.experiment_id
     try:
-        return mlflow.create_experiment(name, artifact_location=artifact_location(uri))
+        return mlflow.create_experiment(name, artifact_location=artifact_location(uri),
+                                        tags=dict([EXPERIMENT_KIND]))
     except Exception as error:
         found = mlflow.get_experiment_by_name(name)
         if found is None:
@@ -145,10 +167,13 @@ def _tag_values(tags: Mapping[str, Any]) -> dict[str, str]:
 
 
 def finished_run(mlflow: MlflowClient, experiment: str, produced_by: str) -> str | None:
-    """The id of a FINISHED run in ``experiment`` whose ``causalab.produced_by`` is the digest."""
+    """The id of a FINISHED run in ``experiment`` whose ``causalab.produced_by`` is the digest:
+    the run that computed it, never a link to it (a link names its origin)."""
     query = (f"tags.`{PRODUCED_BY}` = '{produced_by}' and attributes.status = 'FINISHED'")
     runs = mlflow.search_runs([experiment], filter_string=query, max_results=1)
-    return runs[0].info.run_id if runs else None
+    if not runs:
+        return None
+    return runs[0].data.tags.get(REUSED_FROM) or runs[0].info.run_id
 
 
 def children(mlflow: MlflowClient, experiment: str, parent: str) -> list:
@@ -159,8 +184,15 @@ def children(mlflow: MlflowClient, experiment: str, parent: str) -> list:
 
 def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Metric] = (),
               params: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None):
-    """Log in as few requests as MLflow's batch limits allow."""
+    """Log in as few requests as MLflow's batch limits allow: one, when everything fits."""
     metrics = list(metrics)
+    params_, tags_ = _param_values(params or {}), _tag_values(tags or {})
+    if len(metrics) <= MAX_METRICS_PER_BATCH and len(params_) + len(tags_) <= MAX_PARAMS_TAGS_PER_BATCH:
+        if metrics or params_ or tags_:
+            mlflow.log_batch(run_id, metrics=metrics,
+                             params=[Param(k, v) for k, v in params_.items()],
+                             tags=[RunTag(k, v) for k, v in tags_.items()])
+        return
     for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
         mlflow.log_batch(run_id, metrics=metrics[start:start + MAX_METRICS_PER_BATCH])
     items = [Param(k, v) for k, v in _param_values(params or {}).items()]
@@ -258,6 +290,9 @@ def _record(run) -> dict:
         "produced_by": tags.get(PRODUCED_BY),
         "point": tags.get(POINT),
         "kind": tags.get(KIND),
+        "model": tags.get(MODEL_KEY),
+        "job": tags.get(JOB),
+        "reused_from": tags.get(REUSED_FROM),
         "error": tags.get(ERROR),
         "artifact_uri": run.info.artifact_uri,
         "metrics": dict(run.data.metrics),

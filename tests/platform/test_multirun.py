@@ -49,7 +49,7 @@ def test_a_joblib_multirun_of_three_jobs_is_one_parent_with_three_finished_child
     for child in children:
         names = {a.path for a in client.list_artifacts(child.info.run_id)}
         assert {"document.json", "run.json", "hydra_config.yaml", "iia.json"} <= names
-        assert "logit_diff" in child.data.metrics
+        assert "patch/logit_diff" in child.data.metrics
     assert "mlflow ui" not in done.stdout and "see them" in done.stdout
 
 
@@ -68,7 +68,7 @@ def test_a_multirun_of_swept_documents_nests_each_job_s_points_under_its_own_run
             "layers=0,pos=-1", "layers=0,pos=-4", "layers=1,pos=-1", "layers=1,pos=-4"]
         assert {r.info.status for r in points} == {"FINISHED"}
         plots = MlflowClient(mlflow_server).list_artifacts(job.info.run_id, "plots")
-        assert [a.path for a in plots] == ["plots/layer_curve.png"]
+        assert [a.path for a in plots] == ["plots/position_heatmap.png"]
     assert len(runs) == 1 + 2 + 8
 
 
@@ -92,3 +92,23 @@ def test_a_single_hydra_run_tracks_to_a_sqlite_database_in_the_working_directory
         os.listdir(tmp_path / "mlartifacts" / run.info.run_id / "artifacts"))
     assert {"clean.json", "zeroed.json", "document.json", "run.json"} <= set(
         os.listdir(tmp_path / "job"))
+
+
+@pytest.mark.slow
+def test_a_multirun_repeated_links_every_done_job_into_its_new_parent_and_says_so(
+        mlflow_server, experiment_name, tmp_path):
+    arguments = ["experiment=patching", "model=tiny_llama,tiny_gpt2",
+                 f"tracking.experiment={experiment_name}"]
+    for name in ("first", "again"):
+        (tmp_path / name).mkdir()
+    _multirun(arguments, tmp_path / "first", mlflow_server)
+    again = _multirun(arguments, tmp_path / "again", mlflow_server)
+    runs = _experiment_runs(mlflow_server, experiment_name)
+    parents = [r for r in runs if store.PARENT not in r.data.tags]
+    newest = max(parents, key=lambda r: r.info.start_time)
+    linked = [r for r in runs if r.data.tags.get(store.PARENT) == newest.info.run_id]
+    assert sorted(r.data.params["model"] for r in linked) == ["tiny_gpt2", "tiny_llama"]
+    assert all(r.data.tags.get(store.REUSED_FROM) for r in linked)
+    assert all("patch/iia" in r.data.metrics for r in linked)
+    assert again.stdout.count("linked here as run") == 2
+    assert "job 0: " in again.stdout and "job 1: " in again.stdout

@@ -30,7 +30,8 @@ def _corpus(name: str) -> dict:
 def _track(document: dict, server: str, experiment: str, out: Path, **options):
     """Run ``document`` tracked to ``server``; returns the listener (and re-raises errors)."""
     events = TrackingEvents(tracking_uri=server, experiment=experiment, out=str(out), **options)
-    run_document(document, out=str(out), data_root=DATA, events=events)
+    with events:  # as the CLI does: an error ends what is open once the uploads are done
+        run_document(document, out=str(out), data_root=DATA, events=events)
     return events
 
 
@@ -81,9 +82,11 @@ def test_each_child_has_its_metric_tables_as_artifacts_and_a_metric_per_table(he
         assert {"document.json", "iia.json", "logit_diff.json"} <= names
         table = json.loads((head_sweep["out"] / run.info.run_name / "logit_diff.json").read_text())
         values = [row["value"] for row in table if row["eligible"]]
-        assert run.data.metrics["logit_diff"] == pytest.approx(sum(values) / len(values), abs=1e-6)
-        assert run.data.metrics["logit_diff/eligible"] == len(values)
-        assert run.data.metrics["iia/eligible"] == len(values)
+        # The step names each metric (patch/…); row counts group apart under eligible/.
+        assert run.data.metrics["patch/logit_diff"] == pytest.approx(sum(values) / len(values),
+                                                                     abs=1e-6)
+        assert run.data.metrics["eligible/patch/logit_diff"] == len(values)
+        assert run.data.metrics["eligible/patch/iia"] == len(values)
 
 
 def test_the_parent_holds_the_swept_document_and_the_run_record(head_sweep):
@@ -116,7 +119,7 @@ def test_list_runs_finds_a_point_by_its_digest(head_sweep, mlflow_server):
     found = list_runs(produced_by=run.data.tags[store.PRODUCED_BY], tracking_uri=mlflow_server,
                       experiment=head_sweep["experiment"])
     assert [r["run_id"] for r in found] == [run.info.run_id]
-    assert found[0]["status"] == "FINISHED" and found[0]["metrics"]["iia/eligible"] == 4
+    assert found[0]["status"] == "FINISHED" and found[0]["metrics"]["eligible/patch/iia"] == 4
 
 
 def _failing_sweep() -> dict:
@@ -150,8 +153,9 @@ def _plan(label: str, directory: str) -> Plan:
                 digest=digest(document), document=document, coordinates={"n": label})
 
 
-def test_an_interrupted_point_ends_killed(mlflow_server, experiment_name):
-    events = TrackingEvents(tracking_uri=mlflow_server, experiment=experiment_name)
+def test_an_interrupted_point_ends_killed(mlflow_server, experiment_name, tmp_path):
+    events = TrackingEvents(tracking_uri=mlflow_server, experiment=experiment_name,
+                            out=str(tmp_path))
     first, second = _plan("n=1", "n=1"), _plan("n=2", "n=2")
     events.run_start({"n": {"sweep": ["1", "2"]}}, [first, second])
     assert events.point_start(first)
@@ -159,14 +163,17 @@ def test_an_interrupted_point_ends_killed(mlflow_server, experiment_name):
     events.point_end(first, [], None)
     assert events.point_start(second)
     events.point_end(second, [], KeyboardInterrupt())
+    events.close(KeyboardInterrupt())  # what the CLI's context exit does
     status = {r.info.run_name: r.info.status for r in _runs(mlflow_server, experiment_name)}
     assert status == {"n=1": "FINISHED", "n=2": "KILLED", "sweep": "KILLED"}
 
 
-def test_a_listener_closed_by_an_error_leaves_nothing_running(mlflow_server, experiment_name):
+def test_a_listener_closed_by_an_error_leaves_nothing_running(mlflow_server, experiment_name,
+                                                              tmp_path):
     point = _plan("1", "")
     with pytest.raises(ValueError):
-        with TrackingEvents(tracking_uri=mlflow_server, experiment=experiment_name) as events:
+        with TrackingEvents(tracking_uri=mlflow_server, experiment=experiment_name,
+                            out=str(tmp_path)) as events:
             events.run_start({}, [Plan(name="", directory="", children=(), model=point.model,
                                        digest=point.digest, document=point.document)])
             events.point_start(point)
@@ -221,8 +228,8 @@ def test_the_tracking_uri_comes_from_the_environment_then_the_config_then_the_cw
     assert store.artifact_location(f"sqlite:///{tmp_path}/mlflow.db") == (
         (tmp_path / "mlartifacts").as_uri())
     assert store.artifact_location("http://env:2") is None
-    assert ui_command(f"sqlite:///{tmp_path}/mlflow.db").startswith(
-        "mlflow ui --backend-store-uri sqlite:///")
+    assert "mlflow ui --backend-store-uri sqlite:///" in ui_command(f"sqlite:///{tmp_path}/mlflow.db")
+    assert "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in ui_command(f"sqlite:///{tmp_path}/m.db")
 
 
 def test_the_flattened_config_keeps_every_leaf_within_mlflow_limits():
@@ -257,15 +264,17 @@ def _swept(labels: list[dict]) -> list[Plan]:
 @pytest.mark.parametrize("axes,picture", [
     ({"layers": [[0], [1], [2]]}, "plots/layer_curve.png"),
     ({"layers": [[0], [1]], "heads": [[0], [1], [2]]}, "plots/head_heatmap.png"),
+    ({"layers": [[0], [1]], "pos": [-1, -2]}, "plots/position_heatmap.png"),
     ({"k": [1, 4, 16]}, "plots/sweep_curve.png"),
-], ids=["layer_curve", "head_heatmap", "rank_curve"])
+], ids=["layer_curve", "head_heatmap", "position_heatmap", "rank_curve"])
 def test_a_sweep_parent_gets_the_picture_its_axes_call_for(axes, picture, mlflow_server,
-                                                           experiment_name):
+                                                           experiment_name, tmp_path):
     grid = [{}]
     for name, values in axes.items():
         grid = [dict(cell, **{name: value}) for cell in grid for value in values]
     points = _swept(grid)
-    events = TrackingEvents(tracking_uri=mlflow_server, experiment=experiment_name)
+    events = TrackingEvents(tracking_uri=mlflow_server, experiment=experiment_name,
+                            out=str(tmp_path))
     events.run_start({"swept": True}, points)
     for index, point in enumerate(points):
         assert events.point_start(point)

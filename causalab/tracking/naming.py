@@ -1,0 +1,129 @@
+"""What a point run is called in MLflow: its few comparable params and its metric keys.
+
+A reader compares points on what was swept and on a handful of document facts (the model,
+the written site, its component, layer and position, the featurizer's kind and rank, the
+mechanism, a fit's hyper-parameters); the full document and composed config stay artifacts.
+Metric keys put the step first (``test/iia``, ``control/iia``) so MLflow's charts group a
+step's scores, and row counts under ``eligible/`` so they form a group of their own. This
+module sees only plain data: the lowered point document and its coordinates.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+MAX_PARAMS = 40
+ELIGIBLE = "eligible"
+_FIT_KEYS = ("epochs", "pairs", "seed", "batch_size")
+_OPTIMIZER_KEYS = ("name", "lr", "weight_decay")
+
+
+def metric_key(step: str, name: str) -> str:
+    """``test`` + ``iia`` -> ``test/iia``: one key per (step, metric) pair."""
+    return f"{step}/{name}"
+
+
+def eligible_key(step: str, name: str) -> str:
+    """``eligible/test/iia``: the rows a mean was taken over, grouped apart from scores."""
+    return f"{ELIGIBLE}/{step}/{name}"
+
+
+def is_score(key: str) -> bool:
+    """A point's final score: not a row count, not a per-update or per-epoch series."""
+    head = key.split("/", 1)[0]
+    return head not in (ELIGIBLE, "train", "eval") and "/train/" not in key \
+        and "/eval/" not in key and not key.endswith("/eligible")
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def _position(pos: Any) -> Any:
+    if isinstance(pos, Mapping) and set(pos) <= {"frame", "index"} and "index" in pos:
+        return pos["index"]
+    return pos
+
+
+def _joined(values: list[Any]) -> str | None:
+    unique: list[str] = []
+    for value in values:
+        text = _text(value)
+        if text not in unique:
+            unique.append(text)
+    return ",".join(unique) if unique else None
+
+
+def writes_of(document: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    found = []
+    for intervention in (document.get("interventions") or {}).values():
+        entries = intervention if isinstance(intervention, list) else [intervention]
+        for entry in entries:
+            if isinstance(entry, Mapping):
+                found += [w for w in (entry.get("writes") or {}).values() if isinstance(w, Mapping)]
+    return found
+
+
+def site_facts(document: Mapping[str, Any], writes: list) -> dict[str, str | None]:
+    sites = document.get("sites") or {}
+    names = [w.get("site") for w in writes if w.get("site") in sites]
+    places = [sites[n] for n in dict.fromkeys(names)]
+    return {
+        "site": _joined(list(dict.fromkeys(names))),
+        "component": _joined([s.get("component") for s in places if s.get("component")]),
+        "layer": _joined([s["layers"] for s in places if s.get("layers") is not None]),
+        "head": _joined([s["heads"] for s in places if s.get("heads") is not None]),
+        "position": _joined([_position(w["pos"]) for w in writes if w.get("pos") is not None]),
+        "mechanism": _joined([w.get("mechanism") for w in writes if w.get("mechanism")]),
+    }
+
+
+def _featurizer_facts(document: Mapping[str, Any], writes: list) -> dict[str, str | None]:
+    featurizers = document.get("featurizers") or {}
+    used = [featurizers[w["featurizer"]] for w in writes if w.get("featurizer") in featurizers]
+    used = used or list(featurizers.values())
+    return {
+        "featurizer": _joined([f.get("kind") for f in used if isinstance(f, Mapping)]),
+        "k": _joined([f["k"] for f in used if isinstance(f, Mapping) and f.get("k") is not None]),
+    }
+
+
+def _fit_facts(document: Mapping[str, Any]) -> dict[str, str | None]:
+    facts: dict[str, str | None] = {}
+    for name, step in (document.get("steps") or {}).items():
+        if not isinstance(step, Mapping) or step.get("kind") != "fit":
+            continue
+        for key in _FIT_KEYS:
+            facts[f"{name}.{key}"] = _text(step[key]) if step.get(key) is not None else None
+        optimizer = step.get("optimizer") or {}
+        for key in _OPTIMIZER_KEYS:
+            label = "optimizer" if key == "name" else key
+            value = optimizer.get(key)
+            facts[f"{name}.{label}"] = _text(value) if value is not None else None
+    return facts
+
+
+def point_params(document: Mapping[str, Any] | None, coordinates: Mapping[str, Any],
+                 job: Mapping[str, str] | None = None) -> dict[str, str]:
+    """At most :data:`MAX_PARAMS` params: swept coordinates, the job's overrides, then facts.
+
+    >>> point_params({"model": {"key": "causalab:tiny-llama"}}, {"k": 4})
+    {'k': '4', 'model.key': 'causalab:tiny-llama'}
+    """
+    document = document or {}
+    params = {str(k): _text(v) for k, v in coordinates.items()}
+    for key, value in (job or {}).items():
+        params.setdefault(str(key), str(value))
+    writes = writes_of(document)
+    facts: dict[str, str | None] = {"model.key": (document.get("model") or {}).get("key")}
+    facts.update(site_facts(document, writes))
+    facts.update(_featurizer_facts(document, writes))
+    facts.update(_fit_facts(document))
+    for key, value in facts.items():
+        if value is not None and len(params) < MAX_PARAMS:
+            params.setdefault(key, value)
+    return dict(list(params.items())[:MAX_PARAMS])

@@ -1,0 +1,62 @@
+"""Point runs as a table: one row per point, for comparing a sweep or several in a notebook.
+
+Built on MLflow's run search (``MlflowClient.search_runs``, the call ``mlflow.search_runs``
+wraps, here bound to one explicit tracking URI rather than the process-global one). Columns:
+``run_id``, ``status``, ``name``, ``model``, ``parent_run_id``, ``produced_by``,
+``reused_from``, one column per swept coordinate, then one per score (``test/iia``, …); row
+counts (``eligible/…``) and per-update series are left out.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from causalab.tracking import naming
+from causalab.tracking import runs as store
+
+
+def _runs(mlflow, experiment_id: str, query: str) -> list:
+    found, token = [], None
+    while True:
+        page = mlflow.search_runs([experiment_id], filter_string=query, max_results=1000,
+                                  page_token=token)
+        found += list(page)
+        token = page.token
+        if not token:
+            return found
+
+
+def point_rows(experiment: str | None = None, *, tracking_uri: str | None = None,
+               filter_string: str = "", parent_run_id: str | None = None):
+    """The DataFrame :func:`causalab.search_points` returns (empty when nothing matches)."""
+    import pandas
+
+    mlflow = store.client(store.resolve_uri(tracking_uri))
+    name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or store.DEFAULT_EXPERIMENT
+    found = mlflow.get_experiment_by_name(name)
+    if found is None:
+        return pandas.DataFrame(columns=_FIXED)
+    query = [f"tags.`{store.KIND}` = 'point'"]
+    if parent_run_id:
+        query.append(f"tags.`{store.PARENT}` = '{parent_run_id}'")
+    if filter_string:
+        query.append(filter_string)
+    rows = [_row(run) for run in _runs(mlflow, found.experiment_id, " and ".join(query))]
+    frame = pandas.DataFrame.from_records(rows)
+    return frame if rows else pandas.DataFrame(columns=_FIXED)
+
+
+_FIXED = ["run_id", "status", "name", "model", "parent_run_id", "produced_by", "reused_from"]
+
+
+def _row(run) -> dict:
+    tags = run.data.tags
+    row = {"run_id": run.info.run_id, "status": run.info.status, "name": run.info.run_name,
+           "model": tags.get(store.MODEL_KEY), "parent_run_id": tags.get(store.PARENT),
+           "produced_by": tags.get(store.PRODUCED_BY), "reused_from": tags.get(store.REUSED_FROM)}
+    for key, value in json.loads(tags.get(store.COORDINATES) or "{}").items():
+        row.setdefault(key, value[0] if isinstance(value, list) and len(value) == 1 else value)
+    for key, value in sorted(run.data.metrics.items()):
+        if naming.is_score(key):
+            row.setdefault(key, value)
+    return row

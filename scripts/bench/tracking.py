@@ -1,0 +1,120 @@
+"""Benchmark: what MLflow tracking adds to a patching sweep (tracked / untracked wall time).
+
+The medium patching sweep: a Llama-shaped model (d=256, 4 layers, random weights from a fixed
+seed, the built-in weekday tokenizer) over 42 weekday pairs, 8 points (block_input at layers
+0-3 × positions -1, -2). Untracked runs and tracked runs (a SQLite store in a temporary
+folder, ``rerun`` so no point is skipped) alternate in this process after a warm-up of each;
+the printed ``ratio`` is the median tracked time over the median untracked time (target
+≤ 1.10), with every sample shown. Tracked time includes waiting for the background uploads.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench/tracking.py [--samples 5]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("CAUSALAB_QUIET", "1")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def _medium_model(folder: Path) -> str:
+    """A d=256, 4-layer Llama with the weekday tokenizer, saved as a local checkpoint."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from causalab.models import resolve
+
+    tokenizer_dir = Path(resolve("causalab:tiny-llama").path)
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=4, vocab_size=_vocab(tokenizer_dir),
+                         max_position_embeddings=128)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    for name in os.listdir(tokenizer_dir):
+        if "token" in name or name == "special_tokens_map.json":
+            shutil.copy(tokenizer_dir / name, folder / name)
+    return str(folder)
+
+
+def _revision(path: str) -> str:
+    from causalab.models import resolve
+
+    return resolve(path).revision
+
+
+def _vocab(tokenizer_dir: Path) -> int:
+    from causalab.models import load_tokenizer
+
+    return len(load_tokenizer(str(tokenizer_dir)))
+
+
+def _document(path: str) -> dict:
+    target = {"component": "block_input", "layers": {"sweep": [[0], [1], [2], [3]], "as": "layer"}}
+    pos = {"sweep": [-1, -2], "as": "pos"}
+    return {
+        "model": {"key": path, "revision": _revision(path), "dtype": "fp32"},
+        "roles": {"base": {"field": "input"}, "counterfactual": {"field": "counterfactual_inputs[0]"}},
+        "sites": {"target": target, "head": {"component": "lm_head"}},
+        "interventions": {"patch": {
+            "reads": {"v_cf": {"site": "target", "pos": pos, "input": "counterfactual"},
+                      "logits": {"site": "head", "pos": -1, "model": "patched", "input": "base"}},
+            "writes": {"patch": {"site": "target", "pos": pos, "mechanism": "swap",
+                                 "operand": "v_cf"}},
+            "models": {"patched": {"input": "base", "writes": ["patch"]}},
+            "metrics": {"logit_diff": {"kind": "logit_diff", "of": "logits",
+                                       "a": "cf_answer", "b": "base_answer"},
+                        "iia": {"kind": "match", "of": "logits", "expected": "cf_answer"}},
+        }},
+        "steps": {"test": {"kind": "observe", "interventions": "patch",
+                           "rows": {"base": "weekdays_full/data", "counterfactual": "weekdays_full/data"},
+                           "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"},
+                                     {"value": "iia", "file_path": "iia.json"}]}},
+    }
+
+
+def _once(document: dict, out: str, uri: str | None) -> float:
+    from causalab.pipeline import run_document
+    from causalab.tracking import TrackingEvents
+
+    events = None
+    if uri is not None:
+        events = TrackingEvents(tracking_uri=uri, experiment="bench", rerun=True, out=out)
+    start = time.perf_counter()
+    run_document(document, out=out, data_root=str(ROOT / "documents" / "data"), events=events)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=5)
+    samples = parser.parse_args().samples
+    with tempfile.TemporaryDirectory(prefix="causalab-bench-tracking-") as tmp:
+        document = _document(_medium_model(Path(tmp) / "medium"))
+        uri = f"sqlite:///{tmp}/mlflow.db"
+        _once(document, f"{tmp}/warm-u", None)
+        _once(document, f"{tmp}/warm-t", uri)
+        untracked, tracked = [], []
+        for index in range(samples):
+            untracked.append(_once(document, f"{tmp}/u{index}", None))
+            tracked.append(_once(document, f"{tmp}/t{index}", uri))
+    show = lambda values: " ".join(f"{v:.3f}" for v in values)  # noqa: E731
+    print("medium patching sweep: 8 points, 42 rows, d=256, 4 layers")
+    print(f"untracked s: {show(untracked)}  median {statistics.median(untracked):.3f}")
+    print(f"tracked   s: {show(tracked)}  median {statistics.median(tracked):.3f}")
+    print(f"tracked/untracked ratio {statistics.median(tracked) / statistics.median(untracked):.2f}"
+          f"  (target <= 1.10)")
+
+
+if __name__ == "__main__":
+    main()
