@@ -190,7 +190,11 @@ class TrackingEvents(Events):
         self.point_runs[run.label] = run.run_id
 
     def _reuse(self, point: Any, label: str, found: str) -> None:
-        """Link a done point into this parent now (a multirun job), or at the sweep's end."""
+        """Link a done point into this parent now (a multirun job), or at the sweep's end; a
+        point already under this parent (a sweep reattached after a kill) needs no link."""
+        parent = self.sweep_run_id or self.parent_run_id
+        if parent is None or self.client.get_run(found).data.tags.get(store.PARENT) == parent:
+            return
         if self.parent_run_id is not None:
             self.lane.send(self._link, point, label, found)
         elif self.sweep_run_id is not None:

@@ -131,7 +131,9 @@ def test_sigterm_ends_every_open_run_killed_and_exits_143_with_one_line(tmp_path
     monkeypatch.chdir(tmp_path)
 
     def stop_mid_point() -> None:
-        _wait_for(lambda: _point_running(database))
+        # A later point open while an earlier one is done: tracking writes in the background,
+        # so the first point's run can appear only once its numbers are already made.
+        _wait_for(lambda: _mid_point(database))
         time.sleep(SETTLE_S)
         os.kill(os.getpid(), signal.SIGTERM)
     stopper = threading.Thread(target=stop_mid_point, daemon=True)
