@@ -232,6 +232,13 @@ def verb_runs(args: argparse.Namespace) -> dict:
     return {"text": "\n".join(lines) if lines else "(no runs)", "runs": runs}
 
 
+def verb_server(args: argparse.Namespace) -> dict:
+    """Start, stop or look at the team tracking stack (PostgreSQL + mlflow server)."""
+    from causalab.tracking import server
+
+    return server.verb(args)
+
+
 # --- the parser ---------------------------------------------------------------------------
 
 def _positive_int(text: str) -> int:
@@ -284,6 +291,7 @@ VERBS: dict[str, tuple[Callable[[argparse.Namespace], dict], str]] = {
     "render": (verb_render, "render Hydra overrides to a canonical document"),
     "fetch": (verb_fetch, "download a tracked artifact"),
     "runs": (verb_runs, "list tracked runs"),
+    "server": (verb_server, "run the tracking server: PostgreSQL + mlflow server on 127.0.0.1"),
 }
 
 
@@ -314,6 +322,10 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
     elif name == "runs":
         parser.add_argument("--produced-by", default=None, help="a point digest")
         parser.add_argument("--tracking-uri", default=None)
+    elif name == "server":
+        from causalab.tracking.server import add_arguments
+
+        add_arguments(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
