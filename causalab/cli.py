@@ -234,7 +234,7 @@ def verb_runs(args: argparse.Namespace) -> dict:
 
 def verb_server(args: argparse.Namespace) -> dict:
     """Start, stop or look at the team tracking stack (PostgreSQL + mlflow server)."""
-    from causalab.tracking import server
+    from causalab import server
 
     return server.verb(args)
 
@@ -323,7 +323,7 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--produced-by", default=None, help="a point digest")
         parser.add_argument("--tracking-uri", default=None)
     elif name == "server":
-        from causalab.tracking.server import add_arguments
+        from causalab.server import add_arguments  # imports neither mlflow nor psycopg2
 
         add_arguments(parser)
 

@@ -12,7 +12,8 @@ the Debian package creates). Each server is started in its own process group and
 that group: mlflow first (SIGTERM), then PostgreSQL with a fast shutdown (SIGINT), SIGKILL for
 whatever outlives its grace period. The database accepts password logins from 127.0.0.1 only;
 the password reaches ``mlflow server`` through its environment, never its command line.
-Nothing here imports mlflow; it runs the ``mlflow`` command.
+Nothing here imports mlflow (it runs the ``mlflow`` command), so the CLI's offline verbs stay
+light; psycopg2 is imported only to create the database.
 """
 from __future__ import annotations
 
