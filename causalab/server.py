@@ -339,14 +339,16 @@ def serve(root: str | Path = DEFAULT_ROOT, **options) -> Stack:
     print(f"tracking server {stack.url} (backend {stack.store_uri}, artifacts "
           f"{Path(stack.root) / 'artifacts'}); Ctrl-C stops it", flush=True)
     stopping = []
-    previous = signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    # Both by hand: a shell starts a background job with SIGINT ignored, and Python then
+    # raises no KeyboardInterrupt.
+    previous = {number: signal.signal(number, lambda *_: stopping.append(True))
+                for number in (signal.SIGINT, signal.SIGTERM)}
     try:
         while not stopping and group_alive(stack.pg_pid) and group_alive(stack.mlflow_pid):
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
         stop(stack.root)
     return stack
 
