@@ -107,27 +107,70 @@ def model_home(tmp_path_factory):
     return os.environ.get("CAUSALAB_TEST_HOME") or str(tmp_path_factory.mktemp("causalab-home"))
 
 
-def _multirun(arguments: list[str], cwd: Path, uri: str, home: str, ok: bool = True):
-    """``python -m causalab.run -m`` in its own process group, which must end empty."""
+def _listening(group: int) -> set[str]:
+    """Addresses that processes of ``group`` listen on (TCP), read from /proc."""
+    inodes = set()
+    for pid in _group_members(group):
+        try:
+            links = [os.readlink(f) for f in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:
+            continue
+        inodes.update(link[8:-1] for link in links if link.startswith("socket:["))
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                found.add(_address(fields[1].split(":")[0]))
+    return found
+
+
+def _address(word: str) -> str:
+    """/proc/net's little-endian hex address as text (IPv4, or IPv6 as 32 hex digits)."""
+    raw = bytes.fromhex(word)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    return socket.inet_ntop(socket.AF_INET6, words)
+
+
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+
+
+def _multirun(arguments: list[str], cwd: Path, uri: str, home: str, ok: bool = True,
+              listeners: set | None = None):
+    """``python -m causalab.run -m`` in its own process group, which must end empty.
+
+    ``listeners`` collects the addresses the group listens on while it runs."""
     env = dict(os.environ, MLFLOW_TRACKING_URI=uri, CAUSALAB_HOME=home, HF_HUB_OFFLINE="1",
                MLFLOW_DISABLE_TELEMETRY="true", RAY_AUTH_MODE="disabled",
                PYTHONPATH=os.pathsep.join([str(REPO), str(HERE)]))
     command = [sys.executable, "-m", "causalab.run", "-m", "experiment=layer_sweep", *arguments,
                f"run.data_root={REPO / 'documents' / 'data'}", f"hydra.sweep.dir={cwd}"]
-    process = subprocess.Popen(command, cwd=cwd.parent, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = cwd.parent / f"{cwd.name}.log"
+    with open(log, "w") as output:
+        process = subprocess.Popen(command, cwd=cwd.parent, env=env, stdout=output,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        output, _ = process.communicate(timeout=400)
+        deadline = time.monotonic() + 400
+        while process.poll() is None and time.monotonic() < deadline:
+            if listeners is not None:
+                listeners.update(_listening(process.pid))
+            time.sleep(0.5)
     finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
         deadline = time.monotonic() + 20
         while _group_members(process.pid) and time.monotonic() < deadline:
             time.sleep(0.5)
         left = _group_members(process.pid)
         if left:
             os.killpg(process.pid, signal.SIGKILL)
-    assert (process.returncode == 0) == ok, output[-4000:]
+    text = log.read_text()
+    assert (process.returncode == 0) == ok, text[-4000:]
     assert left == [], f"processes left in the multirun's group: {left}"
-    return output
+    return text
 
 
 def _points(uri: str, experiment: str) -> list:
@@ -219,8 +262,10 @@ def test_a_job_killed_in_its_worker_leaves_its_point_killed_and_a_rerun_adds_onl
         arguments.append(f"+hydra.launcher.ray.init._temp_dir={ray_dir}")
     kill = ["+hydra.callbacks.kill._target_=kill_job.KillJob",
             "+hydra.callbacks.kill.model=tiny_gpt2"]
+    listeners: set[str] = set()
     try:
-        _multirun(arguments + kill, tmp_path / "first", url, model_home, ok=False)
+        _multirun(arguments + kill, tmp_path / "first", url, model_home, ok=False,
+                  listeners=listeners)
         first = _points(url, experiment_name)
         killed = [r for r in first if r.info.status != "FINISHED"]
         assert [r.info.status for r in killed] == ["KILLED"]
@@ -232,6 +277,8 @@ def test_a_job_killed_in_its_worker_leaves_its_point_killed_and_a_rerun_adds_onl
     finally:
         if launcher == "ray":
             shutil.rmtree(ray_dir, ignore_errors=True)
+    if launcher == "ray":  # the cluster the launcher started listened on loopback only
+        assert listeners and listeners <= LOOPBACK, listeners
     after = _points(url, experiment_name)
     _assert_complete(after, sequential, models)
     added = {r.info.run_id for r in after} - {r.info.run_id for r in first}
