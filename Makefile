@@ -9,13 +9,15 @@ export TOKENIZERS_PARALLELISM := false
 # matmul wait ~10 ms on 2 cores. Passive waiting removes that (measured in scripts/bench).
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup test test-slow test-all run ui bench clean test-saelens saelens-fixtures
+.PHONY: setup postgresql test test-slow test-all test-cluster run ui server bench clean test-saelens saelens-fixtures
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt constraints.txt pyproject.toml
+$(STAMP): requirements.txt requirements-nodeps.txt constraints.txt pyproject.toml
 	test -x $(PY) || python3.11 -m venv .venv || python3 -m venv .venv
 	$(PY) -m pip install -q -c constraints.txt -r requirements.txt
+	$(PY) -m pip install -q -c constraints.txt --no-deps -r requirements-nodeps.txt
+	$(MAKE) postgresql
 	$(PY) -m pip install -q -c constraints.txt --no-deps -e .
 	$(PY) -c "import nnterp, nnsight; assert nnsight.__version__ == '0.7.0', nnsight.__version__"
 	# the browser test drives Debian's Chromium (a tool cannot download its own browser here)
@@ -31,6 +33,17 @@ test-slow: setup
 test-all: setup
 	$(PY) -m pytest -q -m ''
 
+# PostgreSQL server binaries for `causalab server`: Debian's package (as root: apt-get).
+postgresql:
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || command -v postgres >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } || \
+	  echo "make setup: no PostgreSQL server; causalab server needs one (apt-get install postgresql)"
+
+# The cluster suite: a PostgreSQL-backed mlflow server, Ray and submitit multiruns, killed jobs.
+test-cluster: setup
+	$(PY) -m pytest -q -m cluster
+
 run: setup
 	$(PY) -m causalab.run experiment=das model=llama
 
@@ -38,6 +51,10 @@ run: setup
 ui: setup
 	@echo "runs: http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning"
 	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false .venv/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
+
+# The team tracking stack on 127.0.0.1:5000 (PostgreSQL + mlflow server); Ctrl-C stops both.
+server: setup
+	.venv/bin/causalab server run --root $(CURDIR)/.causalab-server --port 5000
 
 bench: setup
 	$(PY) scripts/bench/patching.py

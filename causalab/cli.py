@@ -279,6 +279,13 @@ def verb_runs(args: argparse.Namespace) -> dict:
     return {"text": "\n".join(lines) if lines else "(no runs)", "runs": runs}
 
 
+def verb_server(args: argparse.Namespace) -> dict:
+    """Start, stop or look at the team tracking stack (PostgreSQL + mlflow server)."""
+    from causalab import server
+
+    return server.verb(args)
+
+
 # --- the parser ---------------------------------------------------------------------------
 
 def _positive_int(text: str) -> int:
@@ -331,6 +338,7 @@ VERBS: dict[str, tuple[Callable[[argparse.Namespace], dict], str]] = {
     "render": (verb_render, "render Hydra overrides to a canonical document"),
     "fetch": (verb_fetch, "download a tracked artifact"),
     "runs": (verb_runs, "list tracked runs"),
+    "server": (verb_server, "run the tracking server: PostgreSQL + mlflow server on 127.0.0.1"),
 }
 
 
@@ -368,6 +376,10 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--produced-by", default=None, type=flags.digest,
                             help="a point digest")
         parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)
+    elif name == "server":
+        from causalab.server import add_arguments  # imports neither mlflow nor psycopg2
+
+        add_arguments(parser)
 
 
 _DESCRIPTION = ("causalab: declarative causal interventions on transformer language models, "

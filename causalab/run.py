@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import types
+import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ _GROUPS = ("experiment", "model", "site", "data")
 def _job() -> tuple[str | None, dict[str, str], dict | None]:
     """(run name, params, multirun parent) of the current Hydra job."""
     from causalab.tracking.callbacks import multirun_parent, overrides_of
+    from causalab.tracking.jobs import parent_of_job
 
     hydra_config = HydraConfig.get()
     choices = {g: str(hydra_config.runtime.choices[g]) for g in _GROUPS
@@ -42,7 +44,7 @@ def _job() -> tuple[str | None, dict[str, str], dict | None]:
     name = hydra_config.job.override_dirname or " ".join(f"{k}={v}" for k, v in choices.items())
     parent = None
     if hydra_config.mode == RunMode.MULTIRUN:
-        parent = multirun_parent(str(hydra_config.sweep.dir))
+        parent = parent_of_job(hydra_config) or multirun_parent(str(hydra_config.sweep.dir))
     return name, {**choices, **overrides}, parent
 
 
@@ -114,10 +116,13 @@ def _run(config) -> None:
     _report(out, written, events, summary, _job_line(document))
 
 
-@hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")
-def main(config) -> None:
+def job(config) -> None:
     """One job: a refused document is one line on stderr and exit status 1, no traceback;
-    SIGINT or SIGTERM ends the open runs KILLED and is one line and exit status 130 or 143."""
+    SIGINT or SIGTERM ends the open runs KILLED and is one line and exit status 130 or 143.
+
+    A module-level function of an importable module: cluster launchers pickle it by reference
+    and import it again on the node.
+    """
     try:
         with interrupts():
             _run(config)
@@ -129,9 +134,7 @@ def main(config) -> None:
         raise SystemExit(exit_status(stop)) from None
 
 
-if __name__ == "__main__":
-    process_settings()
-    main()
+main = hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")(job)
 
 
 class _CallableModule(types.ModuleType):
@@ -145,3 +148,15 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+
+
+if __name__ == "__main__":
+    process_settings()
+    # conf/hydra/launcher/ray.yaml and submitit_slurm.yaml share their names with the plugins'
+    # schemas, which Hydra 1.3 still validates them against while warning about it each time.
+    warnings.filterwarnings("ignore", message="(?s).*validated against ConfigStore schema")
+    # ``python -m causalab.run`` runs this file as ``__main__``; the job must come from the
+    # importable module instead, or a launcher would pickle ``__main__``'s code by value.
+    from causalab.run import main as entry
+
+    entry()

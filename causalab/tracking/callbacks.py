@@ -3,11 +3,12 @@
 ``MultirunParent`` is registered in ``conf/config.yaml`` under ``hydra.callbacks``. At
 ``on_multirun_start`` it creates the experiment and the parent run once (parallel SQLite
 writers lock, so the jobs must not race to do it) and writes the parent's id to a file in
-the sweep directory; each job reads it back with :func:`multirun_parent` and nests its runs
-under it, whichever launcher ran the job (a shared filesystem is assumed for clusters). At
-``on_multirun_end`` the parent ends FINISHED when every child did, FAILED otherwise, and is
-deleted if no job ran anything (a repeated sweep whose points were all done). If the sweep
-raises before its end, an exit handler ends the parent FAILED.
+the sweep directory, and hands it to the jobs inside their config (``causalab.tracking.jobs``),
+which reaches them on any host whichever launcher ran them. At ``on_multirun_end`` runs left
+RUNNING by a job that died are ended KILLED; the parent ends FINISHED when every child did,
+FAILED otherwise, and is deleted if no job ran anything (a repeated sweep whose points were
+all done). If the sweep raises before its end, an exit handler does the same reaping and
+ends the parent FAILED.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from causalab.tracking import artifacts, plots
+from causalab.tracking import artifacts, jobs, plots
 from causalab.tracking import runs as store
 
 PARENT_FILE = ".mlflow_parent.json"
@@ -69,12 +70,14 @@ class MultirunParent(Callback):
         folder = Path(str(config.hydra.sweep.dir))
         folder.mkdir(parents=True, exist_ok=True)
         (folder / PARENT_FILE).write_text(json.dumps(self._parent))
+        jobs.hand_to_jobs(config, self._parent)
 
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         if self._parent is None:
             return
         parent, self._parent = self._parent, None
         mlflow = store.client(parent["tracking_uri"])
+        jobs.reap(parent)
         children = store.children(mlflow, parent["experiment_id"], parent["run_id"])
         if not children:
             mlflow.delete_run(parent["run_id"])
@@ -92,6 +95,7 @@ class MultirunParent(Callback):
             return
         parent, self._parent = self._parent, None
         mlflow = store.client(parent["tracking_uri"])
+        jobs.reap(parent)
         store.log_batch(mlflow, parent["run_id"],
                         tags={store.ERROR: "the multirun stopped before its end"})
         store.terminate(mlflow, parent["run_id"], "FAILED")

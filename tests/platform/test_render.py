@@ -170,8 +170,11 @@ def test_the_multirun_parent_callback_is_registered():
      {"n_jobs", "prefer", "backend"}),
     ("submitit_slurm", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher",
      {"submitit_folder", "timeout_min", "partition", "gpus_per_node", "mem_gb", "nodes"}),
-    ("ray", "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher", {"ray"}),
-], ids=["joblib", "submitit_slurm", "ray"])
+    ("submitit_local", "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher",
+     {"submitit_folder", "timeout_min", "gpus_per_node"}),
+    # causalab's subclass of hydra-ray-launcher's: a cluster it starts stays on loopback
+    ("ray", "hydra_plugins.causalab_launchers.ray_launcher.RayLauncher", {"ray"}),
+], ids=["joblib", "submitit_slurm", "submitit_local", "ray"])
 def test_each_launcher_config_composes_and_names_its_plugin(launcher, target, keys):
     config = compose_config([f"hydra/launcher={launcher}", "experiment=layer_sweep"], hydra=True)
     assert config.hydra.launcher._target_ == target

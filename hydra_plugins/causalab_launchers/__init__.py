@@ -1,0 +1,1 @@
+"""causalab's Hydra launcher plugins (Hydra takes launchers only from the ``hydra_plugins`` package)."""
