@@ -46,7 +46,6 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     from causalab.engine.events import Events
     from causalab.engine.load import load_model, served_dtype
     from causalab.engine.fusion import groups
-    from causalab.engine.walk import discard_prefetched, prefetch, run_plan
     from causalab.errors import UsageError
 
     if batch_size is not None and (isinstance(batch_size, bool) or batch_size <= 0):
@@ -62,27 +61,10 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     cache = DocumentCache()
     failed: Exception | None = None
     for group in groups(points, batch_size):
-        started = [point for point in group if events.point_start(point) is not False]
-        try:
-            prefetch(started, model, batch_size=batch_size, cache=cache)
-        except BaseException as error:
-            _abandon(events, started, error)
-            raise
-        for index, point in enumerate(started):
-            try:
-                done = run_plan(point, model, out=out, batch_size=batch_size, events=events,
-                                cache=cache)
-            except Exception as error:
-                events.point_end(point, [], error)
-                failed = failed or error
-                continue
-            except BaseException as error:
-                _abandon(events, started[index:], error)
-                raise
-            finally:
-                discard_prefetched(point, cache)
-            events.point_end(point, [str(Path(p).relative_to(out)) for p in done], None)
-            saves += done
+        done, error = _run_group(group, model, out=out, batch_size=batch_size, events=events,
+                                 cache=cache)
+        saves += done
+        failed = failed or error
     if failed is not None:
         raise failed
     written.append(record.write_run_record(out, type(model).__name__, batch_size,
@@ -90,6 +72,37 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     written += saves
     events.run_end(written)
     return written
+
+
+def _run_group(group: list, model, *, out: str, batch_size: int | None, events,
+               cache) -> tuple[list[str], Exception | None]:
+    """Start, compute and end one fused group of points: ``(their saves, first error)``."""
+    from causalab.engine.walk import discard_prefetched, prefetch, run_plan
+
+    started = [point for point in group if events.point_start(point) is not False]
+    try:
+        prefetch(started, model, batch_size=batch_size, cache=cache)
+    except BaseException as error:
+        _abandon(events, started, error)
+        raise
+    saves: list[str] = []
+    failed: Exception | None = None
+    for index, point in enumerate(started):
+        try:
+            done = run_plan(point, model, out=out, batch_size=batch_size, events=events,
+                            cache=cache)
+        except Exception as error:
+            events.point_end(point, [], error)
+            failed = failed or error
+            continue
+        except BaseException as error:
+            _abandon(events, started[index:], error)
+            raise
+        finally:
+            discard_prefetched(point, cache)
+        events.point_end(point, [str(Path(p).relative_to(out)) for p in done], None)
+        saves += done
+    return saves, failed
 
 
 def _abandon(events, points: list, error: BaseException) -> None:

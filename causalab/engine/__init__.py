@@ -22,6 +22,8 @@ How one forward runs, and who owns what:
 The pipeline (``causalab.pipeline``, the CLI, ``run``, ``tracking``) may use only:
 ``walk.run_plan``, ``walk.prefetch``, ``walk.discard_prefetched``,
 ``cache.DocumentCache``, ``fusion.groups``, ``load.load_model``, ``load.served_dtype``,
-``record.write_json``, ``record.write_run_record``, ``events.Events`` and ``events.Chain``.
+``record.write_json``, ``record.write_run_record``, ``events.Events``, ``events.Chain``,
+``containment.check_plan``, ``containment.inside`` (writes stay under ``--out``) and
+``featurizers.subspace.export_basis`` (``causalab fetch --basis``).
 Nothing is imported here, so importing the room loads no torch.
 """
