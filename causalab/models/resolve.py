@@ -95,12 +95,10 @@ def _materialise(name: str, entry: dict, revision: str | None, home: str | None)
         cached = root / f"{name}-{wanted[:12]}"
         if (cached / "config.json").is_file() and (cached / "tokenizer.json").is_file():
             return cached, wanted
-    from causalab.models.build import build
-
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
     try:
-        build(entry, staging)
+        _build_into(entry, staging)
         actual = directory_digest(staging)
         final = root / f"{name}-{actual[:12]}"
         try:
@@ -111,6 +109,18 @@ def _materialise(name: str, entry: dict, revision: str | None, home: str | None)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final, actual
+
+
+def _build_into(entry: dict, staging: Path) -> None:
+    """Write a cached built-in into ``staging``: drawn from its seed, or dequantized from GGUF."""
+    if entry["kind"] == "gguf":
+        from causalab.models.gguf import dequantize, shipped_file
+
+        dequantize(shipped_file(entry["distribution"], entry["file"]), staging)
+        return
+    from causalab.models.build import build
+
+    build(entry, staging)
 
 
 def _directory(key: str, revision: str | None) -> Resolved:
