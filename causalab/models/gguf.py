@@ -9,7 +9,12 @@ file is found through the installed distribution's file list.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
+import shutil
+import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -17,6 +22,9 @@ from causalab.errors import ModelError
 
 _KEY = ("model", "key")
 _CHUNK = 1 << 22
+# A staging directory this old was left by a killed build (a live one takes minutes, not hours).
+_STALE_SECONDS = 3600
+PREFIX = "gguf-"
 
 
 def shipped_file(distribution: str, name: str) -> Path:
@@ -34,8 +42,46 @@ def shipped_file(distribution: str, name: str) -> Path:
     raise ModelError(_KEY, f"{distribution!r} is installed but holds no file {name}; reinstall it")
 
 
+def cached_directory(path: str | Path, root: Path) -> tuple[Path, bool]:
+    """(directory, made now) of GGUF file ``path`` under ``root``, dequantized once per digest.
+
+    It is written into a hidden temporary directory and renamed into place, so a build killed
+    half-way leaves only a hidden directory that no later call trusts (and removes once stale).
+    """
+    source = Path(path).resolve()
+    final = root / f"{PREFIX}{file_digest(source)[:16]}"
+    if (final / "config.json").is_file():
+        return final, False
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_stale(root, final.name)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+    try:
+        dequantize(source, staging)
+        os.chmod(staging, 0o755)
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if not (final / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final, True
+
+
+def _remove_stale(root: Path, name: str) -> None:
+    for left in root.glob(f".{name}-*"):
+        if time.time() - left.stat().st_mtime > _STALE_SECONDS:
+            shutil.rmtree(left, ignore_errors=True)
+
+
 def file_digest(path: str | Path) -> str:
-    """SHA-256 hex of a file's bytes, read in chunks (a GGUF file is ~100 MB)."""
+    """SHA-256 hex of a file's bytes (a GGUF file is ~100 MB), remembered per size and mtime."""
+    stat = Path(path).stat()
+    return _file_digest(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _file_digest(path: str, size: int, mtime: int) -> str:
     sha = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(_CHUNK), b""):
