@@ -5,11 +5,12 @@ It never reaches the network. A built-in (``causalab:<name>``) is built once int
 ``~/.cache/causalab``), through a temporary directory renamed into place, so parallel processes
 never see half a directory; a shipped ``weekday-*`` built-in resolves to its directory in the
 package; a GGUF built-in (``smollm2-135m``) and a local ``.gguf`` key are dequantized once into
-``$CAUSALAB_HOME/models/gguf-<file digest[:16]>`` (``gguf.py``). A built-in's revision is its
-tensor digest; asking for another is refused.
+``$CAUSALAB_HOME/models/gguf-<file digest[:16]>`` (``gguf.py``). A built-in's revision is
+its tensor digest; asking for another is refused.
 
 A local directory's revision is the digest of its tensors too, so a document that pins one pins
-the weights; any other pinned value is refused at ``model.revision`` naming both. A hub id resolves only when a snapshot is already in the local Hugging Face cache.
+the weights; any other pinned value is refused at ``model.revision`` naming both. A hub id resolves only when a snapshot is already in the local Hugging Face
+cache.
 """
 from __future__ import annotations
 

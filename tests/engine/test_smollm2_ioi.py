@@ -1,0 +1,203 @@
+"""IOI on SmolLM2-135M: an outsider's document, the shipped table, and the shipped suite's science.
+
+The fast tests write an IOI document with names, places and templates the repository does not
+contain into a temporary folder and run it through ``causalab.pipeline.run_document``: the model
+prefers IO over S on at least 90 % of rows, and swapping the END residual from the name-swapped
+prompt moves at most 10 % of answers at layer 2 and at least 80 % at layer 27 (Wang et al. 2022:
+the answer is written at END by late heads). One interchange is recomputed with plain torch hooks
+on a transformers model. The slow tests run the shipped documents/real/ioi_* on all 120 rows.
+"""
+from __future__ import annotations
+
+import json
+import random
+import runpy
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+REAL = REPO / "documents" / "real"
+DATA = REPO / "documents" / "data"
+KEY = "causalab:smollm2-135m"
+NAMES = ("Oscar", "Ruth", "Victor", "Grace", "Henry", "Olivia", "George", "Sophia", "Frank",
+         "Julia", "Oliver", "Leo", "Max", "Ella", "Sam", "Ivy", "Adam", "Rose", "Luke", "Carl")
+PLACES = ("museum", "kitchen", "cafe", "zoo")
+THINGS = ("cup", "map", "pen", "coin")
+TEMPLATES = (
+    "Before {A} and {B} started dinner at the {place}, {S} passed the {thing} to",
+    "On Sunday {A} and {B} went to the {place}, and then {S} gave the {thing} to",
+    "Because {A} and {B} were tired after the {place}, {S} handed the {thing} to",
+    "The {place} was quiet when {A} and {B} arrived; {S} tossed the {thing} to",
+)
+EARLY, LATE = 2, 27
+
+
+def _prompt(template: str, io: str, s: str, order: str, place: str, thing: str) -> str:
+    first, second = (io, s) if order == "ABBA" else (s, io)
+    return template.format(A=first, B=second, S=s, place=place, thing=thing)
+
+
+def outsider_rows(per_cell: int = 3) -> list[dict]:
+    """24 rows: every template x order, names drawn from a lexicon the repository lacks."""
+    draw, rows = random.Random(7), []
+    for t, template in enumerate(TEMPLATES):
+        for order in ("ABBA", "BABA"):
+            for i in range(per_cell):
+                io, s = draw.sample(NAMES, 2)
+                place, thing = draw.choice(PLACES), draw.choice(THINGS)
+                rows.append({
+                    "input": _prompt(template, io, s, order, place, thing),
+                    "counterfactual_inputs": [_prompt(template, s, io, order, place, thing)],
+                    "base_answer": " " + io, "cf_answer": " " + s,
+                    "example_id": f"o{t}-{order}-{i}"})
+    return rows
+
+
+def outsider_document(revision: str) -> dict:
+    """Behaviour and END patching at layers 2 and 27, written without the repo's conf groups."""
+    logits = {"site": "head", "pos": -1, "model": "patched", "input": "base"}
+    return {
+        "header": {"description": "An outsider's IOI check: END residual patching, early/late."},
+        "model": {"key": KEY, "revision": revision, "dtype": "fp32"},
+        "roles": {"base": {"field": "input"},
+                  "counterfactual": {"field": "counterfactual_inputs[0]"}},
+        "sites": {"resid": {"component": "block_output", "layers": [{"sweep": [EARLY, LATE]}]},
+                  "head": {"component": "lm_head"}},
+        "interventions": {
+            "behavior": {
+                "reads": {"logits": {"site": "head", "pos": -1, "input": "base"}},
+                "metrics": {"io_minus_s": {"kind": "logit_diff", "of": "logits",
+                                           "a": "base_answer", "b": "cf_answer"}}},
+            "patch": {
+                "reads": {"v_cf": {"site": "resid", "pos": -1, "input": "counterfactual"},
+                          "logits": logits},
+                "writes": {"swap": {"site": "resid", "pos": -1, "mechanism": "swap",
+                                    "operand": "v_cf"}},
+                "models": {"patched": {"input": "base", "writes": ["swap"]}},
+                "metrics": {"moved": {"kind": "match", "of": "logits", "expected": "cf_answer"},
+                            "logit_diff": {"kind": "logit_diff", "of": "logits",
+                                           "a": "cf_answer", "b": "base_answer"}}}},
+        "steps": {
+            "behavior": {"kind": "observe", "interventions": "behavior",
+                         "rows": {"base": "outsider/ioi"},
+                         "saves": [{"value": "io_minus_s", "file_path": "io_minus_s.json"}]},
+            "patch": {"kind": "observe", "interventions": "patch",
+                      "rows": {"base": "outsider/ioi", "counterfactual": "outsider/ioi"},
+                      "saves": [{"value": "moved", "file_path": "moved.json"},
+                                {"value": "logit_diff", "file_path": "logit_diff.json"}]}},
+    }
+
+
+def _values(path: Path) -> dict[str, float]:
+    return {row["example_id"]: row["value"] for row in json.loads(path.read_text())
+            if row["eligible"]}
+
+
+@pytest.fixture(scope="module")
+def outsider(tmp_path_factory, smollm2_dir):
+    from causalab.models import resolve
+    from causalab.pipeline import run_document
+
+    root = tmp_path_factory.mktemp("outsider")
+    (root / "data" / "outsider").mkdir(parents=True)
+    rows = outsider_rows()
+    (root / "data" / "outsider" / "ioi.json").write_text(json.dumps(rows))
+    document = outsider_document(resolve(KEY).revision)
+    (root / "ioi.json").write_text(json.dumps(document))
+    run_document(document, out=str(root / "out"), data_root=str(root / "data"))
+    return root / "out", rows
+
+
+def test_the_outsiders_names_are_single_tokens_and_absent_from_the_repository(smollm2_dir):
+    from causalab.models import load_tokenizer
+
+    tokenizer = load_tokenizer(smollm2_dir)
+    shipped = (DATA / "ioi" / "data.json").read_text()
+    for name in NAMES:
+        assert len(tokenizer(" " + name, add_special_tokens=False)["input_ids"]) == 1, name
+        assert f'"{name}"' not in shipped and f" {name} " not in shipped, name
+
+
+def test_smollm2_prefers_io_over_s_on_at_least_90_percent_of_an_outsiders_rows(outsider):
+    out, rows = outsider
+    # The behaviour step reads no swept site, so every point holds the same table.
+    diffs = _values(out / f"layers={EARLY}" / "io_minus_s.json")
+    assert len(diffs) == len(rows)
+    assert sum(value > 0 for value in diffs.values()) >= 0.9 * len(rows), diffs
+
+
+def test_end_patching_moves_few_answers_at_layer_2_and_most_at_layer_27(outsider):
+    # An answer moved when the patched run prefers the counterfactual's answer (S) over the
+    # base's (IO): logit_diff = cf_answer - base_answer > 0. Top-1 is stricter (a template
+    # can put " the" first): it is checked early, where it must stay near zero too.
+    out, rows = outsider
+    early = _values(out / f"layers={EARLY}" / "logit_diff.json")
+    late = _values(out / f"layers={LATE}" / "logit_diff.json")
+    assert len(early) == len(late) == len(rows)
+    assert sum(value > 0 for value in early.values()) <= 0.1 * len(rows), early
+    assert sum(value > 0 for value in late.values()) >= 0.8 * len(rows), late
+    assert sum(_values(out / f"layers={EARLY}" / "moved.json").values()) <= 0.1 * len(rows)
+
+
+def test_the_layer_27_interchange_agrees_with_plain_torch_hooks(outsider, smollm2_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from causalab.models import load_tokenizer
+
+    out, rows = outsider
+    tokenizer = load_tokenizer(smollm2_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    layer, kept = model.model.layers[LATE], {}
+
+    def forward(texts, edit):
+        batch = tokenizer(texts, return_tensors="pt", padding=True)
+        handle = layer.register_forward_hook(lambda module, args, output: edit(output))
+        try:
+            with torch.no_grad():
+                return model(**batch).logits[:, -1]
+        finally:
+            handle.remove()
+
+    def keep(output):
+        kept["end"] = output[:, -1].clone()
+
+    def swap(output):
+        output = output.clone()
+        output[:, -1] = kept["end"]
+        return output
+    # Left padding keeps END at the last index of every row; the two prompts of a row have one
+    # length (single-token names), so the same index is END on both sides.
+    forward([row["counterfactual_inputs"][0] for row in rows], keep)
+    logits = forward([row["input"] for row in rows], swap)
+    table = _values(out / f"layers={LATE}" / "logit_diff.json")
+    for i, row in enumerate(rows):
+        cf, base = (tokenizer(row[c], add_special_tokens=False)["input_ids"][0]
+                    for c in ("cf_answer", "base_answer"))
+        # fp32 over 30 layers, batch of 24 vs causalab's fused batch: differences ~1e-5 logits.
+        assert table[row["example_id"]] == pytest.approx((logits[i, cf] - logits[i, base]).item(),
+                                                         abs=2e-3)
+
+
+def test_the_shipped_ioi_table_has_100_rows_both_orders_and_single_token_names(smollm2_dir):
+    from causalab.models import load_tokenizer
+
+    tokenizer = load_tokenizer(smollm2_dir)
+    rows = json.loads((DATA / "ioi" / "data.json").read_text())
+    assert len(rows) >= 100 and {row["order"] for row in rows} == {"ABBA", "BABA"}
+    for row in rows:
+        texts = [row["input"], *row["counterfactual_inputs"]]
+        assert len({len(tokenizer(text)["input_ids"]) for text in texts}) == 1, row["example_id"]
+        for column in ("base_answer", "cf_answer", "unrelated_answer"):
+            assert len(tokenizer(row[column], add_special_tokens=False)["input_ids"]) == 1
+        swapped, unrelated = row["counterfactual_inputs_variables"]
+        assert (swapped["io"], swapped["s"]) == (row["s"], row["io"])
+        assert {unrelated["io"], unrelated["s"]}.isdisjoint({row["io"], row["s"]})
+        for anchor in ("S1", "S2"):
+            assert row[anchor].endswith(row["s"]) and row["input"].count(row[anchor]) == 1
+
+
+def test_the_ioi_table_is_what_its_script_makes():
+    script = runpy.run_path(str(REPO / "scripts" / "make_ioi_data.py"))
+    assert script["rows"]() == json.loads((DATA / "ioi" / "data.json").read_text())
