@@ -201,3 +201,61 @@ def test_the_shipped_ioi_table_has_100_rows_both_orders_and_single_token_names(s
 def test_the_ioi_table_is_what_its_script_makes():
     script = runpy.run_path(str(REPO / "scripts" / "make_ioi_data.py"))
     assert script["rows"]() == json.loads((DATA / "ioi" / "data.json").read_text())
+
+
+SHIPPED = ("ioi_behavior", "ioi_layer_sweep", "ioi_unrelated_sweep", "ioi_head_patching",
+           "ioi_logit_lens", "ioi_das")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_each_shipped_ioi_document_is_the_rendering_of_its_conf_twin(name):
+    from causalab.document import digest
+    from causalab.render import render
+
+    shipped = json.loads((REAL / f"{name}.json").read_text())
+    assert digest(render([f"experiment={name}", "model=smollm2"])) == digest(shipped)
+    assert shipped["model"]["key"] == KEY
+
+
+def _run_shipped(name: str, tmp_path_factory) -> Path:
+    from causalab.pipeline import run_document
+
+    out = tmp_path_factory.mktemp(name)
+    run_document(json.loads((REAL / f"{name}.json").read_text()), out=str(out),
+                 data_root=str(DATA))
+    return out
+
+
+def _mean(path: Path) -> float:
+    values = list(_values(path).values())
+    return sum(values) / len(values)
+
+
+def _preferred(path: Path) -> float:
+    """Fraction of rows whose patched run prefers the counterfactual's answer."""
+    values = list(_values(path).values())
+    return sum(value > 0 for value in values) / len(values)
+
+
+@pytest.mark.slow
+def test_the_shipped_behaviour_prefers_io_on_nearly_every_row(tmp_path_factory, smollm2_dir):
+    out = _run_shipped("ioi_behavior", tmp_path_factory)
+    # Measured: IO > S on 119 of 120 rows, mean IO - S 4.9, top-1 0.83.
+    assert _preferred(out / "logit_diff.json") >= 0.95
+    assert _mean(out / "logit_diff.json") >= 3.0
+
+
+@pytest.mark.slow
+def test_the_subject_moves_from_s2_to_end_between_the_middle_and_late_layers(
+        tmp_path_factory, smollm2_dir):
+    out = _run_shipped("ioi_layer_sweep", tmp_path_factory)
+    end = {layer: _preferred(out / f"layers={layer},pos=END" / "logit_diff.json")
+           for layer in range(30)}
+    s2 = {layer: _preferred(out / f"layers={layer},pos=S2" / "logit_diff.json")
+          for layer in range(30)}
+    # Measured on the 36 test rows: END 0.03 through block 22, 0.92 from block 23; S2 0.92
+    # through block 16, then 0.03 from block 24.
+    assert all(end[layer] <= 0.1 for layer in range(0, 20)), end
+    assert all(end[layer] >= 0.8 for layer in range(24, 30)), end
+    assert all(s2[layer] >= 0.8 for layer in range(0, 15)), s2
+    assert all(s2[layer] <= 0.1 for layer in range(25, 30)), s2

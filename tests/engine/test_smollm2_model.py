@@ -145,3 +145,25 @@ def test_a_local_directory_takes_its_revision_from_its_tensors(tmp_path):
         resolve(str(local), "main-but-pinned")
     assert caught.value.path == ("model", "revision")
     assert digest in caught.value.message and "main-but-pinned" in caught.value.message
+
+
+@pytest.mark.slow
+def test_a_first_use_killed_half_way_leaves_nothing_a_second_use_trusts(tmp_path):
+    import os
+    import signal
+    import time
+
+    home = tmp_path / "home"
+    script = f"from causalab.models import resolve; resolve({KEY!r}, home={str(home)!r})"
+    child = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    models = home / "models"
+    deadline = time.monotonic() + 300
+    while not (models.is_dir() and any(models.glob(".gguf-*"))):
+        assert child.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(3)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    assert not [p for p in models.iterdir() if not p.name.startswith(".")]
+    found = resolve(KEY, home=str(home))
+    assert _tensor_sha256(found.path) == BUILTINS["smollm2-135m"]["revision"]
