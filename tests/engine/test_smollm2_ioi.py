@@ -31,6 +31,8 @@ TEMPLATES = (
     "The {place} was quiet when {A} and {B} arrived; {S} tossed the {thing} to",
 )
 EARLY, LATE = 2, 27
+# The heads ioi_head_patching ranks highest at END whose pattern ioi_attention reads.
+TOP_HEADS = ((23, 0), (23, 1), (24, 4))
 
 
 def _prompt(template: str, io: str, s: str, order: str, place: str, thing: str) -> str:
@@ -259,3 +261,52 @@ def test_the_subject_moves_from_s2_to_end_between_the_middle_and_late_layers(
     assert all(end[layer] >= 0.8 for layer in range(24, 30)), end
     assert all(s2[layer] >= 0.8 for layer in range(0, 15)), s2
     assert all(s2[layer] <= 0.1 for layer in range(25, 30)), s2
+
+
+@pytest.mark.slow
+def test_das_at_the_flip_layer_moves_the_answer_further_than_a_random_subspace_of_its_rank(
+        tmp_path_factory, smollm2_dir):
+    out = _run_shipped("ioi_das", tmp_path_factory)
+    for k in (1, 4, 16):
+        fitted = _mean(out / f"k={k}" / "test_logit_diff.json")
+        control = _mean(out / f"k={k}" / "control_logit_diff.json")
+        # Measured at k = 4: -1.97 against -4.71 for the random subspace (held-out rows).
+        assert fitted >= control + (0.5 if k == 1 else 1.5), (k, fitted, control)
+    assert _mean(out / "k=16" / "test_iia.json") > _mean(out / "k=16" / "control_iia.json")
+
+
+def _token_positions(tokenizer, text: str, name: str, width: int) -> list[int]:
+    """Absolute (left-padded to ``width``) indices of the tokens spelling ``name``."""
+    ids = tokenizer(text)["input_ids"]
+    spellings = {tokenizer(form, add_special_tokens=False)["input_ids"][0]
+                 for form in (" " + name, name)}
+    return [width - len(ids) + j for j, token in enumerate(ids) if token in spellings]
+
+
+@pytest.mark.slow
+def test_the_top_heads_attend_from_end_to_the_indirect_object(tmp_path_factory, smollm2_dir):
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from causalab.models import load_tokenizer
+
+    out = _run_shipped("ioi_attention", tmp_path_factory)
+    rows = json.loads((DATA / "ioi" / "data.json").read_text())
+    tokenizer = load_tokenizer(smollm2_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    batch = tokenizer([row["input"] for row in rows], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        oracle = model(**batch, output_attentions=True).attentions
+    width = batch["input_ids"].shape[1]
+    for layer, head in TOP_HEADS:
+        saved = load_file(str(out / f"layers={layer}" / "attention.safetensors"))["weight"]
+        pattern = saved.reshape(len(rows), 9, width)[:, head]
+        # Same eager kernel on the same padded batch: equal to float32 rounding.
+        assert torch.allclose(pattern, oracle[layer][:, head, -1], atol=1e-5)
+        on_io = sum(pattern[i, _token_positions(tokenizer, r["input"], r["io"], width)].sum()
+                    for i, r in enumerate(rows)) / len(rows)
+        on_s = sum(pattern[i, _token_positions(tokenizer, r["input"], r["s"], width)].sum()
+                   for i, r in enumerate(rows)) / len(rows)
+        assert on_io > on_s + 0.1, (layer, head, float(on_io), float(on_s))
