@@ -31,8 +31,11 @@ TEMPLATES = (
     "The {place} was quiet when {A} and {B} arrived; {S} tossed the {thing} to",
 )
 EARLY, LATE = 2, 27
-# The heads ioi_head_patching ranks highest at END whose pattern ioi_attention reads.
-TOP_HEADS = ((23, 0), (23, 1), (24, 4))
+# Heads ioi_head_patching finds moving the END answer (36 test rows): L23 H3 most (S - IO -4.74
+# -> -0.81), which attends to S; L23 H0 and H1 (-> -3.82, -4.16) and L24 H4, which pushes the
+# other way (-> -6.67), attend to IO.
+IO_HEADS = ((23, 0), (23, 1), (24, 4))
+S_HEAD = (23, 3)
 
 
 def _prompt(template: str, io: str, s: str, order: str, place: str, thing: str) -> str:
@@ -284,7 +287,7 @@ def _token_positions(tokenizer, text: str, name: str, width: int) -> list[int]:
 
 
 @pytest.mark.slow
-def test_the_top_heads_attend_from_end_to_the_indirect_object(tmp_path_factory, smollm2_dir):
+def test_the_top_heads_attend_from_end_to_the_names_they_move(tmp_path_factory, smollm2_dir):
     import torch
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -300,13 +303,18 @@ def test_the_top_heads_attend_from_end_to_the_indirect_object(tmp_path_factory, 
     with torch.no_grad():
         oracle = model(**batch, output_attentions=True).attentions
     width = batch["input_ids"].shape[1]
-    for layer, head in TOP_HEADS:
+
+    def mass(layer: int, head: int) -> tuple[float, float]:
         saved = load_file(str(out / f"layers={layer}" / "attention.safetensors"))["weight"]
         pattern = saved.reshape(len(rows), 9, width)[:, head]
         # Same eager kernel on the same padded batch: equal to float32 rounding.
         assert torch.allclose(pattern, oracle[layer][:, head, -1], atol=1e-5)
-        on_io = sum(pattern[i, _token_positions(tokenizer, r["input"], r["io"], width)].sum()
-                    for i, r in enumerate(rows)) / len(rows)
-        on_s = sum(pattern[i, _token_positions(tokenizer, r["input"], r["s"], width)].sum()
-                   for i, r in enumerate(rows)) / len(rows)
-        assert on_io > on_s + 0.1, (layer, head, float(on_io), float(on_s))
+        on = [sum(float(pattern[i, _token_positions(tokenizer, r["input"], r[name], width)].sum())
+                  for i, r in enumerate(rows)) / len(rows) for name in ("io", "s")]
+        return on[0], on[1]
+    # Measured on the 36 test rows: 0.60 / 0.27, 0.54 / 0.35, 0.63 / 0.27; L23 H3 0.05 / 0.62.
+    for layer, head in IO_HEADS:
+        on_io, on_s = mass(layer, head)
+        assert on_io > on_s + 0.1, (layer, head, on_io, on_s)
+    on_io, on_s = mass(*S_HEAD)
+    assert on_s > on_io + 0.3, (S_HEAD, on_io, on_s)
