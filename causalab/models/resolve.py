@@ -9,7 +9,8 @@ package; a GGUF built-in (``smollm2-135m``) and a local ``.gguf`` key are dequan
 its tensor digest; asking for another is refused.
 
 A local directory's revision is the digest of its tensors too, so a document that pins one pins
-the weights; any other pinned value is refused at ``model.revision`` naming both. A hub id resolves only when a snapshot is already in the local Hugging Face
+the weights; any other pinned value is refused at ``model.revision`` naming both (a directory
+without weights, config and tokenizer only, passes its revision through). A hub id resolves only when a snapshot is already in the local Hugging Face
 cache.
 """
 from __future__ import annotations
@@ -145,9 +146,15 @@ def _gguf_file(key: str, revision: str | None, home: str | None) -> Resolved:
 
 
 def _directory(path: str, revision: str | None, *, key: str | None = None) -> Resolved:
-    """A local Hugging Face directory; its revision is the digest of its tensors."""
+    """A local Hugging Face directory; its revision is the digest of its tensors.
+
+    A directory of config and tokenizer only (enough to compile and explain) has no tensors to
+    pin, so its revision passes through; pinning it by digest is refused at ``model.key``.
+    """
     key = key or path
     path = str(Path(path).resolve())
+    if not looks_like_digest(revision) and not any(Path(path).glob("*.safetensors")):
+        return Resolved(key=key, path=path, revision=revision or "main", builtin=False)
     actual = directory_digest(path)
     if revision not in _FLOATING and revision != actual:
         raise ModelError(_REVISION, f"{key} has tensor digest {actual}, "
