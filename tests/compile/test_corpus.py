@@ -120,7 +120,8 @@ def test_every_answer_cell_is_one_token_on_the_tiny_llama():
     from causalab.models import load_tokenizer, resolve
 
     tokenizer = load_tokenizer(resolve("causalab:tiny-llama").path)
-    for path in DATA.rglob("*.json"):
+    # The ioi table's answers are names on SmolLM2's tokenizer (tests/engine/test_smollm2_ioi.py).
+    for path in (p for p in DATA.rglob("*.json") if p.parent.name != "ioi"):
         for row in json.loads(path.read_text()):
             for column in ("base_answer", "cf_answer", "said"):
                 if row.get(column):
