@@ -11,6 +11,7 @@ from typing import Any
 
 from causalab.compile.bundles import check_bundle, is_uri, read_stamp
 from causalab.compile.plan import Address, FeaturizerSpec, Featurizers, ModelRef
+from causalab.document.references import step_source
 from causalab.errors import CompileError
 
 NODE_NAME = "featurizers"
@@ -48,8 +49,13 @@ def _trainers(document: dict) -> dict[str, tuple[str, int]]:
     return trainers
 
 
-def bundle_rank(file_path: str, path: tuple) -> int | None:
-    """``k`` of an sae/linear bundle: the second axis of ``W_enc`` in the safetensors header."""
+def bundle_rank(file_path: str, path: tuple, document: dict | None = None) -> int | None:
+    """``k`` of an sae/linear bundle: the second axis of ``W_enc`` in the safetensors header,
+    or the ``k`` of the output an earlier step publishes (``steps:<step>/<value>``)."""
+    source = step_source(file_path)
+    if source is not None:
+        output = ((document or {}).get("steps", {}).get(source[0], {}).get("outputs") or {})
+        return (output.get(source[1]) or {}).get("k")
     if is_uri(file_path):
         return None
     _, shapes = read_stamp(file_path, at=path)
@@ -77,7 +83,7 @@ def stamp(name: str, kind: str, k: int | None, d: int, site: str, address: Addre
 
 
 def _spec(name: str, raw: dict, site: str, address: Address, trainer, model: ModelRef,
-          digest: str) -> FeaturizerSpec:
+          digest: str, document: dict) -> FeaturizerSpec:
     path = ("featurizers", name)
     d = address.width
     if d is None:
@@ -85,7 +91,7 @@ def _spec(name: str, raw: dict, site: str, address: Address, trainer, model: Mod
     kind = raw["kind"]
     k = raw.get("k")
     if kind in ("sae", "linear") and k is None:
-        k = bundle_rank(raw["file_path"], path + ("file_path",))
+        k = bundle_rank(raw["file_path"], path + ("file_path",), document)
     if kind in ("subspace", "pca") and k is not None and k > d:
         raise CompileError(path + ("k",), f"k={k} is larger than the site width {d}")
     seed = raw.get("seed")
@@ -97,7 +103,7 @@ def _spec(name: str, raw: dict, site: str, address: Address, trainer, model: Mod
         parametrization=raw.get("parametrization", "cayley"),
         stamp=stamp(name, kind, k, d, site, address, model, digest),
         trained_by=trainer[0] if trainer else None)
-    if spec.file_path is not None and not is_uri(spec.file_path):
+    if spec.file_path is not None and not is_uri(spec.file_path) and not step_source(spec.file_path):
         check_bundle(spec)
     return spec
 
@@ -110,6 +116,7 @@ def featurizers_node(document: dict, addresses: dict[str, Address], model: Model
         return None
     sites, trainers = sites_of(document), _trainers(document)
     specs = tuple(
-        _spec(name, raw, sites[name], addresses[sites[name]], trainers.get(name), model, digest)
+        _spec(name, raw, sites[name], addresses[sites[name]], trainers.get(name), model, digest,
+              document)
         for name, raw in declared.items())
     return Featurizers(name=NODE_NAME, featurizers=specs)

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from causalab.compile.featurizers import stamp as featurizer_stamp
 from causalab.compile.plan import Featurizers, Fit, Observe, Pass, SaveOp, Weights
+from causalab.document.references import step_source
 from causalab.engine import outputs as output_rules
 from causalab.engine import record
 from causalab.engine.bundles import document_stamp, stamp_metadata, weights_results
@@ -25,9 +26,10 @@ def build_featurizers(node: Featurizers, model: Any, state: dict) -> None:
 
     device = model._model.get_input_embeddings().weight.device
     for spec in node.featurizers:
-        state["featurizers"][spec.name] = build_featurizer(spec, device,
-                                                           resolver=state["events"].resolve)
         state["specs"][spec.name] = spec
+        if step_source(spec.file_path) is None:  # else built once its step has run
+            state["featurizers"][spec.name] = build_featurizer(spec, device,
+                                                               resolver=state["events"].resolve)
     node.results.update(featurizers=dict(state["featurizers"]))
 
 
@@ -101,14 +103,25 @@ def finish_observe(node: Observe, result: dict, state: dict, directory: Path) ->
 def _save_output(node: Observe, value: output_rules.Published, name: str, save: SaveOp,
                  state: dict, directory: Path) -> str:
     metadata = None
-    if value.reduce == "pca":
-        output = next(o for o in node.outputs if o.name == name)
-        read = _find_read(node.pass_, output.read)
-        d, k = value.value.shape
-        stamp = featurizer_stamp(name, "pca", k, d, read.site, read.address,
-                                 state["model_ref"], state["digest"])
-        metadata = stamp_metadata(stamp, produced_by=state["digest"])
+    if value.reduce in ("pca", "sae"):
+        metadata = stamp_metadata(output_stamp(node, name, value, state),
+                                  produced_by=state["digest"])
+    if value.reduce == "sae":
+        from causalab.engine.dictionary import save_dictionary
+
+        return save_dictionary(directory / save.file_path, value.value, metadata)
     return record.write_tensor(directory / save.file_path, value.value.float(), metadata)
+
+
+def output_stamp(node: Observe, name: str, value: output_rules.Published,
+                 state: dict) -> dict[str, str]:
+    """The identity a published basis or dictionary carries, as its saved bundle would."""
+    output = next(o for o in node.outputs if o.name == name)
+    read = _find_read(node.pass_, output.read)
+    weight = value.value["W_enc"] if value.reduce == "sae" else value.value
+    d, k = weight.shape
+    return featurizer_stamp(name, value.reduce, k, d, read.site, read.address,
+                            state["model_ref"], state["digest"])
 
 
 def run_fit_step(node: Fit, model: Any, state: dict, directory: Path,

@@ -29,6 +29,7 @@ from causalab.engine.events import Events
 from causalab.engine.metrics import score
 from causalab.engine.seam import Window, apply_write, express, gather
 from causalab.engine.sites import Places, project_to_vocabulary
+from causalab.engine.step_sources import build_from_step
 from causalab.errors import RunError
 from causalab.files import DOCUMENT
 
@@ -72,6 +73,7 @@ def run_plan(plan: Plan, model: Any, *, out: str, batch_size: int | None = None,
         written.append(record.write_json(directory / DOCUMENT, plan.document))
     for node in plan.children:
         written += _run_node(node, model, state, out, directory)
+        build_from_step(node, state)
     return written
 
 
