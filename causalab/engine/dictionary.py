@@ -16,11 +16,11 @@ from torch import Tensor
 
 from causalab.engine import record
 
-UPDATES = 2000
+UPDATES = 1000
 LEARNING_RATE = 3e-3
 # L1 weight on latents of vectors scaled to unit mean squared norm, so it means the same at
-# every width and activation scale; at this weight the weekday dictionaries keep about 90 %
-# of the variance in about a tenth of their latents.
+# every width and activation scale. On weekday-llama's block_input[2] (210 prompt tokens) a
+# 128-latent dictionary leaves 4e-5 of the variance unexplained with about 18 latents active.
 SPARSITY = 3e-3
 
 
