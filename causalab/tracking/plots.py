@@ -179,12 +179,12 @@ def ranking_chart(points: Sequence[Point], axis: str = "method") -> bytes | None
                  hatch="//" if is_control else None, edgecolor="black",
                  label="control (random subspace)" if is_control else None)
         if control is not None:
-            axes.plot([x - 0.35, x + 0.35], [control, control], color="black", linewidth=2,
-                      label=None if ticked else "its rank-matched control")
+            axes.plot([x - 0.4, x + 0.4], [control, control], color="black", linewidth=3,
+                      clip_on=False, label=None if ticked else "its rank-matched control")
             ticked = True
         axes.text(x, score + 0.02, f"{score:.2f}", ha="center", fontsize="small")
     axes.set_xticks(range(len(scored)), [name for name, _, _ in scored])
-    axes.set_ylim(0, 1.35)
+    axes.set_ylim(-0.03, 1.35)
     axes.set_ylabel("held-out IIA (test/iia)")
     axes.set_title(f"ranking by {axis}")
     axes.legend(fontsize="small", loc="upper right")
