@@ -257,6 +257,8 @@ def render_vocab() -> str:
         f"                  scope: variable=str, segment=str ({segments}, or 'role[i]')",
         f"                  frame: Literal[{frames}]; {POSITION_FORMS['sugar']}",
         f"reduce modes:     {', '.join(REDUCE_MODES)}",
+        f"step sources:     file_path \"{STEP_SOURCES['prefix']}<step>/<value>\": a reduce "
+        f"{' or '.join(STEP_SOURCES['reduce'])} output, or a weights entry",
     ]
     return "\n".join(lines)
 
