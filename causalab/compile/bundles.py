@@ -165,13 +165,6 @@ def check_bundle(spec, *, resolver: Resolver | None = None) -> None:
     metadata, shapes = read_stamp(path, at=at)
     if os.path.isdir(path):
         _check_saelens_config(path, spec.kind, at)
-    check_contents(spec, metadata, shapes, at)
-
-
-def check_contents(spec, metadata: dict[str, str], shapes: dict[str, tuple[int, ...]],
-                   at: Path) -> None:
-    """The stamp and shape check of a bundle's contents, wherever they came from: a file, or
-    what an earlier step published (``steps:<step>/<value>``)."""
     if is_stamped(metadata):
         _check_identity(metadata, document_stamp(spec), at)
     elif not spec.trust_unstamped:

@@ -1,15 +1,16 @@
 """Featurizers loaded from an earlier step of the same point (``file_path: "steps:<step>/<value>"``).
 
 A ``reduce: "pca"`` basis, a ``reduce: "sae"`` dictionary or a weights step's entry becomes a
-live featurizer the moment its step has run, after the same stamp and shape check a bundle
-file gets (``compile.bundles.check_contents``), so harvest-then-apply is one document. Reads
-only the walk state's published values; never opens a trace or a file.
+live featurizer the moment its step has run, after the identity and shape checks a bundle
+file gets (compile/bundles.py), so harvest-then-apply is one document. Reads only the walk
+state's published values; never opens a trace or a file.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from causalab.compile.bundles import check_contents, document_stamp
+from causalab.compile import bundles as bundle_checks
+from causalab.compile.bundles import document_stamp
 from causalab.compile.plan import Observe
 from causalab.document.references import step_source
 from causalab.errors import CompileError, RunError
@@ -43,8 +44,9 @@ def build_from_step(node: Any, state: dict) -> None:
             raise RunError(at, f"step {source[0]!r} published no {source[1]!r}")
         tensors = _tensors(state["published"][source[1]])
         shapes = {key: tuple(tensor.shape) for key, tensor in tensors.items()}
-        try:
-            check_contents(spec, _stamp(node, source[1], state), shapes, at)
+        try:  # a published value is always stamped: the identity and shape checks apply
+            bundle_checks._check_identity(_stamp(node, source[1], state), document_stamp(spec), at)
+            bundle_checks._check_shapes(spec.kind, shapes, spec.d, spec.k, at)
         except CompileError as error:
             raise RunError(error.path, error.message) from None
         tensors = {key: tensor.detach().float().clone() for key, tensor in tensors.items()}
