@@ -2,8 +2,8 @@
 
 The document is the composed config's document keys (``header``, ``model``, ``roles``,
 ``sites``, ``featurizers``, ``interventions``, ``steps``), interpolations resolved. Every other
-top-level key is scaffolding that never enters the document or its digest: ``site``, ``data``
-and ``shape`` are the knobs the groups interpolate, ``tracking`` and ``run`` belong to the run,
+top-level key is scaffolding that never enters the document or its digest: ``site``, ``data``,
+``shape`` and ``method`` are the knobs the groups interpolate, ``tracking`` and ``run`` belong to the run,
 ``hydra`` to Hydra. Rendering does not validate; ``causalab.document.validate`` does.
 
 Two things the groups lean on are done here, once. The data group offers its prompt roles and
@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from causalab.errors import UsageError
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-SCAFFOLDING = ("site", "data", "shape", "tracking", "run", "hydra")
+SCAFFOLDING = ("site", "data", "shape", "method", "tracking", "run", "hydra")
 ORDER = ("header", "model", "roles", "sites", "featurizers", "interventions", "steps")
 
 

@@ -17,6 +17,7 @@ import re
 from typing import Callable
 
 from causalab.compile import saelens
+from causalab.document.references import step_source  # noqa: F401  (the engine reads it here)
 from causalab.errors import CausalabError, CompileError, Path
 from causalab.files import BASIS_KEY, SAELENS_CONFIG, SAELENS_WEIGHTS, TENSOR_KEY
 

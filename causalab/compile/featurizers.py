@@ -11,6 +11,7 @@ import json
 from causalab.compile.bundles import Resolver, check_bundle, is_uri, read_stamp, resolve_bundle
 from causalab.compile.plan import Address, FeaturizerSpec, Featurizers, ModelRef
 from causalab.document.interventions import Intervention
+from causalab.document.references import step_source
 from causalab.document.schema import Document, Featurizer
 from causalab.document.schema import Fit as FitStep
 from causalab.document.vocab import IDENTITY
@@ -50,8 +51,15 @@ def _trainers(document: Document) -> dict[str, tuple[str, int]]:
     return trainers
 
 
-def bundle_rank(file_path: str, path: tuple, resolver: Resolver | None = None) -> int | None:
-    """``k`` of an sae/linear bundle: the second axis of ``W_enc`` in the safetensors header."""
+def bundle_rank(file_path: str, path: tuple, resolver: Resolver | None = None,
+                document: Document | None = None) -> int | None:
+    """``k`` of an sae/linear bundle: the second axis of ``W_enc`` in the safetensors header,
+    or the ``k`` of the output an earlier step publishes (``steps:<step>/<value>``)."""
+    source = step_source(file_path)
+    if source is not None:
+        step = document.steps.get(source[0]) if document is not None else None
+        output = (getattr(step, "outputs", None) or {}).get(source[1])
+        return getattr(output, "k", None)
     if is_uri(file_path):
         if resolver is None:
             return None
@@ -81,14 +89,15 @@ def stamp(name: str, kind: str, k: int | None, d: int, site: str, address: Addre
 
 
 def _spec(name: str, raw: Featurizer, site: str, address: Address, trainer, model: ModelRef,
-          digest: str, resolver: Resolver | None = None) -> FeaturizerSpec:
+          digest: str, resolver: Resolver | None = None,
+          document: Document | None = None) -> FeaturizerSpec:
     path = ("featurizers", name)
     d = address.width
     if d is None:
         raise CompileError(path, f"featurizer {name!r} sits at {address.component}, which has no width")
     kind, k = raw.kind, raw.k
     if kind in ("sae", "linear") and k is None:
-        k = bundle_rank(raw.file_path, path + ("file_path",), resolver)
+        k = bundle_rank(raw.file_path, path + ("file_path",), resolver, document)
     if kind in ("subspace", "pca") and k is not None and k > d:
         raise CompileError(path + ("k",), f"k={k} is larger than the site width {d}")
     seed = raw.seed
@@ -99,8 +108,10 @@ def _spec(name: str, raw: Featurizer, site: str, address: Address, trainer, mode
         name=name, kind=kind, d=d, k=k, seed=seed, file_path=raw.file_path,
         trust_unstamped=raw.trust_unstamped, parametrization=raw.parametrization,
         stamp=stamp(name, kind, k, d, site, address, model, digest),
-        trained_by=trainer[0] if trainer else None, saelens=raw.saelens.model_dump(exclude_unset=True) if raw.saelens else {})
-    if spec.file_path is not None and (resolver is not None or not is_uri(spec.file_path)):
+        trained_by=trainer[0] if trainer else None,
+        saelens=raw.saelens.model_dump(exclude_unset=True) if raw.saelens else {})
+    if (spec.file_path is not None and step_source(spec.file_path) is None
+            and (resolver is not None or not is_uri(spec.file_path))):
         check_bundle(spec, resolver=resolver)
     return spec
 
@@ -115,6 +126,6 @@ def featurizers_node(document: Document, addresses: dict[str, Address], model: M
     sites, trainers = sites_of(document), _trainers(document)
     specs = tuple(
         _spec(name, raw, sites[name], addresses[sites[name]], trainers.get(name), model, digest,
-              resolver)
+              resolver, document)
         for name, raw in declared.items())
     return Featurizers(name=NODE_NAME, featurizers=specs)

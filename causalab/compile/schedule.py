@@ -144,9 +144,9 @@ def check_ref_operand(write: WriteOp, published: dict[str, dict], rows: int, pat
     if write.address.key_axis:
         raise CompileError(path, f"attention pattern {write.operand.name!r} was published by an "
                                  "earlier step, whose key layout is not known here")
-    if out["reduce"] == "pca":
-        raise CompileError(path, f"{write.operand.name!r} is a pca basis; load it as a "
-                                 "featurizer instead of using it as an operand")
+    if out["reduce"] in ("pca", "sae"):
+        raise CompileError(path, f"{write.operand.name!r} is a {out['reduce']} featurizer; load "
+                                 "it as a featurizer instead of using it as an operand")
     if out["reduce"] != "none":
         return
     if out["rows"] != rows:

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from causalab.document.interventions import Intervention, Ref, Write
 from causalab.document.positions import Position
-from causalab.document.schema import Document, Fit, Observe
+from causalab.document.schema import Document, Fit, Observe, Weights
 from causalab.document.steps import step_interventions
-from causalab.document.vocab import (COMPONENTS, IDENTITY, MECHANISMS, ORIGINAL,
+from causalab.document.vocab import (COMPONENTS, IDENTITY, MECHANISMS, ORIGINAL, STEP_SOURCES,
                                      VOCABULARY_COMPONENTS, is_reserved_result)
 from causalab.errors import DocumentError, Path
 
@@ -38,7 +38,10 @@ def check_references(doc: Document) -> dict[str, list[Entry]]:
         for entry in step_entries_:
             if entry.path[0] == "steps":
                 check_intervention(doc, entry.body, entry.path)
-    _check_featurizer_sites(doc, entries)
+    sites = _check_featurizer_sites(doc, entries)
+    for name, featurizer in doc.featurizers.items():
+        if step_source(featurizer.file_path) is not None:
+            _check_step_source(doc, entries, name, sites, ("featurizers", name, "file_path"))
     return entries
 
 
@@ -236,7 +239,7 @@ def _check_metric(doc: Document, body: Intervention, of: str, at: Path) -> None:
                             'view: "logits" read, without heads, units or a featurizer')
 
 
-def _check_featurizer_sites(doc: Document, entries: dict[str, list[Entry]]) -> None:
+def _check_featurizer_sites(doc: Document, entries: dict[str, list[Entry]]) -> dict[str, list[str]]:
     bodies = {("interventions", n): b for n, b in doc.interventions.items()}
     bodies.update({e.path: e.body for es in entries.values() for e in es})
     sites: dict[str, list[str]] = {}
@@ -254,6 +257,67 @@ def _check_featurizer_sites(doc: Document, entries: dict[str, list[Entry]]) -> N
         if len(found) > 1:
             raise DocumentError(("featurizers", name), f"one featurizer is one parameter set "
                                 f"at one site; {name!r} is used at {' and '.join(found)}")
+    return sites
+
+
+def step_source(file_path: str | None) -> tuple[str, str] | None:
+    """``"steps:<step>/<value>"`` -> ``(step, value)``; None for a file or a ``runs:/`` URI.
+
+    >>> step_source("steps:harvest/basis")
+    ('harvest', 'basis')
+    """
+    prefix = STEP_SOURCES["prefix"]
+    if not file_path or not file_path.startswith(prefix):
+        return None
+    step, _, value = file_path[len(prefix):].partition("/")
+    return step, value
+
+
+def _source_of(doc: Document, step: str, value: str, sites: dict[str, list[str]],
+               at: Path) -> tuple[str, int | None, str]:
+    """What ``steps:<step>/<value>`` names: (featurizer kind it loads as, k, site)."""
+    if step not in doc.steps:
+        raise DocumentError(at, f"no step named {step!r} (steps: {', '.join(doc.steps)})")
+    found = doc.steps[step]
+    if isinstance(found, Weights) and value in found.names:
+        source = doc.featurizers[value]
+        if source.kind in STEP_SOURCES["weights"]:
+            return source.kind, source.k, sites.get(value, [""])[0]
+    outputs = found.outputs if isinstance(found, Observe) else {}
+    loadable = {n: o for n, o in outputs.items() if o.reduce in STEP_SOURCES["reduce"]}
+    if value not in loadable:
+        offered = list(loadable) + list(found.names if isinstance(found, Weights) else ())
+        raise DocumentError(at, f"step {step!r} publishes no featurizer {value!r} (it offers: "
+                            f"{', '.join(offered) or 'none'}; a reduce "
+                            f"{' or '.join(STEP_SOURCES['reduce'])} output or a weights entry)")
+    output = loadable[value]
+    reads = [e.body.reads[output.read] for e in step_entries(doc).get(step, [])
+             if output.read in e.body.reads]
+    return STEP_SOURCES["reduce"][output.reduce], output.k, reads[0].site if reads else ""
+
+
+def _check_step_source(doc: Document, entries: dict[str, list[Entry]], name: str,
+                       sites: dict[str, list[str]], at: Path) -> None:
+    """A featurizer loaded from an earlier step: of the kind, rank and site that step
+    publishes, and used only by steps after it (the stamp is checked again at run time)."""
+    step, value = step_source(doc.featurizers[name].file_path)
+    featurizer = doc.featurizers[name]
+    kind, k, site = _source_of(doc, step, value, sites, at)
+    if kind != featurizer.kind:
+        raise DocumentError(at, f"steps:{step}/{value} is a {kind}; {name!r} is a "
+                            f"{featurizer.kind}")
+    if featurizer.k is not None and k is not None and featurizer.k != k:
+        raise DocumentError(at, f"k: steps:{step}/{value} has k={k}, {name!r} says {featurizer.k}")
+    if site and site not in sites.get(name, [site]):
+        raise DocumentError(at, f"site: steps:{step}/{value} was read at {site!r}; {name!r} "
+                            f"is used at {sites[name][0]!r}")
+    order = list(doc.steps)
+    for s in order[:order.index(step) + 1]:
+        used = {node.featurizer for e in entries.get(s, [])
+                for node in list(e.body.reads.values()) + list(e.body.writes.values())}
+        if name in used:
+            raise DocumentError(("steps", s), f"step uses featurizer {name!r}, which loads "
+                                f"from step {step!r}; move the step after {step!r}")
 
 
 def operand_refs(body: Intervention) -> list[tuple[str, str]]:

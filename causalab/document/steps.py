@@ -42,7 +42,8 @@ class Output(Node):
         if needs_k and self.k is None:
             raise refuse(f'reduce "{self.reduce}" needs k')
         if not needs_k and self.k is not None:
-            raise refuse(f'k is only for reduce "pca", not "{self.reduce}"')
+            ranked = " or ".join(f'"{m}"' for m, row in REDUCE_MODES.items() if row["needs_k"])
+            raise refuse(f'k is only for reduce {ranked}, not "{self.reduce}"')
         return self
 
 

@@ -234,6 +234,17 @@ REDUCE_MODES = {
     "none": {"needs_k": False, "shape": "as gathered"},
     "mean": {"needs_k": False, "shape": "mean over axis 0"},
     "pca": {"needs_k": True, "shape": "(d, k) orthonormal basis"},
+    "sae": {"needs_k": True, "shape": "a ReLU dictionary trained on the (-1, d) vectors: "
+                                      "W_enc (d, k), W_dec (k, d), b_enc (k), b_dec (d)"},
+}
+
+# FORMAT §8.1: a featurizer's file_path "steps:<step>/<value>" loads what an earlier step of
+# the same point published: a reduced output (the featurizer kind each reduce mode loads as)
+# or a weights step's entry (loaded as the kind of the featurizer it exported).
+STEP_SOURCES = {
+    "prefix": "steps:",
+    "reduce": {"pca": "pca", "sae": "sae"},
+    "weights": ("subspace", "gate", "pca"),
 }
 
 # docs/format.md §9.4: result names the run produces itself; no metric, output or read may take one.
@@ -291,6 +302,8 @@ def render_vocab() -> str:
         f"                  scope: variable=str, segment=str ({segments}, or 'role[i]')",
         f"                  frame: Literal[{frames}]; {POSITION_FORMS['sugar']}",
         f"reduce modes:     {', '.join(REDUCE_MODES)}",
+        f"step sources:     file_path \"{STEP_SOURCES['prefix']}<step>/<value>\": a reduce "
+        f"{' or '.join(STEP_SOURCES['reduce'])} output, or a weights entry",
     ]
     return "\n".join(lines)
 

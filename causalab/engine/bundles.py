@@ -8,7 +8,8 @@ is not reproducible, so bundles are compared by content.
 from __future__ import annotations
 
 from causalab.compile.bundles import (  # noqa: F401  (read_stamp re-exported for callers)
-    Resolver, check_bundle, document_stamp, local_bundle_path, read_stamp, weights_file,
+    Resolver, check_bundle, document_stamp, local_bundle_path, read_stamp, step_source,
+    weights_file,
 )
 from causalab.errors import RunError
 from causalab.files import TENSOR_KEY

@@ -1,4 +1,4 @@
-"""Published outputs: a read reduced (``none``, ``mean``, ``pca``) for the steps after it.
+"""Published outputs: a read reduced (``none``, ``mean``, ``pca``, ``sae``) for the steps after it.
 
 A published value lives in the walk's state; this module only shapes it. It never writes
 files or knows a step's name: refusals carry the output's name and the walk places them.
@@ -22,7 +22,7 @@ class Published:
     ``rows`` is its row count; ``counts`` each row's window width when it is flat
     ``(total, width)`` and None when it is rectangular ``(rows, w, width)``."""
 
-    value: torch.Tensor
+    value: Any  # a tensor; for ``sae`` the dictionary's {W_enc, W_dec, b_enc, b_dec}
     counts: tuple[int, ...] | None
     rows: int | None
     reduce: str
@@ -77,7 +77,8 @@ def reduce(value: torch.Tensor, output: OutputOp, layout: Any) -> Published:
     ``layout`` is the read's :class:`~causalab.engine.seam.Window` over all its rows
     (anything with ``counts`` and ``width``): ``width is None`` means the value is flat.
     ``none`` keeps the value and its layout; ``mean`` averages axis 0 (rows of a rectangle,
-    every (row, position) pair of a flat read); ``pca`` gives a ``(d, k)`` orthonormal basis.
+    every (row, position) pair of a flat read); ``pca`` gives a ``(d, k)`` orthonormal basis;
+    ``sae`` a ``k``-latent dictionary trained on the vectors (``engine/dictionary.py``).
     """
     flat = layout.width is None
     if value.shape[0] == 0:
@@ -91,4 +92,8 @@ def reduce(value: torch.Tensor, output: OutputOp, layout: Any) -> Published:
         return Published(numbers.mean(0), None, None, "mean")
     if output.reduce == "pca":
         return Published(_basis(value, output), None, None, "pca")
+    if output.reduce == "sae":
+        from causalab.engine.dictionary import train_dictionary
+
+        return Published(train_dictionary(value, int(output.k or 0)), None, None, "sae")
     raise RunError((output.name, "reduce"), f"unknown reduce {output.reduce!r}")

@@ -14,7 +14,7 @@ from causalab.compile.featurizers import stamp as featurizer_stamp
 from causalab.compile.plan import Featurizers, Fit, Observe, Pass, SaveOp, Weights
 from causalab.engine import outputs as output_rules
 from causalab.engine import record
-from causalab.engine.bundles import document_stamp, stamp_metadata, weights_results
+from causalab.engine.bundles import document_stamp, stamp_metadata, step_source, weights_results
 from causalab.engine.metrics import metric_table
 from causalab.engine.passes import PassResult
 from causalab.errors import CausalabError, RunError
@@ -27,6 +27,9 @@ def build_featurizers(node: Featurizers, model: Any, state: Any) -> None:
 
     device = model._model.get_input_embeddings().weight.device
     for spec in node.featurizers:
+        state.specs[spec.name] = spec
+        if step_source(spec.file_path) is not None:  # built once its step has run
+            continue
         try:
             state.featurizers[spec.name] = build_featurizer(spec, device,
                                                             resolver=state.events.resolve)
@@ -34,7 +37,6 @@ def build_featurizers(node: Featurizers, model: Any, state: Any) -> None:
             if error.path[:1] != ("file_path",):
                 raise
             raise type(error)(("featurizers", spec.name) + error.path, error.message) from None
-        state.specs[spec.name] = spec
     node.results.update(featurizers=dict(state.featurizers))
 
 
@@ -109,16 +111,27 @@ def finish_observe(node: Observe, result: PassResult, state: Any, directory: Pat
 def _save_output(node: Observe, value: output_rules.Published, name: str, save: SaveOp,
                  state: Any, directory: Path) -> str:
     metadata = None
-    if value.reduce == "pca":
-        output = next(o for o in node.outputs if o.name == name)
-        read = _find_read(node.pass_, output.read)
-        d, k = value.value.shape
-        stamp = featurizer_stamp(name, "pca", k, d, read.site, read.address,
-                                 state.model_ref, state.digest)
-        metadata = stamp_metadata(stamp, produced_by=state.digest)
+    if value.reduce in ("pca", "sae"):
+        metadata = stamp_metadata(output_stamp(node, name, value, state),
+                                  produced_by=state.digest)
+    if value.reduce == "sae":
+        from causalab.engine.dictionary import save_dictionary
+
+        return save_dictionary(directory / save.file_path, value.value, metadata)
     # A float read is saved as float32 (a bf16 model's reads too); ids stay integers.
     tensor = value.value.float() if value.value.is_floating_point() else value.value
     return record.write_tensor(directory / save.file_path, tensor, metadata, root=directory)
+
+
+def output_stamp(node: Observe, name: str, value: output_rules.Published,
+                 state: Any) -> dict[str, str]:
+    """The identity a published basis or dictionary carries, as its saved bundle would."""
+    output = next(o for o in node.outputs if o.name == name)
+    read = _find_read(node.pass_, output.read)
+    weight = value.value["W_enc"] if value.reduce == "sae" else value.value
+    d, k = weight.shape
+    return featurizer_stamp(name, value.reduce, k, d, read.site, read.address,
+                            state.model_ref, state.digest)
 
 
 def run_fit_step(node: Fit, model: Any, state: Any, directory: Path,

@@ -32,6 +32,7 @@ from causalab.engine.passes import PassResult, featurized, result_of
 from causalab.engine.seam import apply_write, gather
 from causalab.engine.sites import Places, project_to_vocabulary
 from causalab.engine.taps import PreparedTap, prepare
+from causalab.engine.step_sources import build_from_step
 from causalab.errors import RunError
 from causalab.files import DOCUMENT
 
@@ -95,6 +96,7 @@ def run_plan(plan: Plan, model: Any, *, out: str, batch_size: int | None = None,
         written.append(record.write_json(directory / DOCUMENT, plan.document, root=out))
     for node in plan.children:
         written += _run_node(node, model, state, out, directory)
+        build_from_step(node, state)
     return written
 
 

@@ -23,6 +23,7 @@ from causalab.tracking import artifacts, jobs, plots
 from causalab.tracking import runs as store
 
 PARENT_FILE = ".mlflow_parent.json"
+RANKING = "plots/ranking.png"
 
 
 def multirun_parent(sweep_dir: str) -> dict | None:
@@ -86,6 +87,9 @@ class MultirunParent(Callback):
         title = " ".join(_naming(config)) or "multirun"
         for name, png in plots.sweep_plots(points, title=title).items():
             artifacts.log_bytes(mlflow, parent["run_id"], png, name)
+        ranking = plots.ranking_chart(points)
+        if ranking is not None:
+            artifacts.log_bytes(mlflow, parent["run_id"], ranking, RANKING)
         good = all(run.info.status == "FINISHED" for run in children)
         store.terminate(mlflow, parent["run_id"], "FINISHED" if good else "FAILED")
 

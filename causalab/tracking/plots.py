@@ -217,3 +217,42 @@ def _numeric_axis(points: Sequence[Point], varies: set) -> str | None:
                                  for v in values):
             return key
     return None
+
+
+RANKED = ("test/iia", "iia")  # the score a ranking sorts by, in the naming of either era
+CONTROL = ("control/iia",)
+CONTROL_METHOD = "random"
+
+
+def _first(means: Mapping[str, float], keys: Sequence[str]) -> float | None:
+    return next((means[key] for key in keys if means.get(key) is not None), None)
+
+
+def ranking_chart(points: Sequence[Point], axis: str = "method") -> bytes | None:
+    """Bars of each ``axis`` value's held-out score, best first, for a method comparison;
+    the control method's bar is hatched and each method's own control score is a black tick.
+    None unless the points differ in ``axis`` and carry a score."""
+    scored = [(str(_scalar(c[axis])), _first(m, RANKED), _first(m, CONTROL))
+              for c, m in points if axis in c and _first(m, RANKED) is not None]
+    if len({name for name, _, _ in scored}) < 2:
+        return None
+    scored.sort(key=lambda row: (-row[1], row[0]))
+    figure = Figure(figsize=(1.2 + 0.8 * len(scored), 3.4), layout="constrained")
+    axes = figure.subplots()
+    ticked = False
+    for x, (name, score, control) in enumerate(scored):
+        is_control = name == CONTROL_METHOD
+        axes.bar(x, score, color="lightgrey" if is_control else "tab:blue",
+                 hatch="//" if is_control else None, edgecolor="black",
+                 label="control (random subspace)" if is_control else None)
+        if control is not None:
+            axes.plot([x - 0.4, x + 0.4], [control, control], color="black", linewidth=3,
+                      clip_on=False, label=None if ticked else "its rank-matched control")
+            ticked = True
+        axes.text(x, score + 0.02, f"{score:.2f}", ha="center", fontsize="small")
+    axes.set_xticks(range(len(scored)), [name for name, _, _ in scored])
+    axes.set_ylim(-0.03, 1.35)
+    axes.set_ylabel("held-out IIA (test/iia)")
+    axes.set_title(f"ranking by {axis}")
+    axes.legend(fontsize="small", loc="upper right")
+    return _png(figure)

@@ -12,13 +12,14 @@ from causalab.engine.seam import Window
 from causalab.errors import RunError
 
 
-def test_the_reduce_modes_are_the_vocabulary_ones():
+def test_the_reduce_modes_are_the_vocabulary_ones(monkeypatch):
+    monkeypatch.setattr("causalab.engine.dictionary.UPDATES", 5)  # shape only; trained elsewhere
     vocab = importlib.import_module("causalab.document.vocab")
-    assert set(vocab.REDUCE_MODES) == {"none", "mean", "pca"}
+    assert set(vocab.REDUCE_MODES) == {"none", "mean", "pca", "sae"}
     value = torch.randn(6, 1, 4)
     layout = Window.from_windows([(0,)] * 6)
     for mode in vocab.REDUCE_MODES:
-        k = 2 if mode == "pca" else None
+        k = 2 if vocab.REDUCE_MODES[mode]["needs_k"] else None
         assert reduce(value, OutputOp("o", "acts", mode, k), layout).reduce == mode
 
 
