@@ -32,6 +32,9 @@ _SAFE_KEYS = frozenset({
     "sep_token", "cls_token", "mask_token", "added_tokens_decoder", "chat_template",
     "clean_up_tokenization_spaces", "model_max_length", "padding_side", "truncation_side",
     "model_input_names",
+    # How the directory was opened when it was saved (a GGUF's dequantized copy has them);
+    # they change nothing about tokenization.
+    "is_local", "local_files_only",
 })
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
             "mask_token")

@@ -237,6 +237,8 @@ def ranking_chart(points: Sequence[Point], axis: str = "method") -> bytes | None
     if len({name for name, _, _ in scored}) < 2:
         return None
     scored.sort(key=lambda row: (-row[1], row[0]))
+    from matplotlib.figure import Figure
+
     figure = Figure(figsize=(1.2 + 0.8 * len(scored), 3.4), layout="constrained")
     axes = figure.subplots()
     ticked = False
