@@ -80,14 +80,9 @@ SMOLLM2 = "smollm2-135m"
 
 
 def _families() -> list:
-    """The four tiny families, and SmolLM2 (slow: dequantized once per session) where the
-    registry has it."""
-    from causalab.models import BUILTINS
-
-    names: list = ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"]
-    if SMOLLM2 in BUILTINS:
-        names.append(pytest.param(SMOLLM2, marks=pytest.mark.slow, id="smollm2"))
-    return names
+    """The four tiny families and SmolLM2 (dequantized once per session, shared with the
+    smollm2 tests)."""
+    return ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2", SMOLLM2]
 
 
 def _resolved(family, tiny, request):
