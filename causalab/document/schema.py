@@ -107,7 +107,7 @@ def _check_selection(site: Site, name: str, row: dict | None) -> None:
 
 
 class SaelensConfig(Node):
-    """The cfg.json fields of a SAELens weights file that came without one (FORMAT §8.2)."""
+    """The cfg.json fields of a SAELens weights file that came without one (docs/format.md §8.2)."""
 
     architecture: Literal[tuple(SAE_ARCHITECTURES)]
     apply_b_dec_to_input: StrictBool

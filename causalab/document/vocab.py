@@ -116,7 +116,7 @@ COMPONENTS = {
                "eager_only": False},
 }
 
-# FORMAT §5.4: places outside the components that nnterp exposes on every family, without
+# docs/format.md §5.4: places outside the components that nnterp exposes on every family, without
 # width or heads; order and accessor as in COMPONENTS. read_only: a derived value.
 EXTRA_ACCESSORS = {
     "attentions_input": {"order": ("layer", 6), "accessor": "attentions_input", "read_only": False},
@@ -238,7 +238,7 @@ REDUCE_MODES = {
                                       "W_enc (d, k), W_dec (k, d), b_enc (k), b_dec (d)"},
 }
 
-# FORMAT §8.1: a featurizer's file_path "steps:<step>/<value>" loads what an earlier step of
+# docs/format.md §8.1: a featurizer's file_path "steps:<step>/<value>" loads what an earlier step of
 # the same point published: a reduced output (the featurizer kind each reduce mode loads as)
 # or a weights step's entry (loaded as the kind of the featurizer it exported).
 STEP_SOURCES = {

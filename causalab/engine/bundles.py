@@ -1,7 +1,7 @@
 """Featurizer bundles as tensors: load a checked bundle, write a stamped one.
 
 A bundle causalab writes is a safetensors file with one tensor under ``weight`` and a
-``__metadata__`` stamp of strings (FORMAT §8.3); the stamp check itself lives in
+``__metadata__`` stamp of strings (docs/format.md §8.3); the stamp check itself lives in
 compile/bundles.py and runs again here before loading. Never compares bytes: header order
 is not reproducible, so bundles are compared by content.
 """

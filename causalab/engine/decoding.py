@@ -1,4 +1,4 @@
-"""Decoding forwards (FORMAT §11): N traced steps per window of rows over one KV cache.
+"""Decoding forwards (docs/format.md §11): N traced steps per window of rows over one KV cache.
 
 It runs a decoding forward through the ``trace`` the walk hands it (the walk is the only
 place a trace is opened) and cuts generated-frame reads once the continuation is known;

@@ -1,4 +1,4 @@
-"""A small sparse dictionary trained on harvested activations: ``reduce: "sae"`` (FORMAT §9.3).
+"""A small sparse dictionary trained on harvested activations: ``reduce: "sae"`` (docs/format.md §9.3).
 
 A standard ReLU sparse autoencoder in SAELens's tensor names and orientations (``W_enc``
 (d, k), ``W_dec`` (k, d), ``b_enc`` (k), ``b_dec`` (d)), trained full-batch with Adam on

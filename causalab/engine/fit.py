@@ -1,4 +1,4 @@
-"""The fit loop (FORMAT §9.5): AdamW on featurizer parameters through pre-batched passes.
+"""The fit loop (docs/format.md §9.5): AdamW on featurizer parameters through pre-batched passes.
 
 The compiler has already fixed every update batch, the eval pass and the objective; this
 module only runs them. It never opens a trace: each pass goes through the ``run_pass``

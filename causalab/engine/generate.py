@@ -1,4 +1,4 @@
-"""Generation bookkeeping (FORMAT §11): which taps act at which decode step, and the generated frame.
+"""Generation bookkeeping (docs/format.md §11): which taps act at which decode step, and the generated frame.
 
 A decoding forward is N traced steps over one growing KV cache: step 0 is the prefill over
 the whole prompt, step k > 0 runs the one token generated at step k − 1. This module decides,

@@ -25,7 +25,7 @@ def load_model(ref: ModelRef, device_map: str = "cpu"):
 
     ``attn_implementation: "eager"`` also switches on attention probabilities. Weights are
     dispatched before they are frozen (a freeze applied to a lazy shell is lost when the real
-    modules replace it, FORMAT §18.12). The same (path, dtype, attention, placement) returns
+    modules replace it, docs/format.md §18). The same (path, dtype, attention, placement) returns
     the same object for the rest of the process, so a document loads its model once.
     """
     if ref.dtype not in DTYPES:
@@ -35,7 +35,7 @@ def load_model(ref: ModelRef, device_map: str = "cpu"):
 
 def placement(device_map: str) -> str:
     """``auto`` means the accelerator when there is one and ``cpu`` otherwise: accelerate's
-    own ``auto`` misbehaves on machines without one (FORMAT §18.13)."""
+    own ``auto`` misbehaves on machines without one (docs/format.md §18)."""
     if device_map == "auto" and not torch.cuda.is_available():
         return "cpu"
     return device_map

@@ -91,7 +91,7 @@ def metric_table(metric: MetricOp, values: torch.Tensor | Sequence[float], eligi
                  positions: Sequence[Sequence[int]] | None, reasons: Sequence[str] | None,
                  example_ids: Sequence[str], produced_by: str, *, name: str | None = None
                  ) -> list[dict]:
-    """The on-disk table (FORMAT §13): one object per row of the step, excluded ones too.
+    """The on-disk table (docs/format.md §13): one object per row of the step, excluded ones too.
 
     ``values[j]`` belongs to row ``eligible[j]``. ``positions`` is each row's window of the
     metric's read, or None when the pass had no dynamic position; ``reasons`` each row's

@@ -72,7 +72,7 @@ def _basis(value: torch.Tensor, output: OutputOp) -> torch.Tensor:
 
 
 def reduce(value: torch.Tensor, output: OutputOp, layout: Any) -> Published:
-    """Publish a gathered read as ``output`` asks (FORMAT §9.3).
+    """Publish a gathered read as ``output`` asks (docs/format.md §9.3).
 
     ``layout`` is the read's :class:`~causalab.engine.seam.Window` over all its rows
     (anything with ``counts`` and ``width``): ``width is None`` means the value is flat.

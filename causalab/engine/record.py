@@ -96,7 +96,7 @@ def _version(name: str) -> str:
 
 
 def run_record(engine: str, batch_size: int | None, served_dtype: str) -> dict:
-    """The ``run.json`` fields (FORMAT §13): no host, time or absolute path in it."""
+    """The ``run.json`` fields (docs/format.md §13): no host, time or absolute path in it."""
     return {
         "engine": engine,
         "remote": False,

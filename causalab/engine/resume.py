@@ -1,4 +1,4 @@
-"""Prefix resume (PLATFORM §7): where an intervened forward may start from a cached residual.
+"""Prefix resume (docs/platform.md §7): where an intervened forward may start from a cached residual.
 
 A forward whose every tap sits at block ``R`` or later (or at block ``R−1``'s output)
 computes blocks ``0 … R−1`` exactly

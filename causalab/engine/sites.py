@@ -2,7 +2,7 @@
 
 Called only from inside the walk's trace, in forward order. ``REACH`` is keyed by the
 vocabulary's accessor column (``vocab.COMPONENTS[c]["accessor"]``, and the extra accessors
-of FORMAT §5.4): each entry says how to fetch and store that tensor, through nnterp's
+of docs/format.md §5.4): each entry says how to fetch and store that tensor, through nnterp's
 standardized accessors or the few submodule names nnterp does not standardize (the
 attention out-projection, the MLP nonlinearity and down-projection, the norm in front of the
 MLP, the sandwich norms). The address itself (component, layer, widths) comes from the plan.
@@ -38,7 +38,7 @@ _POST_MLP_NORM = "post_feedforward_layernorm"
 _POST_ATTENTION_NORM = "post_attention_layernorm"
 _SANDWICH_PRE_MLP_NORM = "pre_feedforward_layernorm"
 _INTERIOR_ARGUMENT = {"attention_query": 1, "attention_key": 2}
-# Where block_output sorts in forward order (FORMAT §5.2): a block_mid write settles before it.
+# Where block_output sorts in forward order (docs/format.md §5.2): a block_mid write settles before it.
 _BLOCK_OUTPUT_RANK = vocab.COMPONENTS["block_output"]["order"][1]
 
 
@@ -98,7 +98,7 @@ class Places:
             self.put(output, value)
 
     def interface(self, layer: int) -> Any:
-        """The ``attention_interface(`` call of block ``layer`` (FORMAT §18.5).
+        """The ``attention_interface(`` call of block ``layer`` (docs/format.md §18).
 
         When the forward also taps a pattern at this layer, the call's own source is opened
         first: it has to be instrumented before the call starts, not once it is running.

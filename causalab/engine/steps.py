@@ -3,7 +3,7 @@
 The walk hands each step here after (or instead of) running its pass; this module never
 opens a trace. Published values go into the plan's walk state (its outputs namespace);
 files go through ``record`` (atomic writes) and ``bundles`` (stamps). Metric tables keep
-every row of the step, excluded ones included (FORMAT §13).
+every row of the step, excluded ones included (docs/format.md §13).
 """
 from __future__ import annotations
 

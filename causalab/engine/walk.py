@@ -4,12 +4,12 @@ It turns plan data into tensors: each forward of a pass is one nnterp trace per 
 rows, taps issued in the plan's order, writes through the seam's one ``apply_write``, reads
 through its one ``gather``. It never reads a document, a data table or a config: what it
 needs was compiled into the plan, except positions, which it resolves per row against the
-ids the model runs on (FORMAT §6). Un-intervened forwards are shared: their reads are kept
+ids the model runs on (docs/format.md §6). Un-intervened forwards are shared: their reads are kept
 in the document cache (``causalab.engine.cache``), keyed by the exact ids, so the points of
 a sweep compute them once; the intervened forwards of sweep points that
 ``causalab.engine.fusion`` finds alike run as one trace over their rows stacked
 (``prefetch``), each point's taps on its own rows. A decoding forward (``decode > 0``,
-FORMAT §11) runs through ``causalab.engine.decoding``, one trace per decode step.
+docs/format.md §11) runs through ``causalab.engine.decoding``, one trace per decode step.
 """
 from __future__ import annotations
 

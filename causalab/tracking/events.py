@@ -47,7 +47,7 @@ class _PointRun:
 
 
 class TrackingEvents(Events):
-    """Log a run of a document to MLflow (PLATFORM §5).
+    """Log a run of a document to MLflow (docs/platform.md §5).
 
     ``tracking_uri``: MLFLOW_TRACKING_URI wins, then this, then ./mlflow.db. ``experiment``:
     the MLflow experiment name (MLFLOW_EXPERIMENT_NAME, else ``causalab``). ``hydra_config``:

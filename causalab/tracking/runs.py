@@ -3,7 +3,7 @@
 Every call goes through an ``MlflowClient`` built for one explicit URI and takes explicit
 run ids; nothing here touches MLflow's fluent, process-global active-run stack or sets
 environment variables (they would leak into child processes). Resolution order of the URI
-(PLATFORM §5): ``MLFLOW_TRACKING_URI``, then the configured URI, then a SQLite database
+(docs/platform.md §5): ``MLFLOW_TRACKING_URI``, then the configured URI, then a SQLite database
 ``mlflow.db`` with artifacts in ``mlartifacts/`` under the working directory; the ``./mlruns``
 file store is never used.
 """

@@ -1,4 +1,4 @@
-"""Batching (FORMAT §12): a row's numbers do not depend on the rows it is batched with."""
+"""Batching (docs/format.md §12): a row's numbers do not depend on the rows it is batched with."""
 from __future__ import annotations
 
 import json

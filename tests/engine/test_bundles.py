@@ -1,7 +1,7 @@
 """Bundles: the stamp written, the load check refusing by key, SAELens files and directories.
 
 Bundles are written here with ``safetensors.torch.save_file`` directly (the oracle layout of
-FORMAT §8.3), then read back through causalab. Refusals assert the JSON path and, where the
+docs/format.md §8.3), then read back through causalab. Refusals assert the JSON path and, where the
 format says the message names a key, the key it starts with.
 """
 from __future__ import annotations

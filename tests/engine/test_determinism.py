@@ -1,4 +1,4 @@
-"""What is byte-identical between two runs, and what is only bounded (FORMAT §12).
+"""What is byte-identical between two runs, and what is only bounded (docs/format.md §12).
 
 Byte-identical: the same document, on the same machine, with the same ``--batch-size``: every
 metric table, tensor save and ``run.json``. Bounded: another ``--batch-size`` sums each matrix

@@ -1,4 +1,4 @@
-"""Accessors outside the 21 components (FORMAT §5.4): places with no width, read as they are."""
+"""Accessors outside the 21 components (docs/format.md §5.4): places with no width, read as they are."""
 from __future__ import annotations
 
 import json

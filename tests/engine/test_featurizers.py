@@ -1,4 +1,4 @@
-"""Each featurizer kind against FORMAT §8.2, with oracles written out in plain torch here.
+"""Each featurizer kind against docs/format.md §8.2, with oracles written out in plain torch here.
 
 Exactness claims (an unchanged feature vector returns x to the bit; all-on and all-off gates)
 are checked with ``torch.equal``; projections with a tolerance, as the format allows.

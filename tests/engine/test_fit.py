@@ -1,4 +1,4 @@
-"""The fit loop (FORMAT §9.5) through a frozen plain-torch readout, with run_pass written here.
+"""The fit loop (docs/format.md §9.5) through a frozen plain-torch readout, with run_pass written here.
 
 The "model" is a frozen linear readout whose logits depend only on a planted direction (or
 on planted units). ``_Harness.run_pass`` plays the walk's part: it swaps the source rows into

@@ -1,4 +1,4 @@
-"""The fit corpus end to end (FORMAT §8.3, §9.5, §9.6): das, das_apply, dbm, the rank sweep, the
+"""The fit corpus end to end (docs/format.md §8.3, §9.5, §9.6): das, das_apply, dbm, the rank sweep, the
 matched-rank control and the shipped bundles, each document run once per module.
 
 Every run goes through ``causalab.pipeline.run_document`` on the CPU against the built-in tiny

@@ -1,4 +1,4 @@
-"""Generation (FORMAT §11) against a plain transformers greedy loop over a KV cache, with hooks.
+"""Generation (docs/format.md §11) against a plain transformers greedy loop over a KV cache, with hooks.
 
 The oracle decodes with ``model(input_ids, attention_mask, position_ids, cache)`` one step at
 a time, feeding back the argmax of the last position's logits; writes are torch hooks on the

@@ -1,4 +1,4 @@
-"""Each mechanism against its FORMAT §7.4 formula, written out by hand in the test."""
+"""Each mechanism against its docs/format.md §7.4 formula, written out by hand in the test."""
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,4 @@
-"""Outputs: none keeps the per-row layout, mean drops axis 0, pca is a (d, k) basis (FORMAT §9.3)."""
+"""Outputs: none keeps the per-row layout, mean drops axis 0, pca is a (d, k) basis (docs/format.md §9.3)."""
 from __future__ import annotations
 
 import importlib

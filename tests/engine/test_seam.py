@@ -1,7 +1,7 @@
 """The write seam: gather/scatter on every layout, and apply_write against hand-written oracles.
 
 The featurizers here are test oracles (a rotation, an SAE with its error term, a gate), written
-from FORMAT §8.2 so the seam can be checked before and apart from causalab's own featurizers.
+from docs/format.md §8.2 so the seam can be checked before and apart from causalab's own featurizers.
 Expected values are computed with explicit per-row loops, never with the seam itself.
 """
 from __future__ import annotations
@@ -166,7 +166,7 @@ def test_a_ragged_selection_stays_flat_even_when_this_batch_looks_rectangular():
 
 
 class Rotation:
-    """Orthonormal Q (d, k): ``f = Qᵀx``, inverse ``Qf′ + (x − QQᵀx)`` (FORMAT §8.2)."""
+    """Orthonormal Q (d, k): ``f = Qᵀx``, inverse ``Qf′ + (x − QQᵀx)`` (docs/format.md §8.2)."""
 
     kind, training = "subspace", False
 

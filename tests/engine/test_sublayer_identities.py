@@ -1,4 +1,4 @@
-"""Sublayer outputs are what the residual stream receives, on every family (FORMAT §5.2).
+"""Sublayer outputs are what the residual stream receives, on every family (docs/format.md §5.2).
 
 ``block_mid = block_input + attention_output`` and ``block_output = block_mid + mlp_output``
 hold exactly on every family, Gemma-2's sandwich norms included: there the sublayer outputs

@@ -2,10 +2,10 @@
 
 Each case is a whole document through ``run_document`` on the tiny Llama (4 rows of unequal
 length, so left padding is live): its metric tables and saved reads are compared with a plain
-``AutoModelForCausalLM`` forward whose torch hook applies FORMAT §7.4/§8.2 by hand at the
+``AutoModelForCausalLM`` forward whose torch hook applies docs/format.md §7.4 and §8.2 by hand at the
 last token. The oracle's featurizers are written here from the format alone (the subspace
 basis by a dense Cayley solve), never taken from causalab. Values agree to 1e-6 in fp32;
-the exactness claims of §7.4/§8.2 (an unchanged sae/linear feature vector, all-on and
+the exactness claims of §7.4 and §8.2 (an unchanged sae/linear feature vector, all-on and
 all-off gates, lerp at t = 1 and t = 0) are checked bit for bit on the model's logits.
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ def cayley_dense(w: torch.Tensor) -> torch.Tensor:
 
 
 def subspace_weight(d: int, k: int, seed: int) -> torch.Tensor:
-    """The untrained draw FORMAT §8.2 names: a normal (d, k) draw from ``seed``, over √d."""
+    """The untrained draw docs/format.md §8.2 names: a normal (d, k) draw from ``seed``, over √d."""
     return torch.randn(d, k, generator=torch.Generator().manual_seed(seed)) / math.sqrt(d)
 
 
