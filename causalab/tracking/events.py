@@ -188,6 +188,10 @@ class TrackingEvents(Events):
         run.run_id = store.create_run(self.client, self.experiment_id, name, tags,
                                       self.sweep_run_id or self.parent_run_id)
         self.point_runs[run.label] = run.run_id
+        # Params go with the run's creation, so a run whose process dies still says what it was.
+        if run.params:
+            store.log_batch(self.client, run.run_id, params=run.params)
+            run.params = {}
 
     def _reuse(self, point: Any, label: str, found: str) -> None:
         """Link a done point into this parent now (a multirun job), or at the sweep's end; a

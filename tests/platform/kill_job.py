@@ -30,6 +30,7 @@ class KillJob(Callback):
         def point_start(events, point):
             started = opened(events, point)
             if started:
+                events.wait()  # tracking writes in the background: let the run be created
                 os.kill(os.getpid(), signal.SIGKILL)
             return started
 

@@ -177,7 +177,16 @@ def _points(uri: str, experiment: str) -> list:
     client = MlflowClient(uri)
     found = client.get_experiment_by_name(experiment)
     runs = client.search_runs([found.experiment_id], max_results=5000)
-    return [r for r in runs if r.data.tags.get(store.KIND) == "point"]
+    return [r for r in runs if r.data.tags.get(store.KIND) == "point"
+            and store.REUSED_FROM not in r.data.tags]  # a link child computes nothing
+
+
+def _links(uri: str, experiment: str) -> list:
+    """Point runs that only link a point done earlier into a new parent."""
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([found.experiment_id], max_results=5000)
+    return [r for r in runs if store.REUSED_FROM in r.data.tags]
 
 
 def _key(run) -> tuple[str, str]:
@@ -284,6 +293,9 @@ def test_a_job_killed_in_its_worker_leaves_its_point_killed_and_a_rerun_adds_onl
     added = {r.info.run_id for r in after} - {r.info.run_id for r in first}
     assert sorted(_key(r) for r in after if r.info.run_id in added) == sorted(
         key for key in sequential if key[0] == "tiny_gpt2")
+    # The rerun's tiny_llama job computed nothing new: its parent links the four done points.
+    assert sorted(r.info.run_name for r in _links(url, experiment_name)) == sorted(
+        key[1] for key in sequential if key[0] == "tiny_llama")
     client = MlflowClient(url)
     experiment = client.get_experiment_by_name(experiment_name).experiment_id
     statuses = Counter(r.info.status for r in client.search_runs([experiment], max_results=5000))
