@@ -29,7 +29,7 @@ from causalab.document import vocab
 from causalab.engine.events import Events
 from causalab.errors import CausalabError, UsageError, format_path
 from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT
-from causalab.interrupts import exit_status, interrupts, one_line
+from causalab.interrupts import INTERRUPTED, exit_status, interrupts, leave, one_line
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
 _SAMPLE_CHARS = 200
@@ -506,3 +506,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE if isinstance(err, UsageError) else EXIT_REFUSED
     _print(result, args.json)
     return EXIT_OK
+
+
+def console() -> None:
+    """The ``causalab`` command: :func:`main`'s status as the exit status; after an interrupt
+    the process leaves at once (:func:`causalab.interrupts.leave`)."""
+    status = main()
+    if status in INTERRUPTED:
+        leave(status)
+    raise SystemExit(status)

@@ -10,7 +10,9 @@ import) and restored on exit.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
 from typing import Iterator
 
@@ -44,15 +46,35 @@ def _raise(signum: int, _frame) -> None:
     raise Interrupted(signum)
 
 
+def _unprinted(_args) -> None:
+    """A worker thread cut short by the interrupt (nnsight's trace body): its error is the
+    interrupt's, already said in one line."""
+
+
 @contextlib.contextmanager
 def interrupts() -> Iterator[None]:
-    """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread while inside."""
+    """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread while inside; once one
+    has, worker threads stopped by it print no traceback of their own."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {signum: signal.signal(signum, _raise) for signum in SIGNALS}
     try:
         yield
+    except KeyboardInterrupt:
+        threading.excepthook = _unprinted
+        raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def leave(status: int) -> None:
+    """End a process that an interrupt stopped, without finalising the interpreter: a worker
+    thread still inside a forward would abort it (``terminate called …``, status -6)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+INTERRUPTED = (128 + signal.SIGINT, 128 + signal.SIGTERM)

@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from causalab.cli import process_settings
 from causalab.errors import CausalabError
 from causalab.files import DEFAULT_DATA_ROOT
-from causalab.interrupts import exit_status, interrupts, one_line
+from causalab.interrupts import INTERRUPTED, exit_status, interrupts, leave, one_line
 from causalab.render import CONF, document_of
 
 _GROUPS = ("experiment", "model", "site", "data")
@@ -159,4 +159,9 @@ if __name__ == "__main__":
     # importable module instead, or a launcher would pickle ``__main__``'s code by value.
     from causalab.run import main as entry
 
-    entry()
+    try:
+        entry()
+    except SystemExit as stop:
+        if stop.code in INTERRUPTED:
+            leave(stop.code)
+        raise
