@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+from fnmatch import fnmatch
 import sys
 from pathlib import Path
 
@@ -104,6 +105,6 @@ def test_one_multirun_runs_every_experiment_on_the_tiny_llama(tmp_path):
         overrides = (document.parent / ".hydra" / "overrides.yaml").read_text()
         name = re.search(r"experiment=(\w+)", overrides).group(1)
         ran[name] = json.loads(document.read_text())
-    assert set(ran) == set(EXPERIMENTS) - set(NOT_ON_TINY)
+    assert set(ran) == {e for e in EXPERIMENTS if not any(fnmatch(e, p) for p in NOT_ON_TINY)}
     for name, document in ran.items():
         assert document == render([f"experiment={name}", "model=tiny_llama"]), name
