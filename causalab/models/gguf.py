@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from causalab.errors import ModelError
+from causalab.models.staging import publish
 
 _KEY = ("model", "key")
 _CHUNK = 1 << 22
@@ -58,11 +59,7 @@ def cached_directory(path: str | Path, root: Path) -> tuple[Path, bool]:
     try:
         dequantize(source, staging)
         os.chmod(staging, 0o755)
-        try:
-            os.rename(staging, final)
-        except OSError:
-            if not (final / "config.json").is_file():
-                raise
+        publish(staging, final, "config.json")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final, True

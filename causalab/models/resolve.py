@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from causalab.errors import ModelError
+from causalab.models.staging import publish
 from causalab.models.digest import directory_digest, looks_like_digest
 from causalab.models.registry import BUILTINS, SCHEME
 
@@ -110,11 +111,7 @@ def _materialise(name: str, entry: dict, revision: str | None, home: str | None)
         build(entry, staging)
         actual = directory_digest(staging)
         final = root / f"{name}-{actual[:12]}"
-        try:
-            os.rename(staging, final)
-        except OSError:
-            if not (final / "tokenizer.json").is_file():
-                raise
+        publish(staging, final, "tokenizer.json")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final, actual

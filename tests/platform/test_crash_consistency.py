@@ -82,6 +82,21 @@ def _run_args(uri: str, out: Path) -> list[str]:
             "--data-root", DATA]
 
 
+def _interrupt(command: list[str], cwd: Path, ready, signum: int) -> tuple[int, list[str]]:
+    """Start ``command``, send ``signum`` once ``ready()`` holds (and the point has settled):
+    its exit status and the non-blank lines of its stderr."""
+    job = subprocess.Popen(command, cwd=cwd, env=_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(ready, job)
+        time.sleep(SETTLE_S)
+        job.send_signal(signum)
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    return job.returncode, [line for line in err.splitlines() if line.strip()]
+
+
 def _runs(uri: str) -> list:
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(store.DEFAULT_EXPERIMENT)
@@ -126,21 +141,11 @@ def test_sigterm_ends_every_open_run_killed_and_exits_143_with_one_line(tmp_path
     # which the causalab command leaves behind at once but a test process would finalise.
     database = tmp_path / "mlflow.db"
     uri = _store(database)
-    job = subprocess.Popen([sys.executable, "-m", "causalab", *_run_args(uri, tmp_path / "out")],
-                           cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    try:
-        # A later point open while an earlier one is done: tracking writes in the background,
-        # so the first point's run can appear only once its numbers are already made.
-        _wait_for(lambda: _mid_point(database), job)
-        time.sleep(SETTLE_S)
-        job.send_signal(signal.SIGTERM)
-        _, err = job.communicate(timeout=120)
-    finally:
-        job.kill()
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert job.returncode == 143, err[-2000:]
-    assert lines == ["error: interrupted (SIGTERM)"]
+    # A later point open while an earlier one is done: tracking writes in the background,
+    # so the first point's run can appear only once its numbers are already made.
+    status, lines = _interrupt([sys.executable, "-m", "causalab", *_run_args(uri, tmp_path / "out")],
+                               tmp_path, lambda: _mid_point(database), signal.SIGTERM)
+    assert (status, lines) == (143, ["error: interrupted (SIGTERM)"])
     runs = _runs(uri)
     assert [r for r in runs if r.info.status == "RUNNING"] == []
     statuses = [r.info.status for r in runs if r.data.tags.get(store.KIND) == "point"]
@@ -153,22 +158,13 @@ def test_ctrl_c_under_python_m_causalab_run_is_one_line_exit_130_and_no_run_left
         tmp_path):
     database = tmp_path / "mlflow.db"
     _store(database)
-    job = subprocess.Popen(
+    status, lines = _interrupt(
         [sys.executable, "-m", "causalab.run", "experiment=dbm", "model=tiny_llama",
          f"tracking.uri=sqlite:///{database}", f"run.data_root={DATA}",
          f"hydra.run.dir={tmp_path / 'job'}"],
-        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(lambda: _point_running(database), job)
-        time.sleep(SETTLE_S)
-        job.send_signal(signal.SIGINT)
-        _, err = job.communicate(timeout=120)
-    finally:
-        job.kill()
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert job.returncode == 130, err[-2000:]
-    assert lines == ["error: interrupted (SIGINT)"]
-    assert "RUNNING" not in [status for _, status in _statuses(database)]
+        tmp_path, lambda: _point_running(database), signal.SIGINT)
+    assert (status, lines) == (130, ["error: interrupted (SIGINT)"])
+    assert "RUNNING" not in [state for _, state in _statuses(database)]
 
 
 def _closed_port() -> int:
