@@ -1,4 +1,5 @@
-"""Suite-wide settings: no hub, no telemetry, quiet progress bars, a private model cache.
+"""Suite-wide settings: no hub, no telemetry, quiet progress bars, a private model cache, and
+none of the user's MLflow variables.
 
 The model cache (``CAUSALAB_HOME``) is a temporary directory made for the session and removed at
 its end, so the user's ``~/.cache/causalab`` is never written and subprocesses (CLI, Hydra jobs)
@@ -18,6 +19,11 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("CAUSALAB_QUIET", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# The user's own MLflow settings never reach a test: each test names the store it writes to
+# (a test of the environment's precedence sets the variable itself, with monkeypatch).
+for _name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_NAME",
+              "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID", "MLFLOW_ARTIFACT_URI"):
+    os.environ.pop(_name, None)
 
 SMOLLM2 = "causalab:smollm2-135m"
 _SESSION_HOME: list[str] = []
