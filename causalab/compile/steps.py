@@ -19,7 +19,7 @@ from causalab.document.schema import Observe as ObserveStep
 from causalab.document.schema import Save, Step
 from causalab.document.schema import Weights as WeightsStep
 from causalab.document.step_references import produced
-from causalab.document.vocab import MAX_UPDATES, METRIC_KINDS
+from causalab.document.vocab import MAX_UPDATES, METRIC_KINDS, SAELENS_HOOKS
 from causalab.errors import CompileError
 from causalab.files import TABLE_SUFFIX
 
@@ -53,10 +53,29 @@ def _outputs(step: str, raw: ObserveStep, pass_: Pass, ctx: Context) -> tuple[Ou
     return tuple(ops)
 
 
+def _check_saelens_saves(step: str, raw: ObserveStep, pass_: Pass) -> None:
+    """A ``reduce: sae`` output saved to a folder is written as SAELens writes one, so its
+    site needs a SAELens hook name (docs/format.md §9.3); a ``.safetensors`` path needs none."""
+    reads = {r.name: r for fw in pass_.forwards for r in fw.reads}
+    for index, save in enumerate(raw.saves):
+        out = raw.outputs.get(save.value)
+        if out is None or out.reduce != "sae" or save.file_path.endswith(".safetensors"):
+            continue
+        address = reads[out.read].address
+        if (address.component not in SAELENS_HOOKS.values() or address.layer is None
+                or address.heads is not None or address.units is not None):
+            raise CompileError(("steps", step, "saves", index, "file_path"),
+                               f"a SAELens folder needs a whole site with a SAELens hook "
+                               f"({', '.join(sorted(set(SAELENS_HOOKS.values())))}); "
+                               f"{out.read!r} reads {address.component}: save it to a "
+                               ".safetensors file instead")
+
+
 def observe(step: str, raw: ObserveStep, entry: Entry, ctx: Context) -> Observe:
     pass_ = build_pass(entry, raw.rows, ("steps", step, "rows"), ctx)
-    return Observe(name=step, pass_=pass_, outputs=_outputs(step, raw, pass_, ctx),
-                   saves=save_ops(raw.saves))
+    outputs = _outputs(step, raw, pass_, ctx)
+    _check_saelens_saves(step, raw, pass_)
+    return Observe(name=step, pass_=pass_, outputs=outputs, saves=save_ops(raw.saves))
 
 
 def update_batches(rows: int, pairs: int, epochs: int, seed: int) -> tuple:

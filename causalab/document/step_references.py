@@ -17,6 +17,9 @@ from causalab.errors import DocumentError, Path
 from causalab.files import RESERVED, TABLE_SUFFIX, TENSOR_SUFFIX
 
 TABLE, TENSOR = "table", "tensor"
+# A trained dictionary (``reduce: sae``): one stamped .safetensors file, or a folder (a path
+# with no suffix) laid out as SAELens saves one (docs/format.md §9.3).
+DICTIONARY = "dictionary"
 
 
 def check_steps(doc: Document, entries: dict[str, list[Entry]]) -> None:
@@ -116,8 +119,8 @@ def _observed(entry: Entry, step: Observe | None) -> dict[str, str]:
     out = {k: TABLE for k in entry.body.metrics}
     out.update({g: TENSOR for g in _generated(entry)})
     if step is not None:
-        out.update({o: TENSOR for o, output in step.outputs.items()
-                    if output.read in entry.body.reads})
+        out.update({o: DICTIONARY if output.reduce == "sae" else TENSOR
+                    for o, output in step.outputs.items() if output.read in entry.body.reads})
     return out
 
 
@@ -147,6 +150,18 @@ def _resolve(value: str, produced: dict[str, dict[str, str]], at: Path) -> tuple
                         f"{', '.join(every) or 'nothing'}")
 
 
+def _check_suffix(save: Save, kind: str, at: Path) -> None:
+    suffix = TABLE_SUFFIX if kind == TABLE else TENSOR_SUFFIX
+    if save.file_path.endswith(suffix):
+        return
+    if kind == DICTIONARY and "." not in save.file_path.rsplit("/", 1)[-1]:
+        return
+    what = {TABLE: "a metric, saved as a JSON table", TENSOR: "a tensor",
+            DICTIONARY: "a dictionary"}[kind]
+    folder = " (or name a folder, with no suffix, for SAELens's layout)" if kind == DICTIONARY else ""
+    raise DocumentError(at, f"{save.value!r} is {what}: its path must end in {suffix}{folder}")
+
+
 def _check_saves(saves: list[Save], produced: dict[str, dict[str, str]], at: Path,
                  files: dict[tuple[str, str], Path], nested: bool = False) -> None:
     """Value produced here, extension, containment, collisions; ``nested``: a list step,
@@ -154,11 +169,7 @@ def _check_saves(saves: list[Save], produced: dict[str, dict[str, str]], at: Pat
     for j, save in enumerate(saves):
         here = at + ("saves", j)
         entry, kind = _resolve(save.value, produced, here + ("value",))
-        suffix = TABLE_SUFFIX if kind == TABLE else TENSOR_SUFFIX
-        if not save.file_path.endswith(suffix):
-            what = "a metric, saved as a JSON table" if kind == TABLE else "a tensor"
-            raise DocumentError(here + ("file_path",), f"{save.value!r} is {what}: its path "
-                                f"must end in {suffix}")
+        _check_suffix(save, kind, here + ("file_path",))
         name = _contained(save.file_path, here + ("file_path",))
         directory = f"{at[1]}/{entry}" if nested else ""
         if not directory and name in RESERVED:

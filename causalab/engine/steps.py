@@ -13,12 +13,12 @@ from typing import Any, Callable
 from causalab.compile.featurizers import stamp as featurizer_stamp
 from causalab.compile.plan import Featurizers, Fit, Observe, Pass, SaveOp, Weights
 from causalab.engine import outputs as output_rules
-from causalab.engine import record
+from causalab.engine import containment, record
 from causalab.engine.bundles import document_stamp, stamp_metadata, step_source, weights_results
 from causalab.engine.metrics import metric_table
 from causalab.engine.passes import PassResult
 from causalab.errors import CausalabError, RunError
-from causalab.files import TENSOR_KEY
+from causalab.files import SAELENS_CONFIG, SAELENS_WEIGHTS, TENSOR_KEY
 
 
 def build_featurizers(node: Featurizers, model: Any, state: Any) -> None:
@@ -99,7 +99,7 @@ def finish_observe(node: Observe, result: PassResult, state: Any, directory: Pat
             rows = metric_rows(node.pass_, result, name, state.digest, name)
             written.append(record.write_json(directory / save.file_path, rows, root=directory))
         elif name in published:
-            written.append(_save_output(node, published[name], name, save, state, directory))
+            written += _save_output(node, published[name], name, save, state, directory)
         elif name in generated:
             written.append(record.write_tensor(directory / save.file_path, generated[name],
                                                  root=directory))
@@ -109,18 +109,37 @@ def finish_observe(node: Observe, result: PassResult, state: Any, directory: Pat
 
 
 def _save_output(node: Observe, value: output_rules.Published, name: str, save: SaveOp,
-                 state: Any, directory: Path) -> str:
+                 state: Any, directory: Path) -> list[str]:
     metadata = None
     if value.reduce in ("pca", "sae"):
         metadata = stamp_metadata(output_stamp(node, name, value, state),
                                   produced_by=state.digest)
     if value.reduce == "sae":
-        from causalab.engine.dictionary import save_dictionary
-
-        return save_dictionary(directory / save.file_path, value.value, metadata)
+        return _save_dictionary(node, name, value, save, metadata, directory)
     # A float read is saved as float32 (a bf16 model's reads too); ids stay integers.
     tensor = value.value.float() if value.value.is_floating_point() else value.value
-    return record.write_tensor(directory / save.file_path, tensor, metadata, root=directory)
+    return [record.write_tensor(directory / save.file_path, tensor, metadata, root=directory)]
+
+
+def _save_dictionary(node: Observe, name: str, value: output_rules.Published, save: SaveOp,
+                     metadata: dict, directory: Path) -> list[str]:
+    """A harvested dictionary: a ``.safetensors`` path is causalab's one stamped file; any
+    other is a folder as SAELens writes one (cfg.json + sae_weights.safetensors, the stamp
+    in the weights' metadata), which SAELens and causalab both load."""
+    from causalab.engine.dictionary import save_dictionary
+
+    path = directory / save.file_path
+    if save.file_path.endswith(".safetensors"):
+        return [save_dictionary(path, value.value, metadata)]
+    from causalab.compile.saelens import hook_name
+    from causalab.engine.featurizers import write_saelens_dir
+
+    output = next(o for o in node.outputs if o.name == name)
+    address = _find_read(node.pass_, output.read).address
+    containment.inside(directory, path)
+    cfg = {"hook_name": hook_name(address.component, address.layer)}
+    folder = Path(write_saelens_dir(path, value.value, cfg, stamp=metadata))
+    return [str(folder / SAELENS_WEIGHTS), str(folder / SAELENS_CONFIG)]
 
 
 def output_stamp(node: Observe, name: str, value: output_rules.Published,

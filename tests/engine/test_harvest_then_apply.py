@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from causalab.engine.bundles import read_bundle
@@ -102,3 +103,54 @@ def test_a_dictionary_trained_by_reduce_sae_reconstructs_its_harvest_and_swaps_i
     assert torch.allclose(got, want, **TOL)
     rows = json.loads((tmp_path / "out" / "iia.json").read_text())
     assert [r["eligible"] for r in rows] == [True] * len(kit.PAIRS)
+
+
+def test_a_dictionary_saved_to_a_folder_is_written_as_saelens_writes_one_and_loads_back(
+        tiny, kit, tmp_path):
+    from safetensors import safe_open
+
+    resolved = tiny("tiny-llama")
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    document = _document(kit, resolved, "sae", 32)
+    document["steps"]["harvest"]["saves"] = [{"value": "learned", "file_path": "sae"}]
+    first = kit.run_compiled(document, data_root, tmp_path / "out")
+    folder = tmp_path / "out" / "sae"
+    assert sorted(p.name for p in folder.iterdir()) == ["cfg.json", "sae_weights.safetensors"]
+    cfg = json.loads((folder / "cfg.json").read_text())
+    # SAELens >= 6 reads these keys; block 0's output is its hook_resid_post at layer 0.
+    assert (cfg["architecture"], cfg["d_in"], cfg["d_sae"], cfg["dtype"]) == ("standard", 16, 32,
+                                                                              "float32")
+    assert cfg["metadata"]["hook_name"] == "blocks.0.hook_resid_post"
+    with safe_open(str(folder / "sae_weights.safetensors"), "pt") as handle:
+        assert handle.metadata()["kind"] == "sae"
+        saved = {name: handle.get_tensor(name) for name in handle.keys()}
+    _, published = read_bundle(str(tmp_path / "out" / "sae" / "sae_weights.safetensors"))
+    assert set(saved) == {"W_enc", "W_dec", "b_enc", "b_dec"}
+    # The same dictionary applied from the folder in a second document patches the same logits.
+    again = _document(kit, resolved, "sae", 32)
+    again["featurizers"]["learned"] = {"kind": "sae", "file_path": str(folder)}
+    del again["steps"]["harvest"]
+    second = kit.run_compiled(again, data_root, tmp_path / "again")
+    want = kit.step(first, "patch").results["reads"]["logits"]
+    assert torch.equal(kit.step(second, "patch").results["reads"]["logits"], want)
+    assert all(torch.equal(saved[n], published[n]) for n in saved)
+
+
+def test_a_dictionary_of_a_head_site_saved_to_a_folder_is_refused_at_its_save(tiny, kit, tmp_path):
+    from causalab.errors import CompileError
+
+    resolved = tiny("tiny-llama")
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    document = _document(kit, resolved, "sae", 8)
+    document["sites"]["heads"] = {"component": "attention_premix", "layers": [0], "heads": [0]}
+    document["interventions"]["harvest"]["reads"]["acts"]["site"] = "heads"
+    document["steps"]["harvest"]["saves"] = [{"value": "learned", "file_path": "sae"}]
+    del document["steps"]["patch"], document["interventions"]["patch"]
+    document["featurizers"] = {}
+    import causalab.compile
+
+    with pytest.raises(CompileError) as refused:
+        causalab.compile.compile_document(document, data_root=data_root)
+    assert refused.value.path == ("steps", "harvest", "saves", 0, "file_path")
+    assert "SAELens hook" in refused.value.message
+    assert not (tmp_path / "out" / "sae").exists()
