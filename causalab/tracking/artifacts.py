@@ -16,7 +16,7 @@ from causalab.document.names import runs_uri_parts
 from causalab.engine.containment import inside
 from causalab.errors import TrackingError
 from causalab.tracking.reach import reach, source_of
-from causalab.tracking.runs import resolve_uri
+from causalab.tracking.runs import artifact_location_of, resolve_uri
 
 _WHERE = ("file_path",)
 
@@ -95,9 +95,29 @@ def resolver(tracking_uri: str | None = None):
 
 def log_files(mlflow, run_id: str, files: list[tuple[str, str]]) -> None:
     """Log ``(local path, artifact path)`` pairs; a directory part becomes the artifact folder."""
+    repository = _repository(run_id)
     for local, artifact in files:
         folder = str(Path(artifact).parent)
-        mlflow.log_artifact(run_id, local, None if folder in ("", ".") else folder)
+        folder = None if folder in ("", ".") else folder
+        if repository is None:
+            mlflow.log_artifact(run_id, local, folder)
+        else:
+            repository.log_artifact(local, folder)
+
+
+_REPOSITORIES: dict[str, object] = {}
+
+
+def _repository(run_id: str):
+    """The artifact repository of a run this process created (no store lookup), else None."""
+    if run_id not in _REPOSITORIES:
+        location = artifact_location_of(run_id)
+        if location is None:
+            return None
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        _REPOSITORIES[run_id] = get_artifact_repository(location[0], tracking_uri=location[1])
+    return _REPOSITORIES[run_id]
 
 
 def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> None:

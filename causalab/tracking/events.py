@@ -44,6 +44,7 @@ class _PointRun:
     means: dict[str, float] = field(default_factory=dict)
     losses: dict[str, list[float]] = field(default_factory=dict)
     evals: dict[str, list[float]] = field(default_factory=dict)
+    finished: bool = False
 
 
 class TrackingEvents(Events):
@@ -188,8 +189,9 @@ class TrackingEvents(Events):
         run.run_id = store.create_run(self.client, self.experiment_id, name, tags,
                                       self.sweep_run_id or self.parent_run_id)
         self.point_runs[run.label] = run.run_id
-        # Params go with the run's creation, so a run whose process dies still says what it was.
-        if run.params:
+        # Params go with the run's creation, so a run whose process dies still says what it
+        # was; a point already finished by now sends them with its numbers, in one request.
+        if run.params and not run.finished:
             store.log_batch(self.client, run.run_id, params=run.params)
             run.params = {}
 
@@ -247,6 +249,7 @@ class TrackingEvents(Events):
         if run is None:
             return
         files = self._files(point, written, error)
+        run.finished = True
         self.lane.send(self._upload, run, files)
         self._done.append((dict(getattr(point, "coordinates", None) or {}), dict(run.means)))
         if error is not None:
@@ -369,7 +372,7 @@ class TrackingEvents(Events):
             if not isinstance(config, DictConfig):
                 config = OmegaConf.create(config)
             self._config_text = OmegaConf.to_yaml(config, resolve=True)
-        self.client.log_text(run_id, self._config_text, HYDRA_CONFIG)
+        artifacts.log_bytes(self.client, run_id, self._config_text.encode(), HYDRA_CONFIG)
 
     def _end_point(self, run: _PointRun, error: BaseException | None) -> None:
         if run.run_id is None:

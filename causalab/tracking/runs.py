@@ -141,7 +141,18 @@ def create_run(mlflow: MlflowClient, experiment: str, name: str, tags: Mapping[s
     if parent:
         tags[PARENT] = parent
     run = mlflow.create_run(experiment, run_name=name or None, tags=_tag_values(tags))
+    _ARTIFACT_URIS[run.info.run_id] = (run.info.artifact_uri, mlflow.tracking_uri)
     return run.info.run_id
+
+
+# Where each run this process created keeps its files: MlflowClient looks a run up (one
+# store query) before its first upload; the created run already says where.
+_ARTIFACT_URIS: dict[str, tuple[str, str]] = {}
+
+
+def artifact_location_of(run_id: str) -> tuple[str, str] | None:
+    """``(artifact_uri, tracking_uri)`` of a run this process created, else None."""
+    return _ARTIFACT_URIS.get(run_id)
 
 
 def terminate(mlflow: MlflowClient, run_id: str, status: str) -> None:
