@@ -21,7 +21,7 @@ from causalab.engine import forwards
 from causalab.engine import windows as window_rules
 from causalab.engine.forwards import batch_key, tap_ops
 from causalab.engine.passes import PassResult, featurized, result_of
-from causalab.engine.resume import resume_layer
+from causalab.engine.resume import resume_point, shared_entry
 from causalab.engine.seam import Window
 from causalab.engine.taps import prepare
 
@@ -121,40 +121,56 @@ def lockstep(model: Any, passes: list, states: list, *, trace: Callable, fill: C
                 for pass_, found, known in zip(passes, resolved, values)]
 
 
-def _by_resume_layer(each: list, residuals: dict) -> dict:
-    """Units grouped by the block their trace resumes at (0: from the start), in unit order;
-    a unit whose prefix is not kept over these rows starts from block 0."""
-    runs: dict[int, list[int]] = {}
-    for unit, forward in enumerate(each):
-        layer = resume_layer(forward)
-        runs.setdefault(layer if layer and residuals.get(layer - 1) is not None else 0,
-                        []).append(unit)
+def _by_entry(each: list, kept: dict) -> dict:
+    """Units grouped by where their trace enters (``None``: from the start), in unit order;
+    a unit whose cached values are not kept over these rows starts from the start."""
+    entries = [resume_point(forward) for forward in each]
+    present = {entry for entry in entries if entry is not None}
+    runs: dict = {}
+    for unit, entry in enumerate(entries):
+        entry = None if entry is None else shared_entry(entry, present)
+        if entry is not None and any(kept.get(need) is None for need in entry.needs()):
+            entry = None
+        runs.setdefault(entry, []).append(unit)
     return runs
+
+
+def _stacked(value: Any, copies: int) -> Any:
+    """A cached module output repeated for ``copies`` stacked points (rows first)."""
+    if isinstance(value, tuple):
+        return tuple(_stacked(item, copies) for item in value)
+    if isinstance(value, torch.Tensor):
+        return value.repeat(copies, *([1] * (value.dim() - 1)))
+    return value
 
 
 def _run_fused(model: Any, passes: list, each: list, states: list, rows: tuple,
                resolved: list, values: list, trace: Callable, prefixes: Callable) -> list[dict]:
-    """One trace per resume layer over its passes' rows stacked: the ``i``-th pass of a trace
-    holds batch rows ``i·n … (i+1)·n − 1`` and its taps act there only; points resuming at
-    block ``R`` share a trace that skips blocks before ``R`` (``causalab.engine.resume``)."""
+    """One trace per entry point over its passes' rows stacked: the ``i``-th pass of a trace
+    holds batch rows ``i·n … (i+1)·n − 1`` and its taps act there only; points entering at
+    the same place share a trace that skips what comes before (``causalab.engine.resume``)."""
     local = {row: i for i, row in enumerate(rows)}
-    wanted = {layer - 1 for layer in map(resume_layer, each) if layer}
-    kept = prefixes(model, passes[0], each[0], states[0], wanted)
-    residuals = {layer: prefix.rows(rows) for layer, prefix in kept.items()}
+    entries = [resume_point(forward) for forward in each]
+    present = {entry for entry in entries if entry is not None}
+    wanted = {need for entry in entries if entry is not None
+              for need in shared_entry(entry, present).needs()}
+    kept = {need: prefix.rows(rows) for need, prefix in
+            prefixes(model, passes[0], each[0], states[0], wanted).items()}
     inputs, position_ids = forwards.prompt_inputs(model, passes[0].inputs[each[0].input], rows,
                                                   states[0].cache.inputs)
     raws: list = [None] * len(passes)
-    for layer, units in _by_resume_layer(each, residuals).items():
+    for entry, units in _by_entry(each, kept).items():
         prepared = {}
         for slot, unit in enumerate(units):
-            entries = prepare(passes[unit], each[unit], states[unit], rows, resolved[unit],
-                              values[unit], local, each[unit].taps)
-            for (kind, name), entry in entries.items():
-                prepared[(unit, kind, name)] = entry._replace(
-                    window=shifted(entry.window, slot * len(rows)), out=(unit, name))
+            own = prepare(passes[unit], each[unit], states[unit], rows, resolved[unit],
+                          values[unit], local, each[unit].taps)
+            for (kind, name), found in own.items():
+                prepared[(unit, kind, name)] = found._replace(
+                    window=shifted(found.window, slot * len(rows)), out=(unit, name))
         copies = len(units)
         stacked = {key: tensor.repeat(copies, 1) for key, tensor in inputs.items()}
-        resume = (layer, residuals[layer - 1].repeat(copies, 1, 1)) if layer else None
+        resume = None if entry is None else (
+            entry, {need: _stacked(kept[need], copies) for need in entry.needs()})
         order = [(units[slot], kind, name)
                  for slot, kind, name in issue_order([each[unit] for unit in units])]
         got = trace(model, stacked, position_ids.repeat(copies, 1), order, prepared,

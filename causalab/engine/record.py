@@ -1,12 +1,14 @@
 """What a run leaves on disk: document files, ``run.json``, metric tables and tensor saves.
 
 Every file is written to a temporary name in its own directory and renamed into place, so
-nothing half-written ever looks finished; a write given its ``root`` never lands outside it. Formatting is fixed (``json.dumps(…, indent=1)``)
+nothing half-written ever looks finished; a write given its ``root`` never lands outside it.
+Formatting is fixed (``json_text``: a table one row per line, a record indented by one space),
 so two runs of one document give byte-identical tables and run records. It never traces and
 never decides what to save: the walk names the value and the path.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -56,7 +58,22 @@ def write_text(path: str | Path, text: str, *, root: str | Path | None = None) -
 
 def write_json(path: str | Path, value: Any, *, root: str | Path | None = None) -> str:
     """A JSON file in the one fixed format every table and record uses."""
-    return write_text(path, json.dumps(value, indent=1), root=root)
+    return write_text(path, json_text(value), root=root)
+
+
+def json_text(value: Any) -> str:
+    """A table (a list) is one row per line, each row by the C encoder (``indent`` would
+    send every row through the pure-Python one); anything else is indented by one space.
+
+    >>> print(json_text([{"a": 1}, {"a": 2}]))
+    [
+     {"a": 1},
+     {"a": 2}
+    ]
+    """
+    if isinstance(value, list) and value:
+        return "[\n" + ",\n".join(" " + json.dumps(item) for item in value) + "\n]"
+    return json.dumps(value, indent=1)
 
 
 def write_tensor(path: str | Path, tensor: Any, metadata_: dict[str, str] | None = None, *,
@@ -80,15 +97,20 @@ def write_tensors(path: str | Path, tensors: dict[str, Any],
                   root=root)
 
 
+@functools.lru_cache(maxsize=1)
 def package_digest() -> str:
-    """SHA-256 over causalab's own ``.py`` files, concatenated in path order."""
+    """SHA-256 over causalab's own ``.py`` files, concatenated in path order; once per
+    process, so it names the code this process imported."""
     digest = hashlib.sha256()
     for path in sorted(_PACKAGE.rglob("*.py"), key=lambda p: p.relative_to(_PACKAGE).as_posix()):
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
+@functools.lru_cache(maxsize=None)
 def _version(name: str) -> str:
+    """An installed distribution's version: read once per process (installs do not change
+    under a running process, and each lookup parses the package's metadata)."""
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

@@ -1,38 +1,77 @@
-"""Prefix resume (docs/platform.md §7): where an intervened forward may start from a cached residual.
+"""Prefix resume (docs/platform.md §7): where an intervened forward may start from cached values.
 
-A forward whose every tap sits at block ``R`` or later (or at block ``R−1``'s output)
-computes blocks ``0 … R−1`` exactly
+A forward whose every tap sits at block ``R`` or later computes blocks ``0 … R−1`` exactly
 as the un-intervened forward on the same rows does, so its trace can skip them and hand
 block ``R−1``'s cached output on instead (nnsight's ``skip``: bit-exact on the built-in
-families). This module decides ``R`` from plan data alone; the residuals live in the
-document cache and the walk's trace does the skipping.
+families). Inside block ``R`` the same holds for its parts: when the first tap is at the
+attention's output or later, the attention module's own output is the un-intervened one
+(a write there replaces some positions of it, the others stay), so it is served from the
+cache too; from the MLP's output on, the MLP as well. This module decides where a forward
+enters from plan data alone; the cached values live in the document cache and the walk's
+trace does the skipping.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from causalab.compile.plan import Forward
 from causalab.document import vocab
 from causalab.engine.forwards import tap_ops
 
-
-# A tap at a block's output needs nothing of that block computed: the skipped block's output
-# is the kept residual, and the tap reads or writes it there (bit-exact, like any skip).
+# A block's parts in forward order, each with the vocabulary order of the component that
+# first sees its whole output: a first tap there or later leaves the part's output as it was.
+PARTS = ("attention", "mlp")
+_DONE_AT = {"attention": vocab.COMPONENTS["attention_output"]["order"][1],
+            "mlp": vocab.COMPONENTS["mlp_output"]["order"][1]}
+# nnterp's envoy of each part at a layer.
+PART_MODULES = {"attention": "attentions", "mlp": "mlps"}
 _BLOCK_OUTPUT = vocab.COMPONENTS["block_output"]["accessor"]
 
 
-def _first_block(address: Any) -> int:
-    layer = address.order[0]
-    return layer + 1 if address.accessor == _BLOCK_OUTPUT else layer
+class Resume(NamedTuple):
+    """Where a trace enters: block ``layer`` (its input the cached residual leaving block
+    ``layer − 1``), with ``parts`` of that block served from their cached outputs."""
+
+    layer: int
+    parts: tuple[str, ...] = ()
+
+    def needs(self) -> tuple:
+        """The cached values this entry takes: ``layer − 1`` (a residual) and ``(layer, part)``
+        per part."""
+        return ((self.layer - 1,) if self.layer else ()) + tuple(
+            (self.layer, part) for part in self.parts)
 
 
-def resume_layer(forward: Forward) -> int | None:
-    """The first block a prompt forward must compute, when it has writes and that is past
-    block 0 (whole-model places after the stack count as the layer count), else None."""
+def _entry(address: Any) -> Resume:
+    layer, n = address.order
+    if address.accessor == _BLOCK_OUTPUT:
+        return Resume(layer + 1)
+    if vocab.COMPONENTS.get(address.component, {}).get("whole_model"):
+        return Resume(layer)  # embeddings (before block 0) or a place after the stack
+    return Resume(layer, tuple(part for part in PARTS if n >= _DONE_AT[part]))
+
+
+def resume_point(forward: Forward) -> Resume | None:
+    """Where a prompt forward with writes may enter, when that skips anything (whole-model
+    places after the stack count as the layer count), else None."""
     if forward.decode or not forward.writes:
         return None
-    first = min(_first_block(op.address) for op in tap_ops(forward).values())
-    return first if first >= 1 else None
+    first = min((op.address for op in tap_ops(forward).values()), key=lambda a: a.order)
+    entry = _entry(first)
+    return entry if entry.layer >= 1 or entry.parts else None
+
+
+def shared_entry(entry: Resume, present: set) -> Resume:
+    """The entry a forward shares a trace at: one entering block ``R + 1`` joins the points
+    entering block ``R`` with every part cached, when there are such (the block is then only
+    its sums and norms, computed as the un-intervened forward computes them)."""
+    whole = Resume(entry.layer - 1, PARTS)
+    return whole if not entry.parts and entry.layer >= 1 and whole in present else entry
+
+
+def need_order(need: Any) -> tuple:
+    """Forward order of a cached value: block L's attention, then its MLP, then its output."""
+    return (need, len(PARTS)) if isinstance(need, int) else (need[0], PARTS.index(need[1]))
 
 
 def hidden_width(model: Any) -> int:

@@ -23,7 +23,7 @@ import torch
 
 from causalab.compile.plan import Featurizers, Fit, Forward, Observe, Pass, Plan, Weights
 from causalab.engine import containment, decoding, forwards, fusion, generate, record, steps
-from causalab.engine.resume import hidden_width, resume_layer
+from causalab.engine.resume import PART_MODULES, Resume, hidden_width, need_order, resume_point
 from causalab.engine import outputs as output_rules
 from causalab.engine import windows as window_rules
 from causalab.engine.cache import DocumentCache, Prefix
@@ -290,50 +290,63 @@ def _run_forward(model: Any, pass_: Pass, forward: Forward, state: WalkState,
     trace resumed from the kept prefix where there is one."""
     local = {row: i for i, row in enumerate(run_rows)}
     pieces: dict[str, list] = {read.name: [] for read in forward.reads}
-    layer = resume_layer(forward)
+    entry = resume_point(forward)
+    needs = entry.needs() if entry else ()
     fill = state.fill_prefixes and run_rows == tuple(range(pass_.rows))
-    kept = prefixes(model, pass_, forward, state, {layer - 1} if layer else set(),
-                    fill=fill).get(layer - 1 if layer else None)
+    kept = prefixes(model, pass_, forward, state, set(needs), fill=fill)
     for chunk in forwards.chunks(run_rows, state.batch_size):
         prepared = prepare(pass_, forward, state, chunk, resolved, values, local, forward.taps)
         inputs, position_ids = forwards.prompt_inputs(model, pass_.inputs[forward.input], chunk,
                                                       state.cache.inputs)
-        residual = None if kept is None else kept.rows(chunk)
-        resume = None if residual is None else (layer, residual)
+        cached = {need: kept[need].rows(chunk) if need in kept else None for need in needs}
+        resume = (entry, cached) if entry and all(v is not None for v in cached.values()) else None
         got = _trace(model, inputs, position_ids, forward.taps, prepared, resume=resume)
         for name in pieces:
             pieces[name].append(got[name])
     return forwards.gathered(pass_, forward, run_rows, resolved, pieces)
 
 
-def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, layers: set,
+def _kept(value: Any) -> Any:
+    """A module's output kept past its trace: tensors copied, a tuple's structure kept."""
+    if isinstance(value, tuple):
+        return tuple(_kept(item) for item in value)
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, needs: set,
              *, fill: bool = True) -> dict:
-    """``{layer: Prefix}``: the un-intervened residual leaving block ``layer`` over every row
-    of the forward's input, for those of ``layers`` kept or, with ``fill``, computed now (one
-    trace per window of rows) while the resume budget allows; others are left out."""
+    """``{need: Prefix}``: un-intervened values over every row of the forward's input, a
+    need being a layer (the residual leaving that block) or ``(layer, part)`` (the raw output
+    of a block's attention or MLP module), for those of ``needs`` kept or, with ``fill``,
+    computed now (one trace per window of rows) while the resume budget allows."""
     batch, cache = pass_.inputs[forward.input], state.cache
     key = forwards.batch_key(batch)
-    missing = sorted(layer for layer in layers if (key, layer) not in cache.prefixes)
+    missing = sorted((need for need in needs if (key, need) not in cache.prefixes),
+                     key=need_order)
     if fill and missing and cache.prefix_room(batch, len(missing), hidden_width(model)):
         every = tuple(range(pass_.rows))
-        pieces: dict = {layer: [] for layer in missing}
+        pieces: dict = {need: [] for need in missing}
         for chunk in forwards.chunks(every, state.batch_size):
             inputs, position_ids = forwards.prompt_inputs(model, batch, chunk, cache.inputs)
             with torch.no_grad(), model.trace(inputs, position_ids=position_ids):
-                for layer in missing:
-                    pieces[layer].append(model.layers_output[layer].detach().clone())
+                for need in missing:
+                    if isinstance(need, int):
+                        pieces[need].append(model.layers_output[need].detach().clone())
+                    else:
+                        module = getattr(model, PART_MODULES[need[1]])[need[0]]
+                        pieces[need].append(_kept(module.output))
         windows = tuple(forwards.chunks(every, state.batch_size))
-        for layer in missing:
-            cache.prefixes[(key, layer)] = Prefix(pieces[layer], windows)
-    return {layer: cache.prefixes[(key, layer)] for layer in layers
-            if (key, layer) in cache.prefixes}
+        for need in missing:
+            cache.prefixes[(key, need)] = Prefix(pieces[need], windows)
+    return {need: cache.prefixes[(key, need)] for need in needs if (key, need) in cache.prefixes}
 
 
 def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any, prepared: dict,
            cache: Any = None, resume: tuple | None = None) -> dict:
     """One nnterp trace: the taps in order; with a KV cache (a decode step) also the
-    greedy next token, under ``generate.GENERATED``. ``resume = (R, residual)`` skips
-    blocks ``0 … R−1``, block ``R−1`` handing on ``residual`` (``(batch, seq, d)``)."""
+    greedy next token, under ``generate.GENERATED``. ``resume = (entry, values)`` (a
+    ``Resume`` and its needs' cached values) skips blocks ``0 … R−1``, block ``R−1`` handing
+    on the cached residual, and serves block ``R``'s cached parts from their outputs."""
     nested = frozenset(entry.op.address.layer for entry in prepared.values()
                        if entry.op.address.key_axis)
     places = Places(model, nested)
@@ -341,9 +354,7 @@ def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any, prep
     got: dict = {}
     with model.trace(inputs, position_ids=position_ids, **kwargs):
         if resume is not None:
-            # Earlier blocks' outputs feed only skipped blocks; any tensor of the shape will do.
-            for layer in range(resume[0]):
-                model.layers[layer].skip(resume[1])
+            _skip(model, *resume)
         _issue(places, taps, prepared, got)
         if cache is not None:
             # A write at ``logits`` chooses the next token; the model's own output lacks it.
@@ -351,6 +362,14 @@ def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any, prep
             logits = model.output.logits if logits is None else logits
             got[generate.GENERATED] = logits[:, -1].argmax(-1)
     return got
+
+
+def _skip(model: Any, entry: Resume, values: dict) -> None:
+    # Earlier blocks' outputs feed only skipped blocks; any tensor of the shape will do.
+    for layer in range(entry.layer):
+        model.layers[layer].skip(values[entry.layer - 1])
+    for part in entry.parts:
+        getattr(model, PART_MODULES[part])[entry.layer].skip(values[(entry.layer, part)])
 
 
 def _issue(places: Places, taps: Any, prepared: dict, got: dict) -> None:

@@ -1,4 +1,5 @@
-"""Prefix resume: a forward whose taps all sit at block R or later skips blocks 0 … R−1.
+"""Prefix resume: a forward whose taps all sit at block R or later skips blocks 0 … R−1, and
+the parts of block R before its first tap (its attention, its MLP) are served from the cache.
 
 The oracle is the same document run with resume off (a zero resume budget): every table
 and bundle must be byte-identical (tensors compared exactly), on every family, for a fused
@@ -20,8 +21,8 @@ from causalab.pipeline import run_document
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = "smollm2-135m"
-PLACES = [("block_output", 0), ("block_input", 1), ("attention_output", 1), ("mlp_output", 1),
-          ("block_output", 1)]
+PLACES = [("attention_output", 0), ("mlp_output", 0), ("block_output", 0), ("block_input", 1),
+          ("attention_output", 1), ("mlp_output", 1), ("block_output", 1)]
 
 
 def _families() -> list:
@@ -114,9 +115,11 @@ def test_a_fused_sweep_resumed_past_its_prefix_writes_the_tables_the_full_forwar
         family, tiny, kit, tmp_path, monkeypatch, resumed, request):
     data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
     got, want = _both(_sweep(_resolved(family, tiny, request)), tmp_path, monkeypatch, data_root)
-    # Block 1 onward (block_output[0] and the layer-1 places) in one trace; block_output[1]
-    # needs no block computed, in a second.
-    assert resumed["resumed"] == 2
+    # Four entries: block 0 with its attention cached (attention_output[0]); block 0 with
+    # attention and MLP cached (mlp_output[0], with block_output[0] and block_input[1]
+    # joining it); block 1 with its attention cached; block 1 with both cached (mlp_output[1],
+    # with block_output[1] joining it).
+    assert resumed["resumed"] == 4
     _same(got, want)
 
 
