@@ -132,6 +132,12 @@ def is_interior(row: dict) -> bool:
 # Components whose value is vocabulary-shaped without a logits view (a metric's `of`).
 VOCABULARY_COMPONENTS = ("lm_head", "logits")
 
+# Places computed from the output head (a position per logit the model keeps): every
+# component or accessor ordered after the final norm.
+FROM_LOGITS = frozenset(
+    name for name, row in {**COMPONENTS, **EXTRA_ACCESSORS}.items()
+    if row["order"][0] == "L" and row["order"][1] > COMPONENTS["ln_final"]["order"][1])
+
 # docs/format.md §7.4. class: absolute writes replace, additive compose, bounding clip, restoring
 # measures against f0. A param with "required": False and no default is an open bound.
 MECHANISMS = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from causalab.compile.plan import Forward, Pass, ReadOp
+from causalab.document import vocab
 from causalab.engine.forwards import batch_key
 
 # An un-intervened address tensor is kept whole when at most this big and while the
@@ -81,7 +82,7 @@ class DocumentCache:
         width (not vocabulary, not keys) are kept whole."""
         address, batch = read.address, pass_.inputs[forward.input]
         if (read.view != "raw" or not address.full_width or address.key_axis
-                or read.pos.frame != "prompt"):
+                or read.pos.frame != "prompt" or address.component in vocab.FROM_LOGITS):
             return None
         key = ("whole", batch_key(batch), address.component, address.layer)
         if key in self.wholes or key in pending:
