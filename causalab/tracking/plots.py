@@ -21,6 +21,7 @@ _HEAD = ("heads", "head")
 _POSITION = ("pos", "position", "positions")
 _RANK = ("k", "rank")
 _MAX_GROUPS = 4
+_PANEL_GAP = 0.9  # inches between stacked heatmaps (a panel's title and axis labels)
 
 
 def warm() -> None:
@@ -47,16 +48,18 @@ def _png(figure) -> bytes:
     return buffer.getvalue()
 
 
-def title_of(document: Mapping[str, Any] | None) -> str:
-    """``causalab:weekday-llama · block_input L2 pos -1``: the model and the written site."""
+def title_of(document: Mapping[str, Any] | None, swept: Sequence[str] = ()) -> str:
+    """``causalab:weekday-llama · block_input L2 pos -1``: the model and the written site;
+    a layer or position that is a ``swept`` coordinate is left out (a sweep's parent is
+    titled by one point's document, and that point's layer is not the sweep's)."""
     if not document:
         return ""
     model = (document.get("model") or {}).get("key") or ""
     facts = site_facts(document, writes_of(document))
     place = [facts.get("component") or facts.get("site") or ""]
-    if facts.get("layer"):
+    if facts.get("layer") and not set(swept) & set(_LAYER):
         place.append(f"L{facts['layer']}")
-    if facts.get("position"):
+    if facts.get("position") and not set(swept) & set(_POSITION):
         place.append(f"pos {facts['position']}")
     return " · ".join(part for part in (model, " ".join(p for p in place if p)) if part)
 
@@ -166,7 +169,12 @@ def heatmap(points: Sequence[Point], rows: str, columns: str, *, title: str = ""
     with a colour bar; a blank cell is a point not run."""
     keys = [k for keys in _groups(points).values() for k in keys][:_MAX_GROUPS]
     ys, xs = _values(points, rows), _values(points, columns)
-    figure = _figure((max(6.0, 2.8 + 0.45 * len(xs)), 1.0 + (0.4 * len(ys) + 1.0) * len(keys)))
+    panel = 0.25 * len(ys) + 0.6 if len(ys) > 12 else 0.4 * len(ys) + 1.0
+    height = 1.2 + (panel + _PANEL_GAP) * len(keys)
+    figure = _figure((max(6.0, 2.8 + 0.45 * len(xs)), height))
+    # Margins and gaps in inches, so a 30-layer grid is as tight as a 4-layer one.
+    figure.subplots_adjust(top=1 - 0.9 / height, bottom=0.7 / height,
+                           hspace=_PANEL_GAP / panel)
     grid = figure.subplots(len(keys), 1, squeeze=False)
     for row, key in enumerate(keys):
         cells = [[math.nan] * len(xs) for _ in ys]
