@@ -114,7 +114,9 @@ def is_stamped(metadata: dict[str, str]) -> bool:
     return any(key in metadata for key in IDENTITY_KEYS)
 
 
-def _check_identity(metadata: dict[str, str], stamp: dict[str, str], at: Path) -> None:
+def check_identity(metadata: dict[str, str], stamp: dict[str, str], at: Path) -> None:
+    """Refuse at ``at`` a bundle whose stamped identity differs from the document's: shared by
+    a bundle file (here) and a featurizer published by an earlier step (the engine)."""
     for key in IDENTITY_KEYS:
         if key not in metadata:
             continue
@@ -130,8 +132,9 @@ def _shape_error(at: Path, kind: str, name: str, found, wanted) -> CompileError:
     return CompileError(at, f"{kind} bundle tensor {name} has shape {list(found)}, expected {list(wanted)}")
 
 
-def _check_shapes(kind: str, shapes: dict, d: int, k: int | None, at: Path) -> None:
-    """Tensor names and shapes against the kind: input width must equal the site's d."""
+def check_shapes(kind: str, shapes: dict, d: int, k: int | None, at: Path) -> None:
+    """Tensor names and shapes against the kind, refused at ``at``: the input width must
+    equal the site's ``d`` (and the rank ``k`` where the kind has one)."""
     if kind in _SAE_KINDS:
         extra = sorted(set(shapes) - set(SAE_TENSORS))
         if "W_enc" not in shapes or extra:
@@ -221,12 +224,12 @@ def check_bundle(spec, *, resolver: Resolver | None = None) -> dict:
     metadata = header.pop("__metadata__", None) or {}
     config = _saelens_config(path, spec, at) if spec.kind in _SAE_KINDS else None
     if is_stamped(metadata):
-        _check_identity(metadata, document_stamp(spec), at)
+        check_identity(metadata, document_stamp(spec), at)
     elif config is None and not spec.trust_unstamped:
         raise CompileError(at, "bundle has no identity stamp; set trust_unstamped: true to load it "
                                "(only shapes are then checked)")
     if config is not None:
         return _check_dictionary(spec, config, header, at)
     shapes = {name: tuple(entry["shape"]) for name, entry in header.items()}
-    _check_shapes(spec.kind, shapes, spec.d, spec.k, at)
+    check_shapes(spec.kind, shapes, spec.d, spec.k, at)
     return {}

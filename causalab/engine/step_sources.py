@@ -44,8 +44,8 @@ def build_from_step(node: Any, state: Any) -> None:
         tensors = _tensors(state.published[source[1]])
         shapes = {key: tuple(tensor.shape) for key, tensor in tensors.items()}
         try:  # a published value is always stamped: the identity and shape checks apply
-            bundle_checks._check_identity(_stamp(node, source[1], state), document_stamp(spec), at)
-            bundle_checks._check_shapes(spec.kind, shapes, spec.d, spec.k, at)
+            bundle_checks.check_identity(_stamp(node, source[1], state), document_stamp(spec), at)
+            bundle_checks.check_shapes(spec.kind, shapes, spec.d, spec.k, at)
         except CompileError as error:
             raise RunError(error.path, error.message) from None
         tensors = {key: tensor.detach().float().clone() for key, tensor in tensors.items()}
