@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from patching import _rows  # noqa: E402
+from patching import _rows, sweep_document  # noqa: E402
 
 SAMPLES = 5
 PLACES = [(c, layer) for c in ("block_output", "mlp_output") for layer in range(4)]
@@ -62,23 +62,7 @@ def _medium(directory: Path) -> Path:
 
 
 def _document(path: Path) -> dict:
-    sites = [{"component": c, "layers": [layer]} for c, layer in PLACES]
-    return {
-        "model": {"key": str(path), "revision": "main", "dtype": "fp32"},
-        "roles": {"base": {"field": "input"}, "counterfactual": {"field": "counterfactual_inputs[0]"}},
-        "sites": {"target": {"sweep": sites, "as": "place"}, "head": {"component": "lm_head"}},
-        "interventions": {"patch": {
-            "reads": {"v_cf": {"site": "target", "pos": -1, "input": "counterfactual"},
-                      "logits": {"site": "head", "pos": -1, "model": "patched", "input": "base"}},
-            "writes": {"patch": {"site": "target", "pos": -1, "mechanism": "swap", "operand": "v_cf"}},
-            "models": {"patched": {"input": "base", "writes": ["patch"]}},
-            "metrics": {"logit_diff": {"kind": "logit_diff", "of": "logits",
-                                       "a": "cf_answer", "b": "base_answer"}},
-        }},
-        "steps": {"patch": {"kind": "observe", "interventions": "patch",
-                            "rows": {"base": "pairs", "counterfactual": "pairs"},
-                            "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"}]}},
-    }
+    return sweep_document({"key": str(path), "revision": "main", "dtype": "fp32"}, PLACES, -1)
 
 
 def _encode(tokenizer, prompts):

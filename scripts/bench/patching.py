@@ -46,11 +46,12 @@ def _rows() -> list[dict]:
     return rows
 
 
-def _document(resolved) -> dict:
-    sites = [{"component": c, "layers": [layer]} for c, layer in PLACES]
-    pos = {"sweep": POSITIONS, "as": "pos"}
+def sweep_document(model: dict, places: list, pos) -> dict:
+    """A patching sweep over ``places`` ((component, layer) pairs) at ``pos``: swap the
+    counterfactual's value in, read the last token's logits, score the logit difference."""
+    sites = [{"component": c, "layers": [layer]} for c, layer in places]
     return {
-        "model": {"key": resolved.key, "revision": resolved.revision, "dtype": "fp32"},
+        "model": model,
         "roles": {"base": {"field": "input"}, "counterfactual": {"field": "counterfactual_inputs[0]"}},
         "sites": {"target": {"sweep": sites, "as": "place"}, "head": {"component": "lm_head"}},
         "interventions": {"patch": {
@@ -65,6 +66,11 @@ def _document(resolved) -> dict:
                             "rows": {"base": "pairs", "counterfactual": "pairs"},
                             "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"}]}},
     }
+
+
+def _document(resolved) -> dict:
+    model = {"key": resolved.key, "revision": resolved.revision, "dtype": "fp32"}
+    return sweep_document(model, PLACES, {"sweep": POSITIONS, "as": "pos"})
 
 
 def _module(model, component: str, layer: int):
