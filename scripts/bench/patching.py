@@ -4,7 +4,8 @@
 positions (−1 … −4, read and write tied as one named axis) on the built-in tiny Llama over
 42 weekday pairs. The hook loop does what a researcher writes by hand: per point, one
 counterfactual forward capturing the place and one base forward replacing it. Both run in
-this process after a warm-up; the printed ``ratio`` is causalab's wall time over the loop's.
+this process after a warm-up, alternated; the printed ``ratio`` is the median of causalab's
+wall times over the median of the loop's.
 
     HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench/patching.py
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -31,6 +33,7 @@ DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sun
 PLACES = [(c, layer) for layer in (0, 1)
           for c in ("block_input", "attention_output", "mlp_output", "block_output")]
 POSITIONS = [-1, -2, -3, -4]
+SAMPLES = 5
 
 
 def _rows() -> list[dict]:
@@ -133,24 +136,28 @@ def main() -> None:
 
     resolved = resolve("causalab:tiny-llama")
     rows = _rows()
+    model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(resolved.path)
+    ours_times, hook_times = [], []
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "pairs.json").write_text(json.dumps(rows))
         document = _document(resolved)
         run_document(document, out=f"{tmp}/warm", data_root=tmp)
-        start = time.perf_counter()
-        run_document(document, out=f"{tmp}/out", data_root=tmp)
-        ours = time.perf_counter() - start
-        tables = sorted(Path(tmp, "out").glob("*/logit_diff.json"))
+        _hook_loop(model, tokenizer, rows)
+        # Alternated, so a machine that slows down or speeds up weighs on both alike.
+        for sample in range(SAMPLES):
+            start = time.perf_counter()
+            run_document(document, out=f"{tmp}/out{sample}", data_root=tmp)
+            ours_times.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            hook_means = _hook_loop(model, tokenizer, rows)
+            hook_times.append(time.perf_counter() - start)
+        tables = sorted(Path(tmp, "out0").glob("*/logit_diff.json"))
         engine_means = {t.parent.name: sum(r["value"] for r in json.loads(t.read_text())) / len(rows)
                         for t in tables}
-    model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32).eval()
-    tokenizer = load_tokenizer(resolved.path)
-    _hook_loop(model, tokenizer, rows)
-    start = time.perf_counter()
-    hook_means = _hook_loop(model, tokenizer, rows)
-    hooks = time.perf_counter() - start
+    ours, hooks = statistics.median(ours_times), statistics.median(hook_times)
     print(f"points {len(engine_means)} rows {len(rows)}")
-    print(f"causalab {ours:.3f} s  hooks {hooks:.3f} s")
+    print(f"causalab {ours:.3f} s  hooks {hooks:.3f} s  (medians of {SAMPLES}, alternated)")
     print(f"max |mean difference| {max(abs(a - b) for a, b in zip(sorted(engine_means.values()), sorted(hook_means))):.2e}")
     print(f"ratio {ours / hooks:.2f}")
 
