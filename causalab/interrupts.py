@@ -43,6 +43,9 @@ def one_line(stop: KeyboardInterrupt) -> str:
 
 
 def _raise(signum: int, _frame) -> None:
+    # Silenced before the raise: a worker thread the interrupt cuts short (nnsight's trace
+    # body) may fail and print before the main thread has unwound to ``interrupts``.
+    threading.excepthook = _unprinted
     raise Interrupted(signum)
 
 
