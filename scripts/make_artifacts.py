@@ -47,17 +47,23 @@ def make_sae(target: Path) -> Path:
     return target
 
 
-def make_from_document(document: str, saved: str, target: Path) -> Path:
-    """Run ``document`` on the CPU into a scratch folder and keep the one bundle it saves."""
-    from causalab.document import load_json
+def keep_save(raw: dict, saved: str, target: Path) -> Path:
+    """Run ``raw`` on the CPU into a scratch folder and keep the one bundle it saves."""
     from causalab.pipeline import run_document
 
-    raw = load_json(str(REPO / document))
+    target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
         run_document(raw, out=scratch, device_map="cpu",
                      data_root=str(REPO / "documents" / "data"))
         shutil.copyfile(Path(scratch) / saved, target)
     return target
+
+
+def make_from_document(document: str, saved: str, target: Path) -> Path:
+    """Run the shipped ``document`` and keep the one bundle it saves."""
+    from causalab.document import load_json
+
+    return keep_save(load_json(str(REPO / document)), saved, target)
 
 
 def main() -> None:

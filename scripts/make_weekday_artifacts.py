@@ -14,9 +14,7 @@ Each is made by composing the shipped conf and running it on the CPU through
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,24 +23,21 @@ SITE = ["site=resid", "site.layer=0", "site.pos=-1"]
 # artifact -> (overrides that make it, the file the run saves)
 RECIPES = {
     "rot": (["experiment=das", *SITE, "site.rank=8"], "rot.safetensors"),
-    "sae": (["experiment=compare", "method=sae", *SITE, "method.latents=32"], "sae.safetensors"),
+    # One stamped file (method=sae itself saves a SAELens folder), as sae_ablation loads it.
+    "sae": (["experiment=compare", "method=sae", *SITE, "method.latents=32",
+             "steps.harvest.saves=[{value:dictionary,file_path:sae.safetensors}]"],
+            "sae.safetensors"),
 }
 
 
 def make(family: str, name: str) -> Path:
     """Run one recipe on ``model=<family>`` and keep the bundle it saves."""
-    from causalab.pipeline import run_document
     from causalab.render import render
+    from make_artifacts import keep_save
 
     overrides, saved = RECIPES[name]
-    document = render([*overrides, f"model={family}"])
     target = ARTIFACTS / f"weekday-{family}" / f"{name}.safetensors"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as scratch:
-        run_document(document, out=scratch, device_map="cpu",
-                     data_root=str(REPO / "documents" / "data"))
-        shutil.copyfile(Path(scratch) / saved, target)
-    return target
+    return keep_save(render([*overrides, f"model={family}"]), saved, target)
 
 
 def main() -> None:
