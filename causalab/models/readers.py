@@ -171,3 +171,23 @@ def read_tokenizer(path: str) -> Any:
     from causalab.models.resolve import load_tokenizer
 
     return load_tokenizer(path)
+
+
+# Llama-3.2-1B's shape: a document written for it compiles and explains on a stand-in of it.
+LLAMA_3_2_1B_SHAPE = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                      "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64}
+
+
+def shape_stand_in(folder: str | Path, shape: dict, base: str = "causalab:tiny-llama") -> str:
+    """A weightless directory: ``base``'s tokenizer and config with ``shape`` laid over it,
+    enough to compile and explain a document at that shape without its checkpoint."""
+    from causalab.models.resolve import resolve
+
+    source, folder = Path(resolve(base).path), Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in source.iterdir():
+        if item.is_file() and item.suffix != ".safetensors":
+            (folder / item.name).write_bytes(item.read_bytes())
+    config = {**json.loads((source / "config.json").read_text()), **shape}
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)

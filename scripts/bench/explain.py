@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -23,26 +22,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-SHAPE = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-         "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64}
 TARGET_S = 1.5
 
 
 def _stand_in(folder: Path) -> Path:
     """A config-and-tokenizer directory of Llama-3.2-1B's shape, and the document pointed at it."""
-    from causalab.models import resolve
+    from causalab.models.readers import LLAMA_3_2_1B_SHAPE, shape_stand_in
 
-    tiny = Path(resolve("causalab:tiny-llama").path)
-    model = folder / "llama_3_2_1b_shape"
-    model.mkdir()
-    for item in tiny.iterdir():
-        if item.is_file() and item.suffix != ".safetensors":
-            shutil.copy(item, model / item.name)
-    config = json.loads((tiny / "config.json").read_text())
-    config.update(SHAPE)
-    (model / "config.json").write_text(json.dumps(config))
+    model = shape_stand_in(folder / "llama_3_2_1b_shape", LLAMA_3_2_1B_SHAPE)
     document = json.loads((ROOT / "documents/real/weekdays_head_patching.json").read_text())
-    document["model"]["key"] = str(model)
+    document["model"]["key"] = model
     path = folder / "head_patching.json"
     path.write_text(json.dumps(document))
     return path

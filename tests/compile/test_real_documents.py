@@ -9,8 +9,6 @@ head past the count or a sweep that lowers wrongly is caught without the hub. No
 from __future__ import annotations
 
 import copy
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -28,10 +26,6 @@ POINTS = {
     "weekdays_das": 4,
     "weekdays_pattern_patching": 32,
 }
-LLAMA_3_2_1B_SHAPE = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
-                      "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64}
-
-
 def _raw(name: str) -> dict:
     from causalab.document import load_json
 
@@ -75,17 +69,9 @@ def test_the_pattern_patching_runs_under_eager_attention():
 @pytest.fixture(scope="module")
 def stand_in(tmp_path_factory) -> str:
     """A config-and-tokenizer directory shaped like Llama-3.2-1B, around the built-in tokenizer."""
-    from causalab.models import resolve
+    from causalab.models.readers import LLAMA_3_2_1B_SHAPE, shape_stand_in
 
-    tiny = Path(resolve("causalab:tiny-llama").path)
-    folder = tmp_path_factory.mktemp("llama_3_2_1b_shape")
-    for item in tiny.iterdir():
-        if item.is_file() and item.suffix != ".safetensors":
-            shutil.copy(item, folder / item.name)
-    config = json.loads((tiny / "config.json").read_text())
-    config.update(LLAMA_3_2_1B_SHAPE)
-    (folder / "config.json").write_text(json.dumps(config))
-    return str(folder)
+    return shape_stand_in(tmp_path_factory.mktemp("llama_3_2_1b_shape"), LLAMA_3_2_1B_SHAPE)
 
 
 @pytest.mark.parametrize("name", sorted(POINTS))
