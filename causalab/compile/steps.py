@@ -21,7 +21,7 @@ from causalab.document.schema import Weights as WeightsStep
 from causalab.document.step_references import produced
 from causalab.document.vocab import MAX_UPDATES, METRIC_KINDS, SAELENS_HOOKS
 from causalab.errors import CompileError
-from causalab.files import TABLE_SUFFIX
+from causalab.files import TABLE_SUFFIX, TENSOR_SUFFIX
 
 # A metric kind's ordered column fields: where C17 points when a batch has none of its rows.
 _COLUMNS = {kind: tuple(row["columns"]) for kind, row in METRIC_KINDS.items()}
@@ -59,7 +59,7 @@ def _check_saelens_saves(step: str, raw: ObserveStep, pass_: Pass) -> None:
     reads = {r.name: r for fw in pass_.forwards for r in fw.reads}
     for index, save in enumerate(raw.saves):
         out = raw.outputs.get(save.value)
-        if out is None or out.reduce != "sae" or save.file_path.endswith(".safetensors"):
+        if out is None or out.reduce != "sae" or save.file_path.endswith(TENSOR_SUFFIX):
             continue
         address = reads[out.read].address
         if (address.component not in SAELENS_HOOKS.values() or address.layer is None

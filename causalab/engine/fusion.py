@@ -21,7 +21,7 @@ from causalab.engine import forwards
 from causalab.engine import windows as window_rules
 from causalab.engine.forwards import batch_key, tap_ops
 from causalab.engine.passes import PassResult, featurized, result_of
-from causalab.engine.resume import resume_point, shared_entry
+from causalab.engine.resume import map_tensors, resume_point, shared_entry
 from causalab.engine.seam import Window
 from causalab.engine.taps import prepare
 
@@ -121,27 +121,27 @@ def lockstep(model: Any, passes: list, states: list, *, trace: Callable, fill: C
                 for pass_, found, known in zip(passes, resolved, values)]
 
 
-def _by_entry(each: list, kept: dict) -> dict:
-    """Units grouped by where their trace enters (``None``: from the start), in unit order;
-    a unit whose cached values are not kept over these rows starts from the start."""
+def _entries(each: list) -> list:
+    """Where each unit's trace enters (``None``: from the start), shared where it can be."""
     entries = [resume_point(forward) for forward in each]
     present = {entry for entry in entries if entry is not None}
+    return [None if entry is None else shared_entry(entry, present) for entry in entries]
+
+
+def _by_entry(entries: list, kept: dict) -> dict:
+    """Units grouped by their entry, in unit order; a unit whose cached values are not kept
+    over these rows starts from the start."""
     runs: dict = {}
     for unit, entry in enumerate(entries):
-        entry = None if entry is None else shared_entry(entry, present)
         if entry is not None and any(kept.get(need) is None for need in entry.needs()):
             entry = None
         runs.setdefault(entry, []).append(unit)
     return runs
 
 
-def _stacked(value: Any, copies: int) -> Any:
-    """A cached module output repeated for ``copies`` stacked points (rows first)."""
-    if isinstance(value, tuple):
-        return tuple(_stacked(item, copies) for item in value)
-    if isinstance(value, torch.Tensor):
-        return value.repeat(copies, *([1] * (value.dim() - 1)))
-    return value
+def _stacked(copies: int) -> Callable:
+    """Repeat a kept tensor for ``copies`` stacked points (rows first)."""
+    return lambda tensor: tensor.repeat(copies, *([1] * (tensor.dim() - 1)))
 
 
 def _run_fused(model: Any, passes: list, each: list, states: list, rows: tuple,
@@ -150,16 +150,14 @@ def _run_fused(model: Any, passes: list, each: list, states: list, rows: tuple,
     holds batch rows ``i·n … (i+1)·n − 1`` and its taps act there only; points entering at
     the same place share a trace that skips what comes before (``causalab.engine.resume``)."""
     local = {row: i for i, row in enumerate(rows)}
-    entries = [resume_point(forward) for forward in each]
-    present = {entry for entry in entries if entry is not None}
-    wanted = {need for entry in entries if entry is not None
-              for need in shared_entry(entry, present).needs()}
+    entries = _entries(each)
+    wanted = {need for entry in entries if entry is not None for need in entry.needs()}
     kept = {need: prefix.rows(rows) for need, prefix in
             prefixes(model, passes[0], each[0], states[0], wanted).items()}
     inputs, position_ids = forwards.prompt_inputs(model, passes[0].inputs[each[0].input], rows,
                                                   states[0].cache.inputs)
     raws: list = [None] * len(passes)
-    for entry, units in _by_entry(each, kept).items():
+    for entry, units in _by_entry(entries, kept).items():
         prepared = {}
         for slot, unit in enumerate(units):
             own = prepare(passes[unit], each[unit], states[unit], rows, resolved[unit],
@@ -170,7 +168,7 @@ def _run_fused(model: Any, passes: list, each: list, states: list, rows: tuple,
         copies = len(units)
         stacked = {key: tensor.repeat(copies, 1) for key, tensor in inputs.items()}
         resume = None if entry is None else (
-            entry, {need: _stacked(kept[need], copies) for need in entry.needs()})
+            entry, {need: map_tensors(kept[need], _stacked(copies)) for need in entry.needs()})
         order = [(units[slot], kind, name)
                  for slot, kind, name in issue_order([each[unit] for unit in units])]
         got = trace(model, stacked, position_ids.repeat(copies, 1), order, prepared,

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import torch
+
 from causalab.compile.plan import Forward
 from causalab.document import vocab
 from causalab.engine.forwards import tap_ops
@@ -67,6 +69,15 @@ def shared_entry(entry: Resume, present: set) -> Resume:
     its sums and norms, computed as the un-intervened forward computes them)."""
     whole = Resume(entry.layer - 1, PARTS)
     return whole if not entry.parts and entry.layer >= 1 and whole in present else entry
+
+
+def map_tensors(value: Any, change: Any) -> Any:
+    """A module's output with ``change`` applied to each tensor in it (a tuple keeps its
+    structure; ``None`` and other members pass through): how a kept output is copied and
+    stacked."""
+    if isinstance(value, tuple):
+        return tuple(map_tensors(item, change) for item in value)
+    return change(value) if isinstance(value, torch.Tensor) else value
 
 
 def need_order(need: Any) -> tuple:

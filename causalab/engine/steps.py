@@ -18,7 +18,7 @@ from causalab.engine.bundles import document_stamp, stamp_metadata, step_source,
 from causalab.engine.metrics import metric_table
 from causalab.engine.passes import PassResult
 from causalab.errors import CausalabError, RunError
-from causalab.files import SAELENS_CONFIG, SAELENS_WEIGHTS, TENSOR_KEY
+from causalab.files import SAELENS_CONFIG, SAELENS_WEIGHTS, TENSOR_KEY, TENSOR_SUFFIX
 
 
 def build_featurizers(node: Featurizers, model: Any, state: Any) -> None:
@@ -129,7 +129,7 @@ def _save_dictionary(node: Observe, name: str, value: output_rules.Published, sa
     from causalab.engine.dictionary import save_dictionary
 
     path = directory / save.file_path
-    if save.file_path.endswith(".safetensors"):
+    if save.file_path.endswith(TENSOR_SUFFIX):
         return [save_dictionary(path, value.value, metadata)]
     from causalab.compile.saelens import hook_name
     from causalab.engine.featurizers import write_saelens_dir

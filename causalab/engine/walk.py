@@ -24,7 +24,8 @@ import torch
 from causalab.compile.plan import Featurizers, Fit, Forward, Observe, Pass, Plan, Weights
 from causalab.document import vocab
 from causalab.engine import containment, decoding, forwards, fusion, generate, record, steps
-from causalab.engine.resume import PART_MODULES, Resume, hidden_width, need_order, resume_point
+from causalab.engine.resume import (PART_MODULES, Resume, hidden_width, map_tensors, need_order,
+                                    resume_point)
 from causalab.engine import outputs as output_rules
 from causalab.engine import windows as window_rules
 from causalab.engine.cache import DocumentCache, Prefix
@@ -307,11 +308,8 @@ def _run_forward(model: Any, pass_: Pass, forward: Forward, state: WalkState,
     return forwards.gathered(pass_, forward, run_rows, resolved, pieces)
 
 
-def _kept(value: Any) -> Any:
-    """A module's output kept past its trace: tensors copied, a tuple's structure kept."""
-    if isinstance(value, tuple):
-        return tuple(_kept(item) for item in value)
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+def _copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().clone()
 
 
 def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, needs: set,
@@ -333,10 +331,10 @@ def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, needs:
                                               logits_to_keep=1):
                 for need in missing:
                     if isinstance(need, int):
-                        pieces[need].append(model.layers_output[need].detach().clone())
+                        pieces[need].append(_copy(model.layers_output[need]))
                     else:
                         module = getattr(model, PART_MODULES[need[1]])[need[0]]
-                        pieces[need].append(_kept(module.output))
+                        pieces[need].append(map_tensors(module.output, _copy))
         windows = tuple(forwards.chunks(every, state.batch_size))
         for need in missing:
             cache.prefixes[(key, need)] = Prefix(pieces[need], windows)

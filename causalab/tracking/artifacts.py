@@ -105,19 +105,14 @@ def log_files(mlflow, run_id: str, files: list[tuple[str, str]]) -> None:
             repository.log_artifact(local, folder)
 
 
-_REPOSITORIES: dict[str, object] = {}
-
-
 def _repository(run_id: str):
     """The artifact repository of a run this process created (no store lookup), else None."""
-    if run_id not in _REPOSITORIES:
-        location = artifact_location_of(run_id)
-        if location is None:
-            return None
-        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+    location = artifact_location_of(run_id)
+    if location is None:
+        return None
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-        _REPOSITORIES[run_id] = get_artifact_repository(location[0], tracking_uri=location[1])
-    return _REPOSITORIES[run_id]
+    return get_artifact_repository(location[0], tracking_uri=location[1])
 
 
 def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> None:
