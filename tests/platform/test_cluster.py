@@ -43,29 +43,24 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _group_members(group: int) -> list[int]:
-    """Live (not zombie) processes of a process group, read from /proc."""
-    members = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            members.append(int(stat.parent.name))
-    return members
-
-
-def _children_of(pid: int) -> list[int]:
+def _processes() -> list[tuple[int, list[str]]]:
+    """(pid, the fields of /proc/<pid>/stat after the command name) of every live process."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            found.append((int(stat.parent.name), stat.read_text().rsplit(")", 1)[1].split()))
         except (OSError, IndexError):
             continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
     return found
+
+
+def _group_members(group: int) -> list[int]:
+    """Live (not zombie) processes of a process group."""
+    return [pid for pid, fields in _processes() if int(fields[2]) == group and fields[0] != "Z"]
+
+
+def _children_of(pid: int) -> list[int]:
+    return [child for child, fields in _processes() if int(fields[1]) == pid]
 
 
 def _causalab(*arguments: str, timeout: int = 300) -> subprocess.CompletedProcess:
