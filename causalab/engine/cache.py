@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import torch
+
 from causalab.compile.plan import Forward, Pass, ReadOp
 from causalab.document import vocab
 from causalab.engine.forwards import batch_key
+from causalab.engine.resume import map_tensors
 
 # An un-intervened address tensor is kept whole when at most this big and while the
 # document's kept tensors fit the budget; otherwise its reads are kept gathered.
@@ -27,18 +30,40 @@ class Prefix(NamedTuple):
 
     A forward's values depend on which rows share its batch (the kernels' blocking follows
     the batch), so a trace resumes from it only over exactly one of those windows, or copies
-    of one stacked (fusion): then the skipped blocks would have computed the same bits.
+    of one stacked (fusion): then the skipped blocks would have computed the same bits. A
+    fit's minibatch is another set of rows each epoch; it takes its rows out of the windows
+    (``any_rows``), and its bits then differ from a whole forward's by float rounding.
     """
 
     pieces: list
     windows: tuple
 
-    def rows(self, chunk: tuple) -> Any:
-        """The residual over ``chunk`` when it is one of the windows, else None."""
+    def rows(self, chunk: tuple, *, any_rows: bool = False) -> Any:
+        """The residual over ``chunk`` when it is one of the windows; with ``any_rows``, its
+        rows gathered from the windows; else None."""
         for piece, window in zip(self.pieces, self.windows):
             if tuple(window) == tuple(chunk):
                 return piece
-        return None
+        if not any_rows:
+            return None
+        start, found = 0, {}
+        for window in self.windows:
+            found.update((row, start + i) for i, row in enumerate(window))
+            start += len(window)
+        if any(row not in found for row in chunk):
+            return None
+        index = torch.tensor([found[row] for row in chunk], dtype=torch.long)
+        return map_tensors(_joined(self.pieces), lambda t: t.index_select(0, index.to(t.device)))
+
+
+def _joined(pieces: list) -> Any:
+    """The pieces' tensors concatenated along rows, a kept module output's tuple kept whole."""
+    first = pieces[0]
+    if len(pieces) == 1 or first is None:
+        return first
+    if isinstance(first, tuple):
+        return tuple(_joined([piece[k] for piece in pieces]) for k in range(len(first)))
+    return torch.cat(pieces, 0) if isinstance(first, torch.Tensor) else first
 
 
 class DocumentCache:

@@ -165,9 +165,10 @@ def run_pass(model: Any, pass_: Pass, state: WalkState | None, *, rows=None,
 
     ``batch_size`` (default: the walk state's) cuts ``rows`` into windows, one trace each.
     With ``grad`` the graph through featurizer parameters is kept (a fit's update). With
-    ``fill_prefixes`` an intervened forward that can resume (``causalab.engine.resume``)
-    first keeps its un-intervened prefix over every row, so this and later runs skip it;
-    without, it resumes only from a prefix already kept.
+    ``fill_prefixes`` (a fit) an intervened forward that can resume (``causalab.engine.resume``)
+    first keeps its un-intervened prefix over every row, so this and later runs skip it, a
+    minibatch taking its rows out of it; without, it resumes only from a prefix already kept,
+    over exactly the rows it was computed on.
     """
     state = state if state is not None else new_state()
     if batch_size is not None:
@@ -294,13 +295,13 @@ def _run_forward(model: Any, pass_: Pass, forward: Forward, state: WalkState,
     pieces: dict[str, list] = {read.name: [] for read in forward.reads}
     entry = resume_point(forward)
     needs = entry.needs() if entry else ()
-    fill = state.fill_prefixes and run_rows == tuple(range(pass_.rows))
-    kept = prefixes(model, pass_, forward, state, set(needs), fill=fill)
+    kept = prefixes(model, pass_, forward, state, set(needs), fill=state.fill_prefixes)
     for chunk in forwards.chunks(run_rows, state.batch_size):
         prepared = prepare(pass_, forward, state, chunk, resolved, values, local, forward.taps)
         inputs, position_ids = forwards.prompt_inputs(model, pass_.inputs[forward.input], chunk,
                                                       state.cache.inputs)
-        cached = {need: kept[need].rows(chunk) if need in kept else None for need in needs}
+        cached = {need: kept[need].rows(chunk, any_rows=state.fill_prefixes) if need in kept
+                  else None for need in needs}
         resume = (entry, cached) if entry and all(v is not None for v in cached.values()) else None
         got = _trace(model, inputs, position_ids, forward.taps, prepared, resume=resume)
         for name in pieces:
