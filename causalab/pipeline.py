@@ -45,7 +45,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     from causalab.engine.containment import check_plan
     from causalab.engine.events import Events
     from causalab.engine.load import load_model, served_dtype
-    from causalab.engine.fusion import groups
+    from causalab.engine.fusion import alike_later, groups
     from causalab.errors import UsageError
 
     if batch_size is not None and (isinstance(batch_size, bool) or batch_size <= 0):
@@ -60,9 +60,10 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     saves: list[str] = []
     cache = DocumentCache()
     failed: Exception | None = None
-    for group in groups(points, batch_size):
+    runs = groups(points, batch_size)
+    for index, group in enumerate(runs):
         done, error = _run_group(group, model, out=out, batch_size=batch_size, events=events,
-                                 cache=cache)
+                                 cache=cache, ahead=alike_later(runs, index))
         saves += done
         failed = failed or error
     if failed is not None:
@@ -75,13 +76,14 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
 
 
 def _run_group(group: list, model, *, out: str, batch_size: int | None, events,
-               cache) -> tuple[list[str], Exception | None]:
-    """Start, compute and end one fused group of points: ``(their saves, first error)``."""
+               cache, ahead: list = ()) -> tuple[list[str], Exception | None]:
+    """Start, compute and end one fused group of points: ``(their saves, first error)``.
+    ``ahead``: later points of the group's kind, whose shared values it computes too."""
     from causalab.engine.walk import discard_prefetched, prefetch, run_plan
 
     started = [point for point in group if events.point_start(point) is not False]
     try:
-        prefetch(started, model, batch_size=batch_size, cache=cache)
+        prefetch(started, model, batch_size=batch_size, cache=cache, ahead=ahead)
     except BaseException as error:
         _abandon(events, started, error)
         raise

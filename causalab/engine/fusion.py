@@ -76,6 +76,16 @@ def groups(points: list, batch_size: int | None = None) -> list[list]:
     return [members for _, members in runs]
 
 
+def alike_later(runs: list, index: int) -> list:
+    """The points of runs after ``runs[index]`` with its signature: the prompt values they
+    will ask of the document cache (un-intervened reads, kept prefixes) are computed in the
+    same traces as the run's own, not in one more pair of forwards per run."""
+    key = signature(runs[index][0])
+    if key is None:
+        return []
+    return [point for later in runs[index + 1:] for point in later if signature(point) == key]
+
+
 def shifted(window: Window, start: int) -> Window:
     """``window`` moved to rows ``start …`` of a fused batch."""
     return Window(window.batch_rows + start, window.positions, window.width, window.counts)
@@ -97,21 +107,29 @@ def issue_order(forwards: list[Forward]) -> list[tuple[int, str, str]]:
 
 
 def lockstep(model: Any, passes: list, states: list, *, trace: Callable, fill: Callable,
-             reads: Callable, prefixes: Callable) -> list[PassResult]:
+             reads: Callable, prefixes: Callable, ahead: tuple = ((), ())) -> list[PassResult]:
     """The walk's ``run_pass`` over several passes of one signature at once (every row, no
     grad): un-intervened forwards filled into the document cache in one trace (``fill``)
-    and served from it (``reads``), intervened ones fused (``_run_fused``)."""
+    and served from it (``reads``), intervened ones fused (``_run_fused``). ``ahead``:
+    (passes, states) of later points of the signature, filled for in the same traces."""
     rows = tuple(range(passes[0].rows))
     resolved = [window_rules.resolve_pass(model, p, s) for p, s in zip(passes, states)]
+    later, later_states = ahead
+    later_resolved = [window_rules.resolve_pass(model, p, s) for p, s in zip(later, later_states)]
     values: list[dict] = [{} for _ in passes]
     with torch.no_grad():
         for index, forward in enumerate(passes[0].forwards):
             each = [pass_.forwards[index] for pass_ in passes]
             if forward.writes:
+                # As the later runs will group them, or alone if a run boundary splits them.
+                others = [pass_.forwards[index] for pass_ in later]
+                wanted_later = _needs(_entries(others)) | _needs(map(resume_point, others))
                 raws = _run_fused(model, passes, each, states, rows, resolved, values, trace,
-                                  prefixes)
+                                  prefixes, wanted_later)
             else:
-                fill(model, list(zip(passes, each, states, resolved)))
+                fill(model, list(zip(passes, each, states, resolved))
+                     + list(zip(later, [p.forwards[index] for p in later], later_states,
+                                later_resolved)))
                 raws = [reads(model, passes[i], each[i], states[i], rows, resolved[i], values[i])
                         for i in range(len(passes))]
             for own, raw, known, state in zip(each, raws, values, states):
@@ -126,6 +144,10 @@ def _entries(each: list) -> list:
     entries = [resume_point(forward) for forward in each]
     present = {entry for entry in entries if entry is not None}
     return [None if entry is None else shared_entry(entry, present) for entry in entries]
+
+
+def _needs(entries: list) -> set:
+    return {need for entry in entries if entry is not None for need in entry.needs()}
 
 
 def _by_entry(entries: list, kept: dict) -> dict:
@@ -145,15 +167,16 @@ def _stacked(copies: int) -> Callable:
 
 
 def _run_fused(model: Any, passes: list, each: list, states: list, rows: tuple,
-               resolved: list, values: list, trace: Callable, prefixes: Callable) -> list[dict]:
+               resolved: list, values: list, trace: Callable, prefixes: Callable,
+               later: set = frozenset()) -> list[dict]:
     """One trace per entry point over its passes' rows stacked: the ``i``-th pass of a trace
     holds batch rows ``i·n … (i+1)·n − 1`` and its taps act there only; points entering at
-    the same place share a trace that skips what comes before (``causalab.engine.resume``)."""
+    the same place share a trace that skips what comes before (``causalab.engine.resume``).
+    ``later``: what later points will enter with, kept in the same fill when it fits."""
     local = {row: i for i, row in enumerate(rows)}
     entries = _entries(each)
-    wanted = {need for entry in entries if entry is not None for need in entry.needs()}
     kept = {need: prefix.rows(rows) for need, prefix in
-            prefixes(model, passes[0], each[0], states[0], wanted).items()}
+            prefixes(model, passes[0], each[0], states[0], _needs(entries), ahead=later).items()}
     inputs, position_ids = forwards.prompt_inputs(model, passes[0].inputs[each[0].input], rows,
                                                   states[0].cache.inputs)
     raws: list = [None] * len(passes)

@@ -124,25 +124,30 @@ def _run_node(node: Any, model: Any, state: WalkState, out: str, directory: Path
 
 
 def prefetch(points: list, model: Any, *, batch_size: int | None = None,
-             cache: DocumentCache) -> None:
+             cache: DocumentCache, ahead: list = ()) -> None:
     """Run the passes of ``points`` (one ``fusion.groups`` run) side by side, each
     intervened forward one trace over every point's rows; a point's results wait in
-    ``cache`` for its own walk, which then runs no forward of its own.
+    ``cache`` for its own walk, which then runs no forward of its own. The prompt values
+    that the ``ahead`` points (later runs of this signature) take from the cache are
+    computed in the same traces.
 
     A failure leaves nothing behind: the points then run one at a time, and a point's own
     error is met on its own walk, at its own path, as if fusion had never been tried.
     """
     if len(points) < 2:
         return
-    states = [WalkState(cache=cache, model_ref=point.model, digest=point.digest or "",
-                        point=point, batch_size=batch_size) for point in points]
+    states, later_states = ([WalkState(cache=cache, model_ref=point.model,
+                                       digest=point.digest or "", point=point,
+                                       batch_size=batch_size) for point in group]
+                            for group in (points, ahead))
     kept = []
     try:
         for index in range(len(points[0].children)):
             passes = [point.children[index].pass_ for point in points]
+            later = [point.children[index].pass_ for point in ahead]
             results = fusion.lockstep(model, passes, states, trace=_trace,
                                       fill=_fill_unintervened, reads=_forward_reads,
-                                      prefixes=prefixes)
+                                      prefixes=prefixes, ahead=(later, later_states))
             for pass_, result in zip(passes, results):
                 kept.append(pass_)
                 cache.keep_prefetched(pass_, result)
@@ -314,16 +319,23 @@ def _copy(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, needs: set,
-             *, fill: bool = True) -> dict:
+             *, fill: bool = True, ahead: set = frozenset()) -> dict:
     """``{need: Prefix}``: un-intervened values over every row of the forward's input, a
     need being a layer (the residual leaving that block) or ``(layer, part)`` (the raw output
     of a block's attention or MLP module), for those of ``needs`` kept or, with ``fill``,
-    computed now (one trace per window of rows) while the resume budget allows."""
+    computed now (one trace per window of rows) while the resume budget allows. A fill also
+    keeps the ``ahead`` values (later points') when all of them fit the budget too."""
     batch, cache = pass_.inputs[forward.input], state.cache
     key = forwards.batch_key(batch)
-    missing = sorted((need for need in needs if (key, need) not in cache.prefixes),
-                     key=need_order)
-    if fill and missing and cache.prefix_room(batch, len(missing), hidden_width(model)):
+    missing = [need for need in needs if (key, need) not in cache.prefixes]
+    extra = [need for need in ahead if need not in needs and (key, need) not in cache.prefixes]
+    width = hidden_width(model)
+    if fill and missing and extra and cache.prefix_room(batch, len(missing) + len(extra), width):
+        missing += extra
+    elif not (fill and missing and cache.prefix_room(batch, len(missing), width)):
+        missing = []
+    missing.sort(key=need_order)
+    if missing:
         every = tuple(range(pass_.rows))
         pieces: dict = {need: [] for need in missing}
         for chunk in forwards.chunks(every, state.batch_size):

@@ -125,6 +125,33 @@ def test_a_fused_sweep_resumed_past_its_prefix_writes_the_tables_the_full_forwar
     _same(got, want)
 
 
+def test_a_sweep_cut_into_several_fused_runs_computes_its_shared_values_once(
+        tiny, kit, tmp_path, monkeypatch):
+    """Seven points, two to a fused run: the first run's fill also keeps what the later runs
+    will enter with, and the counterfactual's reads are one un-intervened trace, not four."""
+    from causalab.engine import fusion
+
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    document = _sweep(tiny("tiny-llama"))
+    monkeypatch.setattr(fusion, "_capacity", lambda point, batch_size: 2)
+    seen = {"unintervened": 0, "fills": 0}
+    trace_unintervened, prefix_room = walk._trace_unintervened, cache_module.DocumentCache.prefix_room
+
+    def unintervened(*args, **kwargs):
+        seen["unintervened"] += 1
+        return trace_unintervened(*args, **kwargs)
+
+    def room(self, *args, **kwargs):
+        fits = prefix_room(self, *args, **kwargs)
+        seen["fills"] += fits
+        return fits
+    monkeypatch.setattr(walk, "_trace_unintervened", unintervened)
+    monkeypatch.setattr(cache_module.DocumentCache, "prefix_room", room)
+    got, want = _both(document, tmp_path, monkeypatch, data_root)
+    assert seen == {"unintervened": 2, "fills": 1}  # one each with resume on, one without
+    _same(got, want)
+
+
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"])
 def test_a_das_fit_on_its_cached_prefix_fits_the_rotation_the_full_forward_fits(
         family, tiny, tmp_path, monkeypatch, resumed, request):
