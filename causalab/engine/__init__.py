@@ -15,13 +15,15 @@ How one forward runs, and who owns what:
 * ``passes`` — a pass's result (``PassResult``); ``metrics`` scores it, ``outputs``
   publishes it, ``steps`` and ``fit`` run the steps around it;
 * ``fusion`` — which sweep points share one trace, and their lockstep run;
+* ``resume`` / ``tail`` — where a trace enters from kept values, and a fit's forward at
+  the last position alone over kept keys and values;
 * ``decoding`` / ``generate`` — decoding forwards and their generated frame;
 * ``forwards`` / ``windows`` — input tensors, cache keys and resolved positions;
 * ``load``, ``record``, ``bundles``, ``events`` — model loading, files, stamps, listeners.
 
 The pipeline (``causalab.pipeline``, the CLI, ``run``, ``tracking``) may use only:
 ``walk.run_plan``, ``walk.prefetch``, ``walk.discard_prefetched``,
-``cache.DocumentCache``, ``fusion.groups``, ``load.load_model``, ``load.served_dtype``,
+``cache.DocumentCache``, ``fusion.groups``, ``fusion.alike_later``, ``load.load_model``, ``load.served_dtype``,
 ``record.write_json``, ``record.write_run_record``, ``events.Events``, ``events.Chain``,
 ``containment.check_plan``, ``containment.inside`` (writes stay under ``--out``) and
 ``featurizers.subspace.export_basis`` (``causalab fetch --basis``).

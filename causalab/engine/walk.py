@@ -23,7 +23,7 @@ import torch
 
 from causalab.compile.plan import Featurizers, Fit, Forward, Observe, Pass, Plan, Weights
 from causalab.document import vocab
-from causalab.engine import containment, decoding, forwards, fusion, generate, record, steps
+from causalab.engine import containment, decoding, forwards, fusion, generate, record, steps, tail
 from causalab.engine.resume import (PART_MODULES, Resume, hidden_width, map_tensors, need_order,
                                     resume_point)
 from causalab.engine import outputs as output_rules
@@ -301,6 +301,9 @@ def _run_forward(model: Any, pass_: Pass, forward: Forward, state: WalkState,
     entry = resume_point(forward)
     needs = entry.needs() if entry else ()
     kept = prefixes(model, pass_, forward, state, set(needs), fill=state.fill_prefixes)
+    keys = None
+    if state.fill_prefixes and entry is not None and tail.at_last_column(forward):
+        keys = kept_keys(model, pass_, forward, state)
     for chunk in forwards.chunks(run_rows, state.batch_size):
         prepared = prepare(pass_, forward, state, chunk, resolved, values, local, forward.taps)
         inputs, position_ids = forwards.prompt_inputs(model, pass_.inputs[forward.input], chunk,
@@ -308,10 +311,52 @@ def _run_forward(model: Any, pass_: Pass, forward: Forward, state: WalkState,
         cached = {need: kept[need].rows(chunk, any_rows=state.fill_prefixes) if need in kept
                   else None for need in needs}
         resume = (entry, cached) if entry and all(v is not None for v in cached.values()) else None
-        got = _trace(model, inputs, position_ids, forward.taps, prepared, resume=resume)
+        width = inputs["input_ids"].shape[1]
+        if keys is not None and resume is not None and tail.all_last(prepared, width):
+            got = _trace_last(model, inputs, position_ids, forward.taps, prepared, resume,
+                              keys.cache(chunk, model._model.config))
+        else:
+            got = _trace(model, inputs, position_ids, forward.taps, prepared, resume=resume)
         for name in pieces:
             pieces[name].append(got[name])
     return forwards.gathered(pass_, forward, run_rows, resolved, pieces)
+
+
+def _trace_last(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any,
+                prepared: dict, resume: tuple, cache: Any) -> dict:
+    """A trace of the last column alone over ``cache`` (the other columns' keys and
+    values), entering where ``resume`` says with the kept values' last column."""
+    entry, values = resume
+    last = {"input_ids": inputs["input_ids"][:, -1:], "attention_mask": inputs["attention_mask"]}
+    got = _trace(model, last, position_ids[:, -1:], taps, tail.moved(prepared), cache,
+                 resume=(entry, {need: tail.last_of(value) for need, value in values.items()}))
+    got.pop(generate.GENERATED)
+    return got
+
+
+def kept_keys(model: Any, pass_: Pass, forward: Forward, state: WalkState) -> tail.Keys | None:
+    """The un-intervened keys and values of every row's columns before the last (a
+    ``tail.Keys``), computed once per prompt batch (one trace per window of rows) while the
+    resume budget allows; None for a one-column prompt or past the budget."""
+    from transformers import DynamicCache
+
+    batch, cache = pass_.inputs[forward.input], state.cache
+    key = (forwards.batch_key(batch), "keys")
+    if key in cache.prefixes:
+        return cache.prefixes[key]
+    layers = len(model.layers)
+    if batch.tokens < 2 or not cache.prefix_room(batch, 2 * layers, hidden_width(model)):
+        return None
+    filled = []
+    for chunk in forwards.chunks(tuple(range(pass_.rows)), state.batch_size):
+        inputs, position_ids = forwards.prompt_inputs(model, batch, chunk, cache.inputs)
+        filled.append(DynamicCache(config=model._model.config))
+        before = {name: tensor[:, :-1] for name, tensor in inputs.items()}
+        with torch.no_grad(), model.trace(before, position_ids=position_ids[:, :-1],
+                                          cache=filled[-1], use_cache=True, logits_to_keep=1):
+            pass
+    cache.prefixes[key] = tail.Keys.joined(filled)
+    return cache.prefixes[key]
 
 
 def _copy(tensor: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,11 @@
 """Prefix resume: a forward whose taps all sit at block R or later skips blocks 0 … R−1, and
 the parts of block R before its first tap (its attention, its MLP) are served from the cache.
 
-The oracle is the same document run with resume off (a zero resume budget): every table
-and bundle must be byte-identical (tensors compared exactly), on every family, for a fused
-layer sweep and for a DAS fit at layer 1 whose updates are all its rows, and resumed traces
-must actually have run. A fit in minibatches resumes every update from rows taken out of
-the kept prefix, and must fit the same subspace to within float rounding.
+The oracle is the same document run with resume off (a zero resume budget): for a fused
+layer sweep every table must be byte-identical (tensors compared exactly), on every family,
+and resumed traces must actually have run. A DAS fit at layer 1, whole-batch or in
+minibatches, runs every update and eval at the last column alone over kept keys and values
+(engine/tail.py) and must fit the same subspace to within float rounding.
 """
 from __future__ import annotations
 
@@ -152,36 +152,49 @@ def test_a_sweep_cut_into_several_fused_runs_computes_its_shared_values_once(
     _same(got, want)
 
 
-@pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"])
-def test_a_das_fit_on_its_cached_prefix_fits_the_rotation_the_full_forward_fits(
-        family, tiny, tmp_path, monkeypatch, resumed, request):
-    document = _das(_resolved(family, tiny, request))
-    got, want = _both(document, tmp_path, monkeypatch, str(REPO / "documents" / "data"))
-    # The corpus fit's train split is one batch of all its rows: every update and every
-    # eval resumes (a minibatch of other rows does not: the prefix's bits follow its batch).
-    assert resumed["resumed"] > 2
-    _same(got, want)
-
-
-
-@pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"])
-def test_a_minibatch_fit_resumes_every_update_and_fits_what_the_full_forward_fits(
-        family, tiny, tmp_path, monkeypatch, resumed, request):
-    document = _das(_resolved(family, tiny, request))
-    fit = document["steps"]["fit"]
-    fit.update(pairs=8, rows={"base": "weekdays_full/data", "counterfactual": "weekdays_full/data"})
-    fit["optimizer"]["lr"] = 1e-2
-    got, want = _both(document, tmp_path, monkeypatch, str(REPO / "documents" / "data"))
-    losses = got["train_loss.safetensors"]["weight"]
-    # 42 rows in minibatches of 8 (other rows each epoch), 2 epochs: 12 updates, and the
-    # held-out eval and the score step over their whole windows.
-    assert losses.numel() == 12 and resumed["resumed"] >= 12 + 2
-    # A minibatch takes its rows out of a prefix computed over every row: its bits may differ
-    # by float rounding (1e-7 relative; 4.8e-7 on a d=256 loss after 8 updates), so 1e-5.
-    torch.testing.assert_close(losses, want["train_loss.safetensors"]["weight"],
-                               rtol=1e-5, atol=1e-5)
+def _fitted_alike(got: dict, want: dict) -> None:
+    """The same fit up to float rounding: an update runs the last column alone over kept keys
+    and values (engine/tail.py), which sums in another order than the whole forward, and
+    AdamW carries that through the updates. Measured on the four families: losses within
+    7e-8 relative, the fitted projection within 1.1e-5, table values within 1e-7; the
+    bounds below leave a margin of 10x or more for another CPU's kernels."""
+    assert got.keys() == want.keys()
+    for key in got:
+        if key.endswith(".safetensors"):
+            assert got[key].keys() == want[key].keys(), key
+        elif key != "document.json":
+            found, expected = json.loads(got[key]), json.loads(want[key])
+            assert [{**r, "value": None} for r in found] == [{**r, "value": None} for r in expected]
+            assert max(abs(a["value"] - b["value"]) for a, b in zip(found, expected)) <= 1e-5, key
+    torch.testing.assert_close(got["train_loss.safetensors"]["weight"],
+                               want["train_loss.safetensors"]["weight"], rtol=1e-5, atol=1e-5)
     # The fitted subspace, not its parametrization: AdamW may move the directions the
     # Cayley map ignores by whole steps on rounding noise (README, "What repeats").
     basis, other = (files["rot.safetensors"]["basis"] for files in (got, want))
     torch.testing.assert_close(basis @ basis.T, other @ other.T, rtol=0, atol=1e-4)
-    assert got["train_iia.json"] == want["train_iia.json"]
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"])
+@pytest.mark.parametrize("pairs", [16, 8], ids=["whole-batch", "minibatch"])
+def test_a_das_fit_runs_each_update_at_the_last_column_and_fits_what_the_full_forward_fits(
+        family, pairs, tiny, tmp_path, monkeypatch, resumed, request):
+    document = _das(_resolved(family, tiny, request))
+    fit = document["steps"]["fit"]
+    fit.update(pairs=pairs, rows={"base": "weekdays_full/data", "counterfactual": "weekdays_full/data"})
+    fit["optimizer"]["lr"] = 1e-2
+    last = []
+    monkeypatch.setattr(walk, "_trace_last", _counted(walk._trace_last, last))
+    got, want = _both(document, tmp_path, monkeypatch, str(REPO / "documents" / "data"))
+    updates = -(-42 // pairs) * 2
+    assert got["train_loss.safetensors"]["weight"].numel() == updates
+    # Every update and both held-out evals ran at the last column, resumed; the score step
+    # (other rows, nothing kept for them) ran whole.
+    assert len(last) == resumed["resumed"] == updates + 2
+    _fitted_alike(got, want)
+
+
+def _counted(function, calls: list):
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return function(*args, **kwargs)
+    return counted

@@ -1,0 +1,80 @@
+"""A fit's forward at the last position alone (docs/platform.md §7): one position over kept keys.
+
+A forward whose every tap sits at the prompt's last column changes nothing at an earlier
+position (attention is causal), so the keys and values an un-intervened forward leaves for
+columns ``0 … T−2`` are the ones the intervened forward computes there. A fit's update and
+its eval then run the last column alone: the blocks before their entry served from the kept
+prefix's last column, the rest one position over the kept keys and values, forward and
+backward. The numbers are the whole forward's up to float rounding (one position sums in
+another order), which is why only fits take this path: a patching table stays byte-identical
+to the unresumed forward. This module decides from plan data and keeps the tensors; the walk
+runs the traces.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import torch
+
+from causalab.compile.plan import Forward
+from causalab.engine.forwards import tap_ops
+from causalab.engine.resume import map_tensors
+
+
+def at_last_column(forward: Forward) -> bool:
+    """Whether an intervened prompt forward taps only the prompt's last token, at places
+    with one value per position (no attention interior, no per-key axis)."""
+    if forward.decode or not forward.writes:
+        return False
+    for op in tap_ops(forward).values():
+        pos, address = op.pos, op.address
+        if (pos.frame != "prompt" or pos.dynamic or pos.index != -1 or pos.span is not None
+                or pos.last is not None or pos.all or address.seq_axis != 1 or address.key_axis):
+            return False
+    return True
+
+
+class Keys(NamedTuple):
+    """Per layer, the un-intervened keys and values of columns ``0 … T−2`` over every row of
+    a prompt batch, ``(rows, kv heads, T−1, head dim)``."""
+
+    layers: list
+
+    def cache(self, chunk: tuple, config: Any):
+        """A fresh KV cache holding the rows ``chunk`` (the trace appends the last column)."""
+        from transformers import DynamicCache
+
+        index = torch.tensor(chunk, dtype=torch.long)
+        cache = DynamicCache(config=config)
+        for layer, (keys, values) in enumerate(self.layers):
+            where = index.to(keys.device)
+            cache.update(keys.index_select(0, where), values.index_select(0, where), layer)
+        return cache
+
+    @classmethod
+    def joined(cls, caches: list) -> "Keys":
+        """The layers of each window's filled cache, windows concatenated along rows."""
+        layers = []
+        for parts in zip(*(cache.layers for cache in caches)):
+            layers.append((torch.cat([p.keys for p in parts], 0),
+                           torch.cat([p.values for p in parts], 0)))
+        return cls(layers)
+
+
+def all_last(prepared: dict, width: int) -> bool:
+    """Whether every prepared tap of a trace lands on the last of ``width`` columns."""
+    return all(bool((entry.window.positions == width - 1).all()) for entry in prepared.values())
+
+
+def moved(prepared: dict) -> dict:
+    """The taps moved onto a trace of the last column alone (its column 0)."""
+    return {tap: entry._replace(window=dataclasses.replace(
+        entry.window, positions=torch.zeros_like(entry.window.positions)))
+        for tap, entry in prepared.items()}
+
+
+def last_of(value: Any) -> Any:
+    """A kept module output cut to its last column."""
+    return map_tensors(value, lambda tensor: tensor[:, -1:])
+
