@@ -61,9 +61,9 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     cache = DocumentCache()
     failed: Exception | None = None
     runs = groups(points, batch_size)
-    for index, group in enumerate(runs):
+    for group, ahead in zip(runs, alike_later(runs)):
         done, error = _run_group(group, model, out=out, batch_size=batch_size, events=events,
-                                 cache=cache, ahead=alike_later(runs, index))
+                                 cache=cache, ahead=ahead)
         saves += done
         failed = failed or error
     if failed is not None:

@@ -76,14 +76,16 @@ def groups(points: list, batch_size: int | None = None) -> list[list]:
     return [members for _, members in runs]
 
 
-def alike_later(runs: list, index: int) -> list:
-    """The points of runs after ``runs[index]`` with its signature: the prompt values they
-    will ask of the document cache (un-intervened reads, kept prefixes) are computed in the
-    same traces as the run's own, not in one more pair of forwards per run."""
-    key = signature(runs[index][0])
-    if key is None:
-        return []
-    return [point for later in runs[index + 1:] for point in later if signature(point) == key]
+def alike_later(runs: list) -> list[list]:
+    """Per run of ``groups``, the points of the runs after it with its signature: the prompt
+    values they will ask of the document cache (un-intervened reads, kept prefixes) are
+    computed in the same traces as the run's own, not in one more pair of forwards per run.
+    A run's points share one signature, so each run's is computed once."""
+    keys = [signature(run[0]) for run in runs]
+    return [[] if key is None else
+             [point for later, other in zip(runs[index + 1:], keys[index + 1:]) if other == key
+              for point in later]
+             for index, key in enumerate(keys)]
 
 
 def shifted(window: Window, start: int) -> Window:
