@@ -74,11 +74,12 @@ class DocumentCache:
     key, device) -> (ids, mask, position ids); ``positions``: an unscoped prompt cut's
     (windows, reasons); ``prefetched``: ``id(pass_)`` -> (pass, its result); ``prefixes``:
     (batch key, layer) -> the un-intervened residual leaving block ``layer`` (a
-    :class:`Prefix`), while ``resume_budget`` bytes allow (prefix resume).
+    :class:`Prefix`), and ``keys``: batch key -> the un-intervened keys and values of every
+    column but the last (a ``tail.Keys``), both while ``resume_budget`` bytes allow.
     """
 
     __slots__ = ("reads", "wholes", "inputs", "positions", "prefetched", "whole_bytes",
-                 "prefixes", "resume_budget", "resume_bytes")
+                 "prefixes", "keys", "resume_budget", "resume_bytes")
 
     def __init__(self, resume_budget: int | None = None) -> None:
         self.reads: dict = {}
@@ -88,6 +89,7 @@ class DocumentCache:
         self.prefetched: dict = {}
         self.whole_bytes = 0
         self.prefixes: dict = {}
+        self.keys: dict = {}
         self.resume_budget = RESUME_BUDGET if resume_budget is None else resume_budget
         self.resume_bytes = 0
 

@@ -341,9 +341,9 @@ def kept_keys(model: Any, pass_: Pass, forward: Forward, state: WalkState) -> ta
     from transformers import DynamicCache
 
     batch, cache = pass_.inputs[forward.input], state.cache
-    key = (forwards.batch_key(batch), "keys")
-    if key in cache.prefixes:
-        return cache.prefixes[key]
+    key = forwards.batch_key(batch)
+    if key in cache.keys:
+        return cache.keys[key]
     layers = len(model.layers)
     if batch.tokens < 2 or not cache.prefix_room(batch, 2 * layers, hidden_width(model)):
         return None
@@ -355,8 +355,8 @@ def kept_keys(model: Any, pass_: Pass, forward: Forward, state: WalkState) -> ta
         with torch.no_grad(), model.trace(before, position_ids=position_ids[:, :-1],
                                           cache=filled[-1], use_cache=True, logits_to_keep=1):
             pass
-    cache.prefixes[key] = tail.Keys.joined(filled)
-    return cache.prefixes[key]
+    cache.keys[key] = tail.Keys.joined(filled)
+    return cache.keys[key]
 
 
 def _copy(tensor: torch.Tensor) -> torch.Tensor:
