@@ -53,10 +53,13 @@ class Keys(NamedTuple):
         return cache
 
     @classmethod
-    def joined(cls, caches: list) -> "Keys":
-        """The layers of each window's filled cache, windows concatenated along rows."""
+    def joined(cls, caches: list) -> "Keys | None":
+        """The layers of each window's filled cache, windows concatenated along rows; None
+        when a layer kept no keys (a cache of another kind: such a model runs whole)."""
         layers = []
         for parts in zip(*(cache.layers for cache in caches)):
+            if any(getattr(part, "keys", None) is None for part in parts):
+                return None
             layers.append((torch.cat([p.keys for p in parts], 0),
                            torch.cat([p.values for p in parts], 0)))
         return cls(layers)
