@@ -104,11 +104,13 @@ def _same(a: dict, b: dict) -> None:
             assert a[key] == b[key], key
 
 
-def _both(document, tmp_path, monkeypatch, data_root) -> tuple[dict, dict]:
+def _both(document, tmp_path, monkeypatch, data_root, batch_size=None) -> tuple[dict, dict]:
     monkeypatch.chdir(REPO)
-    run_document(copy.deepcopy(document), out=str(tmp_path / "resumed"), data_root=data_root)
+    run_document(copy.deepcopy(document), out=str(tmp_path / "resumed"), data_root=data_root,
+                 batch_size=batch_size)
     monkeypatch.setattr(cache_module, "RESUME_BUDGET", 0)
-    run_document(copy.deepcopy(document), out=str(tmp_path / "full"), data_root=data_root)
+    run_document(copy.deepcopy(document), out=str(tmp_path / "full"), data_root=data_root,
+                 batch_size=batch_size)
     return _files(tmp_path / "resumed"), _files(tmp_path / "full")
 
 
@@ -182,21 +184,26 @@ def _fitted_alike(got: dict, want: dict) -> None:
 
 
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"])
-@pytest.mark.parametrize("pairs", [16, 8], ids=["whole-batch", "minibatch"])
+@pytest.mark.parametrize("pairs,batch_size", [(16, None), (8, None), (8, 5)],
+                         ids=["whole-batch", "minibatch", "minibatch-in-windows-of-5"])
 def test_a_das_fit_runs_each_update_at_the_last_column_and_fits_what_the_full_forward_fits(
-        family, pairs, tiny, tmp_path, monkeypatch, resumed, request):
+        family, pairs, batch_size, tiny, tmp_path, monkeypatch, resumed, request):
     document = _das(_resolved(family, tiny, request))
     fit = document["steps"]["fit"]
     fit.update(pairs=pairs, rows={"base": "weekdays_full/data", "counterfactual": "weekdays_full/data"})
     fit["optimizer"]["lr"] = 1e-2
     last = []
     monkeypatch.setattr(walk, "_trace_last", _counted(walk._trace_last, last))
-    got, want = _both(document, tmp_path, monkeypatch, str(REPO / "documents" / "data"))
+    got, want = _both(document, tmp_path, monkeypatch, str(REPO / "documents" / "data"),
+                      batch_size)
     updates = -(-42 // pairs) * 2
     assert got["train_loss.safetensors"]["weight"].numel() == updates
-    # Every update and both held-out evals ran at the last column, resumed; the score step
-    # (other rows, nothing kept for them) ran whole.
-    assert len(last) == resumed["resumed"] == updates + 2
+    # Every update and both held-out evals ran at the last column, resumed, one trace per
+    # window of rows (the keys kept in windows of 5, an update's rows taken across them);
+    # the score step (other rows, nothing kept for them) ran whole.
+    # In windows of 5: per epoch five updates of 8 rows in two traces and one of 2 in one.
+    traces = updates + 2 if batch_size is None else 2 * (5 * 2 + 1) + 2
+    assert len(last) == resumed["resumed"] == traces
     _fitted_alike(got, want)
 
 
