@@ -55,17 +55,15 @@ def _decode_chunk(model: Any, pass_: Pass, forward: Forward, state: Any, chunk: 
     Each step feeds the argmax of the logits the previous step's writes left; the cache
     carries every earlier step's writes forward, as a cached decode does.
     """
-    from transformers import DynamicCache
-
     inputs, position_ids = forwards.prompt_inputs(model, pass_.inputs[forward.input], chunk,
                                                   state.cache.inputs)
-    cache = DynamicCache(config=model._model.config)
+    cache = forwards.kv_cache(model)
     per_step, tokens = [], []
     for step in range(forward.decode):
         taps = generate.step_taps(forward, step)
         last = inputs["input_ids"].shape[1] - 1
         prepared = prepare(pass_, forward, state, chunk, resolved, values, local, taps, last)
-        got = trace(model, inputs, position_ids, taps, prepared, cache)
+        got = trace(model, inputs, position_ids, taps, prepared, cache, next_token=True)
         token = got.pop(generate.GENERATED)
         per_step.append(got)
         tokens.append(token)

@@ -68,6 +68,13 @@ def gathered(pass_: Pass, forward: Forward, run_rows: tuple, resolved: dict,
     return out
 
 
+def kv_cache(model: Any):
+    """An empty KV cache laid out for the loaded model's layers (sliding ones included)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model._model.config)
+
+
 def prompt_inputs(model: Any, batch: PromptBatch, chunk: tuple,
                   kept: dict) -> tuple[dict, torch.Tensor]:
     """The rows ``chunk`` as model inputs, position ids taken from the mask (§18.7).

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import torch
 
 from causalab.compile.plan import Forward
-from causalab.engine.forwards import tap_ops
+from causalab.engine.forwards import kv_cache, tap_ops
 from causalab.engine.resume import map_tensors
 
 
@@ -41,12 +41,10 @@ class Keys(NamedTuple):
 
     layers: list
 
-    def cache(self, chunk: tuple, config: Any):
+    def cache(self, chunk: tuple, model: Any):
         """A fresh KV cache holding the rows ``chunk`` (the trace appends the last column)."""
-        from transformers import DynamicCache
-
         index = torch.tensor(chunk, dtype=torch.long)
-        cache = DynamicCache(config=config)
+        cache = kv_cache(model)
         for layer, (keys, values) in enumerate(self.layers):
             where = index.to(keys.device)
             cache.update(keys.index_select(0, where), values.index_select(0, where), layer)

@@ -314,7 +314,7 @@ def _run_forward(model: Any, pass_: Pass, forward: Forward, state: WalkState,
         width = inputs["input_ids"].shape[1]
         if keys is not None and resume is not None and tail.all_last(prepared, width):
             got = _trace_last(model, inputs, position_ids, forward.taps, prepared, resume,
-                              keys.cache(chunk, model._model.config))
+                              keys.cache(chunk, model))
         else:
             got = _trace(model, inputs, position_ids, forward.taps, prepared, resume=resume)
         for name in pieces:
@@ -328,18 +328,14 @@ def _trace_last(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any,
     values), entering where ``resume`` says with the kept values' last column."""
     entry, values = resume
     last = {"input_ids": inputs["input_ids"][:, -1:], "attention_mask": inputs["attention_mask"]}
-    got = _trace(model, last, position_ids[:, -1:], taps, tail.moved(prepared), cache,
-                 resume=(entry, {need: tail.last_of(value) for need, value in values.items()}))
-    got.pop(generate.GENERATED)
-    return got
+    return _trace(model, last, position_ids[:, -1:], taps, tail.moved(prepared), cache,
+                  resume=(entry, {need: tail.last_of(value) for need, value in values.items()}))
 
 
 def kept_keys(model: Any, pass_: Pass, forward: Forward, state: WalkState) -> tail.Keys | None:
     """The un-intervened keys and values of every row's columns before the last (a
     ``tail.Keys``), computed once per prompt batch (one trace per window of rows) while the
     resume budget allows; None for a one-column prompt or past the budget."""
-    from transformers import DynamicCache
-
     batch, cache = pass_.inputs[forward.input], state.cache
     key = forwards.batch_key(batch)
     if key in cache.keys:
@@ -350,7 +346,7 @@ def kept_keys(model: Any, pass_: Pass, forward: Forward, state: WalkState) -> ta
     filled = []
     for chunk in forwards.chunks(tuple(range(pass_.rows)), state.batch_size):
         inputs, position_ids = forwards.prompt_inputs(model, batch, chunk, cache.inputs)
-        filled.append(DynamicCache(config=model._model.config))
+        filled.append(forwards.kv_cache(model))
         before = {name: tensor[:, :-1] for name, tensor in inputs.items()}
         with torch.no_grad(), model.trace(before, position_ids=position_ids[:, :-1],
                                           cache=filled[-1], use_cache=True, logits_to_keep=1):
@@ -400,9 +396,10 @@ def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, needs:
 
 
 def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any, prepared: dict,
-           cache: Any = None, resume: tuple | None = None) -> dict:
-    """One nnterp trace: the taps in order; with a KV cache (a decode step) also the
-    greedy next token, under ``generate.GENERATED``. ``resume = (entry, values)`` (a
+           cache: Any = None, resume: tuple | None = None, next_token: bool = False) -> dict:
+    """One nnterp trace: the taps in order, over ``cache`` (a KV cache) when given; with
+    ``next_token`` (a decode step) also the greedy next token, under
+    ``generate.GENERATED``. ``resume = (entry, values)`` (a
     ``Resume`` and its needs' cached values) skips blocks ``0 … R−1``, block ``R−1`` handing
     on the cached residual, and serves block ``R``'s cached parts from their outputs."""
     nested = frozenset(entry.op.address.layer for entry in prepared.values()
@@ -416,7 +413,7 @@ def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any, prep
         if resume is not None:
             _skip(model, *resume)
         _issue(places, taps, prepared, got)
-        if cache is not None:
+        if next_token:
             # A write at ``logits`` chooses the next token; the model's own output lacks it.
             logits = places.written_logits
             logits = model.output.logits if logits is None else logits
