@@ -371,9 +371,11 @@ def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, needs:
     missing = [need for need in needs if (key, need) not in cache.prefixes]
     extra = [need for need in ahead if need not in needs and (key, need) not in cache.prefixes]
     width = hidden_width(model)
-    if fill and missing and extra and cache.prefix_room(batch, len(missing) + len(extra), width):
+    if not (fill and missing):
+        missing = []
+    elif extra and cache.prefix_room(batch, len(missing) + len(extra), width):
         missing += extra
-    elif not (fill and missing and cache.prefix_room(batch, len(missing), width)):
+    elif not cache.prefix_room(batch, len(missing), width):
         missing = []
     missing.sort(key=need_order)
     if missing:
