@@ -9,7 +9,9 @@ the walk asks it what is known and tells it what was computed.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import functools
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,7 +27,8 @@ WHOLE_BYTES, WHOLE_BUDGET = 32 * 2 ** 20, 512 * 2 ** 20
 RESUME_BUDGET = 256 * 2 ** 20
 
 
-class Prefix(NamedTuple):
+@dataclass(frozen=True)
+class Prefix:
     """An un-intervened residual ``(rows, seq, d)`` per window of rows it was computed in.
 
     A forward's values depend on which rows share its batch (the kernels' blocking follows
@@ -44,16 +47,21 @@ class Prefix(NamedTuple):
         for piece, window in zip(self.pieces, self.windows):
             if tuple(window) == tuple(chunk):
                 return piece
-        if not any_rows:
+        if not any_rows or any(row not in self._where for row in chunk):
             return None
-        start, found = 0, {}
-        for window in self.windows:
-            found.update((row, start + i) for i, row in enumerate(window))
-            start += len(window)
-        if any(row not in found for row in chunk):
-            return None
-        index = torch.tensor([found[row] for row in chunk], dtype=torch.long)
-        return map_tensors(_joined(self.pieces), lambda t: t.index_select(0, index.to(t.device)))
+        index = torch.tensor([self._where[row] for row in chunk], dtype=torch.long)
+        return map_tensors(self._joined, lambda t: t.index_select(0, index.to(t.device)))
+
+    @functools.cached_property
+    def _where(self) -> dict:
+        """Row -> its index in the windows concatenated."""
+        rows = [row for window in self.windows for row in window]
+        return {row: index for index, row in enumerate(rows)}
+
+    @functools.cached_property
+    def _joined(self) -> Any:
+        """The windows' values concatenated along rows, once (every minibatch gathers here)."""
+        return _joined(self.pieces)
 
 
 def _joined(pieces: list) -> Any:
