@@ -77,15 +77,16 @@ def groups(points: list, batch_size: int | None = None) -> list[list]:
 
 
 def alike_later(runs: list) -> list[list]:
-    """Per run of ``groups``, the points of the runs after it with its signature: the prompt
-    values they will ask of the document cache (un-intervened reads, kept prefixes) are
-    computed in the same traces as the run's own, not in one more pair of forwards per run.
-    A run's points share one signature, so each run's is computed once."""
+    """Per run of ``groups``, the points of the later runs with its signature when it is the
+    first run of that signature (else none): the prompt values they will ask of the document
+    cache (un-intervened reads, kept prefixes) are computed in the first run's traces, not
+    in one more pair of forwards per run. A run's points share one signature, so each run's
+    is computed once, and only the first run resolves the later points' windows."""
     keys = [signature(run[0]) for run in runs]
-    return [[] if key is None else
-             [point for later, other in zip(runs[index + 1:], keys[index + 1:]) if other == key
-              for point in later]
-             for index, key in enumerate(keys)]
+    first = {key: index for index, key in reversed(list(enumerate(keys))) if key is not None}
+    return [[point for later, other in zip(runs[index + 1:], keys[index + 1:]) if other == key
+             for point in later] if first.get(key) == index else []
+            for index, key in enumerate(keys)]
 
 
 def shifted(window: Window, start: int) -> Window:
