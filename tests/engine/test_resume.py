@@ -143,21 +143,19 @@ def test_a_sweep_cut_into_several_fused_runs_computes_its_shared_values_once(
     data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
     document = _sweep(tiny("tiny-llama"))
     monkeypatch.setattr(fusion, "_capacity", lambda point, batch_size: 2)
-    seen = {"unintervened": 0, "fills": 0}
-    trace_unintervened, prefix_room = walk._trace_unintervened, cache_module.DocumentCache.prefix_room
-
-    def unintervened(*args, **kwargs):
-        seen["unintervened"] += 1
-        return trace_unintervened(*args, **kwargs)
+    unintervened, fills = [], []
+    prefix_room = cache_module.DocumentCache.prefix_room
 
     def room(self, *args, **kwargs):
         fits = prefix_room(self, *args, **kwargs)
-        seen["fills"] += fits
+        fills.extend([1] if fits else [])
         return fits
-    monkeypatch.setattr(walk, "_trace_unintervened", unintervened)
+    monkeypatch.setattr(walk, "_trace_unintervened",
+                        _counted(walk._trace_unintervened, unintervened))
     monkeypatch.setattr(cache_module.DocumentCache, "prefix_room", room)
     got, want = _both(document, tmp_path, monkeypatch, data_root)
-    assert seen == {"unintervened": 2, "fills": 1}  # one each with resume on, one without
+    # One un-intervened trace with resume on and one without; one fill, with resume on.
+    assert (len(unintervened), len(fills)) == (2, 1)
     _same(got, want)
 
 
