@@ -141,9 +141,7 @@ class TrackingEvents(Events):
 
         self.client
         first = points[0] if points else None
-        coordinates = [getattr(p, "coordinates", None) or {} for p in points]
-        varied = [key for key in (coordinates[0] if coordinates else {})
-                  if len({repr(c.get(key)) for c in coordinates}) > 1]
+        varied = plots.varied([getattr(p, "coordinates", None) or {} for p in points])
         self._title = plots.title_of(getattr(first, "document", None) or document, varied)
         self.lane.send(plots.warm)
         swept = len(points) > 1 or any(getattr(p, "coordinates", None) for p in points)

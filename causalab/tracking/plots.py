@@ -86,6 +86,13 @@ def _values(points: Sequence[Point], key: str) -> list:
     return sorted({_scalar(c.get(key)) for c, _ in points}, key=lambda v: (str(type(v)), v))
 
 
+def varied(coordinates: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The coordinate names whose value differs between points, in the first point's order
+    (compared as their labels show them; a swept site is a mapping, hence ``repr``)."""
+    return [key for key in (coordinates[0] if coordinates else {})
+            if len({repr(_scalar(c.get(key))) for c in coordinates}) > 1]
+
+
 def _groups(points: Sequence[Point]) -> dict[str, list[str]]:
     """Metric name -> the step keys scoring it: ``iia`` -> [``test/iia``, ``control/iia``]."""
     groups: dict[str, list[str]] = {}
@@ -203,7 +210,7 @@ def sweep_plots(points: Sequence[Point], *, title: str = "") -> dict[str, bytes]
     if len(points) < 2 or not any(m for _, m in points):
         return {}
     coordinates = points[0][0]
-    varies = {k for k in coordinates if len(_values(points, k)) > 1}
+    varies = set(varied([c for c, _ in points]))
     layer = _axis(coordinates, _LAYER)
     layer = layer if layer in varies else None
     for names, picture in ((_HEAD, "head_heatmap"), (_POSITION, "position_heatmap")):
