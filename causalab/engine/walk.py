@@ -32,7 +32,7 @@ from causalab.engine.cache import DocumentCache, Prefix
 from causalab.engine.events import Events
 from causalab.engine.passes import PassResult, featurized, result_of
 from causalab.engine.seam import apply_write, gather
-from causalab.engine.sites import Places, project_to_vocabulary
+from causalab.engine.sites import HEAD_ROWS, Places, project_to_vocabulary
 from causalab.engine.taps import PreparedTap, prepare
 from causalab.engine.step_sources import build_from_step
 from causalab.errors import RunError
@@ -406,9 +406,13 @@ def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any, prep
     on the cached residual, and serves block ``R``'s cached parts from their outputs."""
     nested = frozenset(entry.op.address.layer for entry in prepared.values()
                        if entry.op.address.key_axis)
-    places = Places(model, nested)
     kwargs = {} if cache is None else {"cache": cache, "use_cache": True}
-    if _no_logits(prepared):
+    head_rows = None if cache is not None else _last_column_head(prepared, inputs["input_ids"])
+    if head_rows is not None:
+        head = tail.moved({tap: entry for tap, entry in prepared.items() if _from_head(entry)})
+        prepared = {tap: head.get(tap, entry) for tap, entry in prepared.items()}
+    places = Places(model, nested, head_rows)
+    if head_rows is not None or _no_logits(prepared):
         kwargs["logits_to_keep"] = 1
     got: dict = {}
     with model.trace(inputs, position_ids=position_ids, **kwargs):
@@ -427,9 +431,30 @@ def _no_logits(prepared: dict) -> bool:
     """Whether no tap of the trace is computed from the output head: then the model forms
     the logits of the last position alone (``logits_to_keep=1``). A 49,152-word head over
     every position is a fifth of a small model's forward and most of a trace's memory.
-    A trace that taps the head keeps every position: the head's matmul over one position
-    sums in another order (2.7e-5 on SmolLM2's logits), and the numbers stay the model's."""
-    return not any(entry.op.address.component in vocab.FROM_LOGITS for entry in prepared.values())
+    A trace that taps the head at the last column only does the same on at least
+    ``HEAD_ROWS`` rows (``_last_column_head``): on fewer, the head's matmul sums in another
+    order (2.7e-5 on SmolLM2's logits), and the numbers would not be the model's."""
+    return not any(_from_head(entry) for entry in prepared.values())
+
+
+def _from_head(entry: PreparedTap) -> bool:
+    return entry.op.address.component in vocab.FROM_LOGITS
+
+
+def _last_column_head(prepared: dict, ids: torch.Tensor) -> int | None:
+    """The trace's row count when the head may run over the last column alone: every tap
+    computed from it reads that column, and the rows, padded to ``HEAD_ROWS``, are fewer
+    than the trace's tokens (the head is then cheaper; on SmolLM2 a fifth of a forward).
+
+    From ``HEAD_ROWS`` rows on, each row's logits are the ones the head computes over every
+    column, so tables stay byte-identical however points are fused or resumed."""
+    rows, width = ids.shape
+    head = [entry for entry in prepared.values() if _from_head(entry)]
+    if not head or rows * width <= max(rows, HEAD_ROWS):
+        return None
+    if any(entry.kind != "read" or entry.whole for entry in head):
+        return None
+    return rows if tail.all_last(dict(enumerate(head)), width) else None
 
 
 def _skip(model: Any, entry: Resume, values: dict) -> None:

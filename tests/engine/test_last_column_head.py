@@ -1,0 +1,147 @@
+"""The output head over the last column alone (engine/walk.py ``_last_column_head``).
+
+A trace whose taps computed from the head all read the last column feeds the head that
+column, padded with zero rows to ``HEAD_ROWS``: the logits must be the ones a plain
+transformers forward gives (torch hooks, the head over every column), and the tables must
+be byte-identical to the ones the all-column head writes, fused or not.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from causalab.engine import sites, walk
+from causalab.models import resolve
+from causalab.pipeline import run_document
+
+# Rows x padded width well past HEAD_ROWS tokens, and fewer rows than HEAD_ROWS: the path
+# pads. Three pairs of different lengths, repeated.
+ROWS = 96
+TOL = dict(atol=1e-6, rtol=1e-6)
+
+
+def _rows(kit) -> list[dict]:
+    rows = []
+    for index in range(ROWS):
+        row = dict(kit.pair_rows()[index % len(kit.PAIRS)])
+        row["example_id"] = f"pair-{index}"
+        rows.append(row)
+    return rows
+
+
+@pytest.fixture()
+def padded(monkeypatch):
+    """Every ``(rows in, rows out)`` the head was padded from and to, in this test."""
+    calls = []
+    original = sites._padded
+
+    def spy(value, rows):
+        out = original(value, rows)
+        calls.append((tuple(value.shape), tuple(out.shape)))
+        return out
+    monkeypatch.setattr(sites, "_padded", spy)
+    return calls
+
+
+def _all_columns(monkeypatch) -> None:
+    monkeypatch.setattr(walk, "_last_column_head", lambda prepared, ids: None)
+
+
+def _patched_logits(model, tokenizer, kit, rows) -> torch.Tensor:
+    """The oracle: block_output[0]'s last column swapped in from the counterfactual."""
+    base = kit.encode(tokenizer, [r["input"] for r in rows])
+    cf = kit.encode(tokenizer, [r["counterfactual_inputs"][0] for r in rows])
+    block, store = model.model.layers[0], {}
+
+    def grab(module, args, output):
+        store["v"] = (output[0] if isinstance(output, tuple) else output)[:, -1].clone()
+
+    def put(module, args, output):
+        tensor = (output[0] if isinstance(output, tuple) else output).clone()
+        tensor[:, -1] = store["v"]
+        return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
+    with torch.no_grad():
+        for hook, enc in ((grab, cf), (put, base)):
+            handle = block.register_forward_hook(hook)
+            try:
+                logits = model(**enc).logits[:, -1]
+            finally:
+                handle.remove()
+    return logits
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-gemma2", "tiny-qwen2"])
+def test_last_column_logits_are_the_hook_oracles(family, tiny, oracle, kit, tmp_path, padded,
+                                                 monkeypatch):
+    resolved = tiny(family)
+    rows = _rows(kit)
+    data_root = kit.write_table(tmp_path / "data", "pairs", rows)
+    document = kit.patching_document(resolved)
+    document["sites"]["head"] = {"component": "logits"}  # Gemma-2's oracle logits are softcapped
+    plan = kit.run_compiled(document, data_root, tmp_path / "out")
+    got = kit.step(plan, "patch").results["reads"]["logits"][:, 0]
+    model, tokenizer = oracle(resolved.path)
+    want = _patched_logits(model, tokenizer, kit, rows)
+    width = model.config.hidden_size
+    assert (((ROWS, 1, width), (sites.HEAD_ROWS, 1, width)) in padded), padded
+    assert got.shape == want.shape
+    assert torch.allclose(got, want, **TOL)
+
+    _all_columns(monkeypatch)
+    every = kit.step(kit.run_compiled(document, data_root, tmp_path / "every"),
+                     "patch").results["reads"]["logits"][:, 0]
+    assert torch.equal(got, every)
+
+
+def _sweep(family: str) -> dict:
+    resolved = resolve(f"causalab:{family}")
+    places = [{"component": c, "layers": [layer]} for c in ("block_output", "mlp_output")
+              for layer in (0, 1)]
+    pos = {"sweep": [-1, -2], "as": "pos"}
+    return {
+        "model": {"key": resolved.key, "revision": resolved.revision, "dtype": "fp32"},
+        "roles": {"base": {"field": "input"}, "counterfactual": {"field": "counterfactual_inputs[0]"}},
+        "sites": {"target": {"sweep": places, "as": "place"}, "head": {"component": "lm_head"}},
+        "interventions": {"patch": {
+            "reads": {"v_cf": {"site": "target", "pos": pos, "input": "counterfactual"},
+                      "logits": {"site": "head", "pos": -1, "model": "patched", "input": "base"}},
+            "writes": {"patch": {"site": "target", "pos": pos, "mechanism": "swap",
+                                 "operand": "v_cf"}},
+            "models": {"patched": {"input": "base", "writes": ["patch"]}},
+            "metrics": {"logit_diff": {"kind": "logit_diff", "of": "logits",
+                                       "a": "cf_answer", "b": "base_answer"},
+                        "iia": {"kind": "match", "of": "logits", "expected": "cf_answer"}}}},
+        "steps": {"patch": {"kind": "observe", "interventions": "patch",
+                            "rows": {"base": "pairs", "counterfactual": "pairs"},
+                            "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"},
+                                      {"value": "iia", "file_path": "iia.json"}]}},
+    }
+
+
+def _tables(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*.json")
+            if p.name in ("logit_diff.json", "iia.json")}
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2"])
+def test_sweep_tables_are_byte_identical_to_the_all_column_heads(family, kit, tmp_path, padded,
+                                                                 monkeypatch):
+    document = _sweep(family)
+    data_root = kit.write_table(tmp_path / "data", "pairs", _rows(kit))
+    run_document(document, out=str(tmp_path / "last"), data_root=data_root)
+    took = len(padded)
+    # Every un-intervened and intervened trace reading the head (8 points, fused or not).
+    assert took >= 2 and all(out[0] >= sites.HEAD_ROWS and out[1] == 1 for _, out in padded)
+    last = _tables(tmp_path / "last")
+    assert len(last) == 16
+    # The all-column head, fused as before and in windows of 48 rows (other traces, other
+    # row counts): the same bytes.
+    for batch_size in (None, ROWS // 2):
+        with monkeypatch.context() as patch:
+            _all_columns(patch)
+            out = tmp_path / f"every-{batch_size}"
+            run_document(document, out=str(out), data_root=data_root, batch_size=batch_size)
+        assert _tables(out) == last
+    assert len(padded) == took
