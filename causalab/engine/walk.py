@@ -384,7 +384,7 @@ def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, needs:
         for chunk in forwards.chunks(every, state.batch_size):
             inputs, position_ids = forwards.prompt_inputs(model, batch, chunk, cache.inputs)
             with torch.no_grad(), model.trace(inputs, position_ids=position_ids,
-                                              logits_to_keep=1):
+                                              logits_to_keep=1, use_cache=False):
                 for need in missing:
                     if isinstance(need, int):
                         pieces[need].append(_copy(model.layers_output[need]))
@@ -406,8 +406,11 @@ def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any, prep
     on the cached residual, and serves block ``R``'s cached parts from their outputs."""
     nested = frozenset(entry.op.address.layer for entry in prepared.values()
                        if entry.op.address.key_axis)
-    kwargs = {} if cache is None else {"cache": cache, "use_cache": True}
-    head_rows = None if cache is not None else _last_column_head(prepared, inputs["input_ids"])
+    # Without a cache of ours the model would build and fill one nobody reads (on SmolLM2
+    # the keys and values of a fused trace are ~0.8 GB).
+    kwargs = {"use_cache": False} if cache is None else {"cache": cache, "use_cache": True}
+    decoding = cache is not None or next_token
+    head_rows = None if decoding else _last_column_head(prepared, inputs["input_ids"])
     if head_rows is not None:
         head = tail.moved({tap: entry for tap, entry in prepared.items() if _from_head(entry)})
         prepared = {tap: head.get(tap, entry) for tap, entry in prepared.items()}
