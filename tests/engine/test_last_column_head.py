@@ -50,7 +50,8 @@ def _all_columns(monkeypatch) -> None:
 
 
 def _patched_logits(model, tokenizer, kit, rows) -> torch.Tensor:
-    """The oracle: block_output[0]'s last column swapped in from the counterfactual."""
+    """The oracle, ``(rows, columns, vocab)``: block_output[0]'s last column swapped in from
+    the counterfactual, the head over every column."""
     base = kit.encode(tokenizer, [r["input"] for r in rows])
     cf = kit.encode(tokenizer, [r["counterfactual_inputs"][0] for r in rows])
     block, store = model.model.layers[0], {}
@@ -66,7 +67,7 @@ def _patched_logits(model, tokenizer, kit, rows) -> torch.Tensor:
         for hook, enc in ((grab, cf), (put, base)):
             handle = block.register_forward_hook(hook)
             try:
-                logits = model(**enc).logits[:, -1]
+                logits = model(**enc).logits
             finally:
                 handle.remove()
     return logits
@@ -83,7 +84,7 @@ def test_last_column_logits_are_the_hook_oracles(family, tiny, oracle, kit, tmp_
     plan = kit.run_compiled(document, data_root, tmp_path / "out")
     got = kit.step(plan, "patch").results["reads"]["logits"][:, 0]
     model, tokenizer = oracle(resolved.path)
-    want = _patched_logits(model, tokenizer, kit, rows)
+    want = _patched_logits(model, tokenizer, kit, rows)[:, -1]
     width = model.config.hidden_size
     assert (((ROWS, 1, width), (sites.HEAD_ROWS, 1, width)) in padded), padded
     assert got.shape == want.shape
@@ -145,3 +146,18 @@ def test_sweep_tables_are_byte_identical_to_the_all_column_heads(family, kit, tm
             run_document(document, out=str(out), data_root=data_root, batch_size=batch_size)
         assert _tables(out) == last
     assert len(padded) == took
+
+
+def test_a_head_read_at_another_column_keeps_every_column(tiny, oracle, kit, tmp_path, padded):
+    resolved = tiny("tiny-llama")
+    rows = _rows(kit)
+    data_root = kit.write_table(tmp_path / "data", "pairs", rows)
+    earlier = {"site": "head", "pos": -2, "model": "patched", "input": "base"}
+    document = kit.patching_document(resolved, extra_reads={"earlier": earlier})
+    plan = kit.run_compiled(document, data_root, tmp_path / "out")
+    reads = kit.step(plan, "patch").results["reads"]
+    logits = _patched_logits(*oracle(resolved.path), kit, rows)
+    # The patched forward's head read at -2 keeps it over every column: nothing padded there.
+    assert all(shape_in[0] != ROWS for shape_in, _ in padded), padded
+    assert torch.allclose(reads["logits"][:, 0], logits[:, -1], **TOL)
+    assert torch.allclose(reads["earlier"][:, 0], logits[:, -2], **TOL)
