@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from causalab.engine import sites, walk
-from causalab.models import resolve
 from causalab.pipeline import run_document
 
 # Rows x padded width well past HEAD_ROWS tokens, and fewer rows than HEAD_ROWS: the path
@@ -96,29 +95,16 @@ def test_last_column_logits_are_the_hook_oracles(family, tiny, oracle, kit, tmp_
     assert torch.equal(got, every)
 
 
-def _sweep(family: str) -> dict:
-    resolved = resolve(f"causalab:{family}")
-    places = [{"component": c, "layers": [layer]} for c in ("block_output", "mlp_output")
-              for layer in (0, 1)]
+def _sweep(resolved, kit) -> dict:
+    """The patching document swept over 4 places and 2 positions: 8 points, one fused run."""
+    document = kit.patching_document(resolved)
     pos = {"sweep": [-1, -2], "as": "pos"}
-    return {
-        "model": {"key": resolved.key, "revision": resolved.revision, "dtype": "fp32"},
-        "roles": {"base": {"field": "input"}, "counterfactual": {"field": "counterfactual_inputs[0]"}},
-        "sites": {"target": {"sweep": places, "as": "place"}, "head": {"component": "lm_head"}},
-        "interventions": {"patch": {
-            "reads": {"v_cf": {"site": "target", "pos": pos, "input": "counterfactual"},
-                      "logits": {"site": "head", "pos": -1, "model": "patched", "input": "base"}},
-            "writes": {"patch": {"site": "target", "pos": pos, "mechanism": "swap",
-                                 "operand": "v_cf"}},
-            "models": {"patched": {"input": "base", "writes": ["patch"]}},
-            "metrics": {"logit_diff": {"kind": "logit_diff", "of": "logits",
-                                       "a": "cf_answer", "b": "base_answer"},
-                        "iia": {"kind": "match", "of": "logits", "expected": "cf_answer"}}}},
-        "steps": {"patch": {"kind": "observe", "interventions": "patch",
-                            "rows": {"base": "pairs", "counterfactual": "pairs"},
-                            "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"},
-                                      {"value": "iia", "file_path": "iia.json"}]}},
-    }
+    document["sites"]["target"] = {"sweep": [{"component": c, "layers": [layer]}
+                                             for c in ("block_output", "mlp_output")
+                                             for layer in (0, 1)], "as": "place"}
+    patch = document["interventions"]["patch"]
+    patch["reads"]["v_cf"]["pos"] = patch["writes"]["patch"]["pos"] = pos
+    return document
 
 
 def _tables(root: Path) -> dict[str, bytes]:
@@ -127,9 +113,9 @@ def _tables(root: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2"])
-def test_sweep_tables_are_byte_identical_to_the_all_column_heads(family, kit, tmp_path, padded,
-                                                                 monkeypatch):
-    document = _sweep(family)
+def test_sweep_tables_are_byte_identical_to_the_all_column_heads(family, tiny, kit, tmp_path,
+                                                                 padded, monkeypatch):
+    document = _sweep(tiny(family), kit)
     data_root = kit.write_table(tmp_path / "data", "pairs", _rows(kit))
     run_document(document, out=str(tmp_path / "last"), data_root=data_root)
     took = len(padded)
