@@ -95,6 +95,7 @@ def _run_group(group: list, model, *, out: str, batch_size: int | None, events,
                             cache=cache)
         except Exception as error:
             events.point_end(point, [], error)
+            _release(point)
             failed = failed or error
             continue
         except BaseException as error:
@@ -103,8 +104,20 @@ def _run_group(group: list, model, *, out: str, batch_size: int | None, events,
         finally:
             discard_prefetched(point, cache)
         events.point_end(point, [str(Path(p).relative_to(out)) for p in done], None)
+        _release(point)
         saves += done
     return saves, failed
+
+
+def _release(node) -> None:
+    """Drop an ended point's results (reads, tables, fitted weights): its files hold them
+    now, and a 270-point head sweep would otherwise keep every point's logits (24 MB each
+    on SmolLM2) to the end of the run."""
+    results = getattr(node, "results", None)
+    if results is not None:
+        results.clear()
+    for child in getattr(node, "children", ()):
+        _release(child)
 
 
 def _abandon(events, points: list, error: BaseException) -> None:

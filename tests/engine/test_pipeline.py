@@ -116,3 +116,28 @@ def test_each_entry_of_a_list_step_reports_its_metrics_under_its_own_step_name(t
     run_document(document, out=str(tmp_path / "out"), data_root=data_root, events=events)
     assert sorted(events.metrics) == [("patch/other", "iia"), ("patch/other", "logit_diff"),
                                       ("patch/patch", "iia"), ("patch/patch", "logit_diff")]
+
+
+def test_an_ended_point_keeps_no_results_once_its_end_is_reported(tiny, kit, tmp_path):
+    """What a point computed is in its files; the run does not hold it to the end."""
+    from causalab.pipeline import run_document
+
+    class Holder(Events):
+        def __init__(self):
+            self.points, self.at_end = [], []
+
+        def point_start(self, point):
+            self.points.append(point)
+
+        def point_end(self, point, written, error):
+            self.at_end.append(sorted(point.children[0].results))
+
+    resolved = tiny("tiny-llama")
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    holder = Holder()
+    run_document(_swept(kit, resolved), out=str(tmp_path / "out"), data_root=data_root,
+                 events=holder)
+    assert len(holder.points) == 2
+    assert all("reads" in names for names in holder.at_end), holder.at_end
+    for point in holder.points:
+        assert all(not node.results for node in point.children)
