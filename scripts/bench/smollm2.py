@@ -14,8 +14,9 @@ seconds, causalab's ratio to each, the largest difference of a sampled point's m
 Fusion memory bound: without ``--batch-size`` causalab stacks sweep points into one trace up to
 16,384 tokens (rows x padded width, engine/fusion.py); with ``--batch-size N`` a trace holds at
 most N rows, so N / rows points fuse, and N below the row count runs one point per trace in
-windows of N rows. Peak memory is dominated by the logits of every position of a trace
-(tokens x 49,152 x 4 bytes: 3.2 GB at 16,384 tokens), so the bound is what caps RSS.
+windows of N rows. A trace's memory grows with its tokens (every layer's activations; the
+logits of every position only when the head is read elsewhere than the last one), so the
+bound is what caps RSS; an ended point's results are dropped, so the sweep's length is not.
 
     .venv/bin/python scripts/bench/smollm2.py                    # both sweeps, all 120 rows
     .venv/bin/python scripts/bench/smollm2.py --sweep heads --layers 20-29 --batch-size 240
