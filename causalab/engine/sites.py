@@ -115,6 +115,11 @@ class Places:
                 self._head = head.output[:self.head_rows]
         return self._head
 
+    def put_head(self, value: Any) -> None:
+        """A write at the head's output: the logits are then computed from ``value``."""
+        self.model.lm_head.output = value
+        self._head = value
+
     def interface(self, layer: int) -> Any:
         """The ``attention_interface(`` call of block ``layer`` (docs/format.md §18).
 
@@ -330,9 +335,7 @@ def _head_fetch(places: Places, address: Address) -> Any:
 
 
 def _head_store(places: Places, address: Address, value: Any) -> None:
-    """The written head output is what the logits are then computed from."""
-    places.model.lm_head.output = value
-    places._head = value
+    places.put_head(value)
 
 
 def _logits_store(places: Places, address: Address, value: Any) -> None:
