@@ -410,10 +410,11 @@ def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any, prep
     # the keys and values of a fused trace are ~0.8 GB).
     kwargs = {"use_cache": False} if cache is None else {"cache": cache, "use_cache": True}
     decoding = cache is not None or next_token
-    head_rows = None if decoding else _last_column_head(prepared, inputs["input_ids"])
-    if head_rows is not None:
-        head = tail.moved({tap: entry for tap, entry in prepared.items() if _from_head(entry)})
-        prepared = {tap: head.get(tap, entry) for tap, entry in prepared.items()}
+    head = None if decoding else _last_column_head(prepared, inputs["input_ids"])
+    head_rows = None if head is None else inputs["input_ids"].shape[0]
+    if head is not None:
+        moved = tail.moved(head)
+        prepared = {tap: moved.get(tap, entry) for tap, entry in prepared.items()}
     places = Places(model, nested, head_rows)
     if head_rows is not None or _no_logits(prepared):
         kwargs["logits_to_keep"] = 1
@@ -444,20 +445,20 @@ def _from_head(entry: PreparedTap) -> bool:
     return entry.op.address.component in vocab.FROM_LOGITS
 
 
-def _last_column_head(prepared: dict, ids: torch.Tensor) -> int | None:
-    """The trace's row count when the head may run over the last column alone: every tap
-    computed from it reads that column, and the rows, padded to ``HEAD_ROWS``, are fewer
+def _last_column_head(prepared: dict, ids: torch.Tensor) -> dict | None:
+    """The trace's taps computed from the head, when the head may run over the last column
+    alone: every one reads that column, and the rows, padded to ``HEAD_ROWS``, are fewer
     than the trace's tokens (the head is then cheaper; on SmolLM2 a fifth of a forward).
 
     From ``HEAD_ROWS`` rows on, each row's logits are the ones the head computes over every
     column, so tables stay byte-identical however points are fused or resumed."""
     rows, width = ids.shape
-    head = [entry for entry in prepared.values() if _from_head(entry)]
+    head = {tap: entry for tap, entry in prepared.items() if _from_head(entry)}
     if not head or rows * width <= max(rows, HEAD_ROWS):
         return None
-    if any(entry.kind != "read" or entry.whole for entry in head):
+    if any(entry.kind != "read" or entry.whole for entry in head.values()):
         return None
-    return rows if tail.all_last(dict(enumerate(head)), width) else None
+    return head if tail.all_last(head, width) else None
 
 
 def _skip(model: Any, entry: Resume, values: dict) -> None:
