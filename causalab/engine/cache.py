@@ -104,11 +104,15 @@ class DocumentCache:
     def prefix_room(self, batch: Any, layers: int, width: int) -> bool:
         """Whether ``layers`` more residuals of ``batch`` (``width`` wide, fp32) fit the
         resume budget; if so they are charged to it."""
-        size = len(batch.input_ids) * batch.tokens * width * 4 * layers
-        if self.resume_bytes + size > self.resume_budget:
+        if layers > self.prefixes_left(batch, width):
             return False
-        self.resume_bytes += size
+        self.resume_bytes += _residual_bytes(batch, width) * layers
         return True
+
+    def prefixes_left(self, batch: Any, width: int) -> int:
+        """How many more residuals of ``batch`` (``width`` wide, fp32) the budget holds."""
+        size = _residual_bytes(batch, width)
+        return max(self.resume_budget - self.resume_bytes, 0) // size if size else 2 ** 62
 
     def whole_key(self, pass_: Pass, forward: Forward, read: ReadOp,
                   pending: frozenset | set = frozenset()) -> tuple | None:
@@ -138,3 +142,7 @@ class DocumentCache:
 
     def drop_prefetched(self, pass_: Pass) -> None:
         self.prefetched.pop(id(pass_), None)
+
+
+def _residual_bytes(batch: Any, width: int) -> int:
+    return len(batch.input_ids) * batch.tokens * width * 4

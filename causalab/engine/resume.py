@@ -87,6 +87,37 @@ def need_order(need: Any) -> tuple:
 
 def hidden_width(model: Any) -> int:
     """The residual width of the loaded model, for the resume budget."""
-    config = model._model.config
-    config = getattr(config, "text_config", None) or config
+    config = _text_config(model)
     return int(getattr(config, "hidden_size", None) or getattr(config, "n_embd"))
+
+
+def kv_width(model: Any) -> int:
+    """The width of one layer's keys (or values): narrower than the residual under
+    grouped-query attention, which keeps fewer key heads than query heads."""
+    config = _text_config(model)
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head")
+    head_dim = getattr(config, "head_dim", None) or hidden_width(model) // heads
+    return int(getattr(config, "num_key_value_heads", None) or heads) * int(head_dim)
+
+
+def deepest(needs: list, room: int, present: set = frozenset()) -> list:
+    """Of ``needs``, what ``room`` more kept values serve best: entries taken deepest first
+    (a later entry skips more blocks), each whole or not at all, since an entry takes the
+    residual before its block and every part it serves. ``present``: values kept already."""
+    wanted, chosen = set(needs), []
+    for need in sorted(needs, key=need_order, reverse=True):
+        if isinstance(need, int):
+            entry = {need}
+        else:
+            layer, part = need
+            entry = {(layer, p) for p in PARTS[:PARTS.index(part) + 1]} | (
+                {layer - 1} if layer else set())
+        cost = [n for n in sorted(entry - set(present) - set(chosen), key=need_order)]
+        if len(cost) <= room - len(chosen) and set(cost) <= wanted:
+            chosen += cost
+    return chosen
+
+
+def _text_config(model: Any) -> Any:
+    config = model._model.config
+    return getattr(config, "text_config", None) or config

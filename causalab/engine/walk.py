@@ -24,8 +24,8 @@ import torch
 from causalab.compile.plan import Featurizers, Fit, Forward, Observe, Pass, Plan, Weights
 from causalab.document import vocab
 from causalab.engine import containment, decoding, forwards, fusion, generate, record, steps, tail
-from causalab.engine.resume import (PART_MODULES, Resume, hidden_width, map_tensors, need_order,
-                                    resume_point)
+from causalab.engine.resume import (PART_MODULES, Resume, deepest, hidden_width, kv_width,
+                                    map_tensors, need_order, resume_point)
 from causalab.engine import outputs as output_rules
 from causalab.engine import windows as window_rules
 from causalab.engine.cache import DocumentCache, Prefix
@@ -341,7 +341,7 @@ def kept_keys(model: Any, pass_: Pass, forward: Forward, state: WalkState) -> ta
     if key in cache.keys:
         return cache.keys[key]
     layers = len(model.layers)
-    if batch.tokens < 2 or not cache.prefix_room(batch, 2 * layers, hidden_width(model)):
+    if batch.tokens < 2 or not cache.prefix_room(batch, 2 * layers, kv_width(model)):
         return None
     filled = []
     for chunk in forwards.chunks(tuple(range(pass_.rows)), state.batch_size):
@@ -364,8 +364,9 @@ def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, needs:
     """``{need: Prefix}``: un-intervened values over every row of the forward's input, a
     need being a layer (the residual leaving that block) or ``(layer, part)`` (the raw output
     of a block's attention or MLP module), for those of ``needs`` kept or, with ``fill``,
-    computed now (one trace per window of rows) while the resume budget allows. A fill also
-    keeps the ``ahead`` values (later points') when all of them fit the budget too."""
+    computed now (one trace per window of rows) while the resume budget allows (past it,
+    the deepest that fit). A fill also keeps the ``ahead`` values (later points') when all
+    of them fit the budget too."""
     batch, cache = pass_.inputs[forward.input], state.cache
     key = forwards.batch_key(batch)
     missing = [need for need in needs if (key, need) not in cache.prefixes]
@@ -376,7 +377,10 @@ def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, needs:
     elif extra and cache.prefix_room(batch, len(missing) + len(extra), width):
         missing += extra
     elif not cache.prefix_room(batch, len(missing), width):
-        missing = []
+        # Over the budget: the deepest that fit, whose entries skip the most blocks.
+        present = {need for (batch_key, need) in cache.prefixes if batch_key == key}
+        missing = deepest(missing, cache.prefixes_left(batch, width), present)
+        missing = missing if missing and cache.prefix_room(batch, len(missing), width) else []
     missing.sort(key=need_order)
     if missing:
         every = tuple(range(pass_.rows))

@@ -210,3 +210,70 @@ def _counted(function, calls: list):
         calls.append(1)
         return function(*args, **kwargs)
     return counted
+
+
+def _residual_bytes(resolved, rows: list) -> int:
+    """One kept residual of the rows' base prompts: rows x padded tokens x width, fp32."""
+    from causalab.models import load_tokenizer
+
+    ids = load_tokenizer(resolved.path)([r["input"] for r in rows], return_tensors="pt",
+                                        padding=True)["input_ids"]
+    width = json.loads((Path(resolved.path) / "config.json").read_text())["hidden_size"]
+    return ids.shape[0] * ids.shape[1] * width * 4
+
+
+def test_over_the_budget_the_deepest_entries_that_fit_are_kept(tiny, kit, tmp_path,
+                                                               monkeypatch, resumed):
+    """Room for two of the sweep's five values: the residual leaving block 0 and block 1's
+    attention output serve attention_output[1] (the deepest entry that fits whole); the
+    other points run from the start. Before, over the budget nothing was kept."""
+    resolved = tiny("tiny-llama")
+    rows = kit.pair_rows()
+    data_root = kit.write_table(tmp_path / "data", "pairs", rows)
+    monkeypatch.setattr(cache_module, "RESUME_BUDGET", 2 * _residual_bytes(resolved, rows))
+    kept = []
+    original = walk.prefixes
+
+    def spy(*args, **kwargs):
+        found = original(*args, **kwargs)
+        kept.append(sorted(map(str, found)))
+        return found
+    monkeypatch.setattr(walk, "prefixes", spy)
+    got, want = _both(_sweep(resolved), tmp_path, monkeypatch, data_root)
+    assert kept[0] == ["(1, 'attention')", "0"], kept
+    assert resumed["resumed"] == 1
+    _same(got, want)
+
+
+def test_kept_keys_are_charged_at_the_key_width_under_grouped_query_attention(
+        tiny, tmp_path, monkeypatch):
+    """tiny-qwen2 keeps 2 key heads for 4 query heads: a DAS fit's kept keys and values are
+    charged what they hold (at most one column more per row), not twice that."""
+    from causalab.engine import tail
+
+    resolved = tiny("tiny-qwen2")
+    config = json.loads((Path(resolved.path) / "config.json").read_text())
+    assert config["num_key_value_heads"] < config["num_attention_heads"]
+    charged, held = [], []
+    room, joined = cache_module.DocumentCache.prefix_room, tail.Keys.joined.__func__
+
+    def charging(self, batch, layers, width):
+        charged.append((len(batch.input_ids), batch.tokens, layers, width))
+        return room(self, batch, layers, width)
+
+    def holding(cls, caches):
+        keys = joined(cls, caches)
+        held.append(sum(t.numel() * 4 for pair in keys.layers for t in pair))
+        return keys
+    monkeypatch.setattr(cache_module.DocumentCache, "prefix_room", charging)
+    monkeypatch.setattr(tail.Keys, "joined", classmethod(holding))
+    monkeypatch.chdir(REPO)
+    document = _das(resolved)
+    document["steps"]["fit"].update(pairs=16, rows={"base": "weekdays_full/data",
+                                                    "counterfactual": "weekdays_full/data"})
+    run_document(document, out=str(tmp_path / "out"), data_root=str(REPO / "documents" / "data"))
+    layers = config["num_hidden_layers"]
+    keys = [c for c in charged if c[2] == 2 * layers]  # the fit's rows, the held-out rows
+    assert len(keys) == len(held) == 2
+    for (rows, tokens, _, width), size in zip(keys, held):
+        assert size <= rows * tokens * width * 4 * 2 * layers <= size * tokens / (tokens - 1)
