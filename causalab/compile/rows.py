@@ -78,16 +78,18 @@ def _example_ids(rows: tuple[dict, ...], path: tuple) -> tuple[str, ...]:
     return ids
 
 
-def parse_field(field: str) -> list[tuple[str, list[int]]]:
-    """``counterfactual_inputs[0].a`` -> ``[("counterfactual_inputs", [0]), ("a", [])]``."""
+@functools.lru_cache(maxsize=256)
+def parse_field(field: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``counterfactual_inputs[0].a`` -> ``(("counterfactual_inputs", (0,)), ("a", ()))``;
+    parsed once per field, not once per row."""
     parts = []
     for segment in field.split("."):
         match = _SEGMENT.match(segment)
         if not match:
             raise ValueError(f"malformed field path {field!r}")
-        indices = [int(i) for i in re.findall(r"\[(\d+)\]", match.group(2))]
+        indices = tuple(int(i) for i in re.findall(r"\[(\d+)\]", match.group(2)))
         parts.append((match.group(1), indices))
-    return parts
+    return tuple(parts)
 
 
 def field_value(row: dict, field: str, path: tuple) -> Any:
