@@ -8,7 +8,9 @@ which reaches them on any host whichever launcher ran them. At ``on_multirun_end
 RUNNING by a job that died are ended KILLED; the parent ends FINISHED when every child did,
 FAILED otherwise, and is deleted if no job ran anything (a repeated sweep whose points were
 all done). If the sweep raises before its end, an exit handler does the same reaping and
-ends the parent FAILED.
+ends the parent FAILED. The parent carries its launching process as owner
+(``causalab.tracking.owners``): if that process is killed, the next multirun of the same
+overrides ends the old parent KILLED, with the runs below it whose owner died too.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from causalab.tracking import artifacts, jobs, plots
+from causalab.tracking import artifacts, jobs, owners, plots
 from causalab.tracking import runs as store
 
 PARENT_FILE = ".mlflow_parent.json"
@@ -60,8 +62,11 @@ class MultirunParent(Callback):
         mlflow = store.client(uri)
         experiment = store.experiment_id(mlflow, name, uri)
         sweep = _naming(config)
+        overrides = json.dumps(overrides_of(sweep), sort_keys=True)
+        # What a killed launch of these same overrides left RUNNING ends KILLED first.
+        owners.reap_multiruns(mlflow, experiment, overrides)
         tags = {store.KIND: "multirun", store.VERSION: store.code_version(),
-                store.OVERRIDES: json.dumps(overrides_of(sweep), sort_keys=True)}
+                store.OVERRIDES: overrides, **owners.owner_tags()}
         run_id = store.create_run(mlflow, experiment, " ".join(sweep) or "multirun", tags)
         self._parent = {"run_id": run_id, "experiment": name, "experiment_id": experiment,
                         "tracking_uri": uri}

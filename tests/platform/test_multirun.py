@@ -112,3 +112,46 @@ def test_a_multirun_repeated_links_every_done_job_into_its_new_parent_and_says_s
     assert all("patch/iia" in r.data.metrics for r in linked)
     assert again.stdout.count("linked here as run") == 2
     assert "job 0: " in again.stdout and "job 1: " in again.stdout
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_a_multirun_ends_killed_what_a_killed_launch_of_the_same_overrides_left_running(
+        experiment_name, tmp_path):
+    """A launcher killed with SIGKILL leaves its parent RUNNING: the next multirun of the same
+    overrides ends it KILLED, with the run below it whose owner died, and leaves a run owned
+    on another host (a job that may still run there); its own parent names its owner."""
+    import json
+    import socket
+
+    from causalab.tracking import owners
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = store.experiment_id(client, experiment_name, uri)
+    here = json.dumps({"host": socket.gethostname(), "pid": _dead_pid(), "start": None})
+    elsewhere = json.dumps({"host": "another-host", "pid": 1, "start": None})
+    overrides = json.dumps({"experiment": "patching", "model": "tiny_llama"}, sort_keys=True)
+    stale = store.create_run(client, experiment, "killed launch", {
+        store.KIND: "multirun", store.OVERRIDES: overrides, owners.OWNER: here})
+    other = store.create_run(client, experiment, "other overrides", {
+        store.KIND: "multirun", store.OVERRIDES: "{}", owners.OWNER: here})
+    dead_job = store.create_run(client, experiment, "job", {owners.OWNER: here}, stale)
+    remote_job = store.create_run(client, experiment, "job", {owners.OWNER: elsewhere}, stale)
+    _multirun(["experiment=patching", "model=tiny_llama", f"tracking.experiment={experiment_name}"],
+              tmp_path, uri)
+    status = {run_id: client.get_run(run_id).info.status
+              for run_id in (stale, other, dead_job, remote_job)}
+    assert status == {stale: "KILLED", other: "RUNNING", dead_job: "KILLED",
+                      remote_job: "RUNNING"}
+    assert "KilledOwner" in client.get_run(stale).data.tags[store.ERROR]
+    runs = _experiment_runs(uri, experiment_name)
+    (new,) = [r for r in runs if r.info.run_id not in status and store.PARENT not in r.data.tags]
+    assert new.info.status == "FINISHED"
+    owner = json.loads(new.data.tags[owners.OWNER])
+    assert owner["host"] == socket.gethostname() and isinstance(owner["pid"], int)
