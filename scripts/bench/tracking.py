@@ -6,8 +6,11 @@ seed, the built-in weekday tokenizer) over 42 weekday pairs, 8 points (block_inp
 folder, ``rerun`` so no point is skipped) alternate in this process after a warm-up of each;
 the printed ``ratio`` is the median tracked time over the median untracked time (target
 ≤ 1.10), with every sample shown. Tracked time includes waiting for the background uploads.
+Then the same at a real size: SmolLM2's 30-layer END residual sweep over 120 IOI rows
+(``scripts/bench/smollm2.py``'s document), where a point computes for seconds, not
+milliseconds (``--smollm2-samples``, 0 leaves it out).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench/tracking.py [--samples 5]
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench/tracking.py [--samples 5] [--smollm2-samples 2]
 """
 from __future__ import annotations
 
@@ -83,7 +86,7 @@ def _document(path: str) -> dict:
     }
 
 
-def _once(document: dict, out: str, uri: str | None) -> float:
+def _once(document: dict, out: str, uri: str | None, data_root: str) -> float:
     from causalab.pipeline import run_document
     from causalab.tracking import TrackingEvents
 
@@ -91,29 +94,54 @@ def _once(document: dict, out: str, uri: str | None) -> float:
     if uri is not None:
         events = TrackingEvents(tracking_uri=uri, experiment="bench", rerun=True, out=out)
     start = time.perf_counter()
-    run_document(document, out=out, data_root=str(ROOT / "documents" / "data"), events=events)
+    run_document(document, out=out, data_root=data_root, events=events)
     return time.perf_counter() - start
+
+
+def _ratio(label: str, document: dict, data_root: str, samples: int, tmp: str) -> None:
+    """Untracked and tracked runs alternated after a warm-up of each; medians printed."""
+    uri = f"sqlite:///{tmp}/mlflow.db"
+    _once(document, f"{tmp}/{label}-warm-u", None, data_root)
+    _once(document, f"{tmp}/{label}-warm-t", uri, data_root)
+    untracked, tracked = [], []
+    for index in range(samples):
+        untracked.append(_once(document, f"{tmp}/{label}-u{index}", None, data_root))
+        tracked.append(_once(document, f"{tmp}/{label}-t{index}", uri, data_root))
+    show = lambda values: " ".join(f"{v:.3f}" for v in values)  # noqa: E731
+    print(label)
+    print(f"untracked s: {show(untracked)}  median {statistics.median(untracked):.3f}")
+    print(f"tracked   s: {show(tracked)}  median {statistics.median(tracked):.3f}")
+    print(f"tracked/untracked ratio {statistics.median(tracked) / statistics.median(untracked):.2f}")
+
+
+def _smollm2_sweep(tmp: str) -> tuple[dict, str]:
+    """SmolLM2's 30-layer END residual sweep over the 120 IOI rows, and its data root."""
+    import json
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import smollm2
+
+    from causalab.models import resolve
+
+    rows = json.loads((ROOT / "documents" / "data" / "ioi" / "data.json").read_text())[:120]
+    Path(tmp, "pairs.json").write_text(json.dumps(rows))
+    document = smollm2._document(resolve(smollm2.KEY).revision, "layers", list(range(30)), 9)
+    return document, tmp
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=5)
-    samples = parser.parse_args().samples
+    parser.add_argument("--smollm2-samples", type=int, default=2)
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="causalab-bench-tracking-") as tmp:
         document = _document(_medium_model(Path(tmp) / "medium"))
-        uri = f"sqlite:///{tmp}/mlflow.db"
-        _once(document, f"{tmp}/warm-u", None)
-        _once(document, f"{tmp}/warm-t", uri)
-        untracked, tracked = [], []
-        for index in range(samples):
-            untracked.append(_once(document, f"{tmp}/u{index}", None))
-            tracked.append(_once(document, f"{tmp}/t{index}", uri))
-    show = lambda values: " ".join(f"{v:.3f}" for v in values)  # noqa: E731
-    print("medium patching sweep: 8 points, 42 rows, d=256, 4 layers")
-    print(f"untracked s: {show(untracked)}  median {statistics.median(untracked):.3f}")
-    print(f"tracked   s: {show(tracked)}  median {statistics.median(tracked):.3f}")
-    print(f"tracked/untracked ratio {statistics.median(tracked) / statistics.median(untracked):.2f}"
-          f"  (target <= 1.10)")
+        _ratio("medium patching sweep: 8 points, 42 rows, d=256, 4 layers (target <= 1.10)",
+               document, str(ROOT / "documents" / "data"), args.samples, tmp)
+        if args.smollm2_samples:
+            document, data_root = _smollm2_sweep(tmp)
+            _ratio("SmolLM2 30-layer END sweep: 30 points, 120 rows", document, data_root,
+                   args.smollm2_samples, tmp)
 
 
 if __name__ == "__main__":
