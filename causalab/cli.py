@@ -235,7 +235,8 @@ def verb_run(args: argparse.Namespace) -> dict:
     with events if tracked else contextlib.nullcontext():
         written = run_document(raw, out=args.out, batch_size=args.batch_size,
                                device_map=args.device_map, data_root=args.data_root,
-                               events=Chain(events, PointProgress()))
+                               events=Chain(events, PointProgress()),
+                               resume_mib=args.resume_mib)
     written = [str(p) for p in written]
     skipped = [{"point": label or "<root>", "reused_run_id": run_id,
                 "linked_run_id": getattr(events, "linked", {}).get(label)}
@@ -298,6 +299,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _whole_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
     """``--json`` and ``--debug`` before or after the verb (after: only set when given)."""
     default = False if top else argparse.SUPPRESS
@@ -319,6 +330,9 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
                         help="accelerate device map (default: auto; use cpu without a GPU)")
     parser.add_argument("--batch-size", type=_positive_int, default=None,
                         help="rows per forward window (default: the whole pass)")
+    parser.add_argument("--resume-mib", type=_whole_number, default=None,
+                        help="MiB of un-intervened values kept for prefix resume "
+                             "(default: 256; 0 turns resume off)")
     parser.add_argument("--data-root", default=None, help=f"default: {DEFAULT_DATA_ROOT}")
     parser.add_argument("--no-track", action="store_true", help="skip MLflow tracking")
     parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)

@@ -30,8 +30,11 @@ def points_of(plan) -> list:
 
 def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = None,
                  device_map: str = "cpu", data_root: str = DEFAULT_DATA_ROOT,
-                 events=None) -> list[str]:
+                 events=None, resume_mib: int | None = None) -> list[str]:
     """Run a raw document end to end and return the written paths, in order.
+
+    ``resume_mib``: MiB of un-intervened values kept for prefix resume (docs/platform.md §7;
+    default ``RESUME_BUDGET``, 0 turns resume off).
 
     ``events`` (a ``causalab.engine.events.Events``) may veto a point from ``point_start``.
     Points whose intervened forwards fuse (``causalab.engine.fusion``) are started together,
@@ -50,6 +53,10 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
 
     if batch_size is not None and (isinstance(batch_size, bool) or batch_size <= 0):
         raise UsageError(("--batch-size",), f"batch size must be a positive integer, not {batch_size}")
+    if resume_mib is not None and (not isinstance(resume_mib, int) or isinstance(resume_mib, bool)
+                                   or resume_mib < 0):
+        raise UsageError(("--resume-mib",), f"the resume budget must be a whole number of MiB, "
+                                            f"0 or more, not {resume_mib!r}")
     events = events or Events()
     plan = compile_only(raw, data_root, resolver=events.resolve)
     points = points_of(plan)
@@ -58,7 +65,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     events.run_start(raw, points)
     written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
     saves: list[str] = []
-    cache = DocumentCache()
+    cache = DocumentCache(None if resume_mib is None else resume_mib * 2 ** 20)
     failed: Exception | None = None
     runs = groups(points, batch_size)
     for group, ahead in zip(runs, alike_later(runs)):

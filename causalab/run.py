@@ -99,20 +99,24 @@ def _run(config) -> None:
     from causalab.pipeline import run_document
     from causalab.progress import PointProgress, Summary
 
-    from causalab.flags import check_device
+    from causalab import flags
 
     document = document_of(config)
     options = config.get("run") or {}
     device_map = options.get("device_map") or "cpu"
-    check_device(device_map, ("run", "device_map"))
+    flags.check_device(device_map, ("run", "device_map"))
     out = options.get("out") or HydraConfig.get().runtime.output_dir
     events = tracking_events(config, out)
     summary = Summary()
-    with events if events is not None else nullcontext():
+    # A refusal of a run option names the config key that gave it, not the CLI flag.
+    blame = flags.blamed_on({("--batch-size",): ("run", "batch_size"),
+                             ("--resume-mib",): ("run", "resume_mib")})
+    with events if events is not None else nullcontext(), blame:
         written = run_document(document, out=out, batch_size=options.get("batch_size"),
                                device_map=device_map,
                                data_root=options.get("data_root") or DEFAULT_DATA_ROOT,
-                               events=Chain(events, PointProgress(), summary))
+                               events=Chain(events, PointProgress(), summary),
+                               resume_mib=options.get("resume_mib"))
     _report(out, written, events, summary, _job_line(document))
 
 

@@ -277,3 +277,24 @@ def test_kept_keys_are_charged_at_the_key_width_under_grouped_query_attention(
     assert len(keys) == len(held) == 2
     for (rows, tokens, _, width), size in zip(keys, held):
         assert size <= rows * tokens * width * 4 * 2 * layers <= size * tokens / (tokens - 1)
+
+
+def test_the_resume_budget_is_the_user_s_to_set(tiny, kit, tmp_path, monkeypatch, resumed):
+    """``resume_mib`` (``--resume-mib``, ``run.resume_mib``): 0 keeps nothing and no trace
+    resumes, 1 MiB holds this sweep's values; the tables are the same bytes either way."""
+    from causalab.errors import UsageError
+
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    document = _sweep(tiny("tiny-llama"))
+    monkeypatch.chdir(REPO)
+    run_document(copy.deepcopy(document), out=str(tmp_path / "off"), data_root=data_root,
+                 resume_mib=0)
+    assert resumed["resumed"] == 0
+    run_document(copy.deepcopy(document), out=str(tmp_path / "on"), data_root=data_root,
+                 resume_mib=1)
+    assert resumed["resumed"] == 4
+    _same(_files(tmp_path / "on"), _files(tmp_path / "off"))
+    with pytest.raises(UsageError) as refused:
+        run_document(document, out=str(tmp_path / "bad"), data_root=data_root, resume_mib=-1)
+    assert refused.value.path == ("--resume-mib",)
+    assert not (tmp_path / "bad").exists()

@@ -23,6 +23,7 @@ def _cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "a device map that is no placement": (run + ["--device-map", "gpu-please"], "--device-map"),
         "a CUDA device this machine lacks": (run + ["--device-map", "cuda:63"], "--device-map"),
         "a batch size of zero": (run + ["--batch-size", "0"], "--batch-size"),
+        "a negative resume budget": (run + ["--resume-mib", "-1"], "--resume-mib"),
         "a data root that is not a directory": (run + ["--data-root", str(tmp / "no")],
                                                 "--data-root"),
         "a data root for explain": (["explain", DOCUMENT, "--data-root", str(a_file)],

@@ -201,3 +201,16 @@ def test_a_trained_built_in_that_has_landed_is_what_its_family_name_runs():
         model = render([f"model={family}"])["model"]
         assert model == {"key": f"causalab:{name}", "revision": entry["revision"],
                          "dtype": "fp32"}, f"point conf/model/{family}.yaml at weekday_{family}"
+
+
+@pytest.mark.parametrize("key,value", [("batch_size", 0), ("resume_mib", -1)])
+def test_a_bad_run_option_is_refused_at_its_config_key(key, value, tmp_path):
+    from causalab.errors import UsageError
+    from causalab.run import _run
+
+    config = compose_config(["experiment=patching", "model=tiny_llama", f"run.{key}={value}",
+                             f"run.out={tmp_path / 'out'}", "tracking.enabled=false"])
+    with pytest.raises(UsageError) as refused:
+        _run(config)
+    assert refused.value.path == ("run", key)
+    assert not (tmp_path / "out").exists()
