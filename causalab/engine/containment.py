@@ -4,7 +4,8 @@ Document names are single safe segments (``causalab.document.names``), so a lexi
 cannot leave the output directory; a symlink inside it still can. :func:`inside` resolves a
 path the way the operating system will (existing symlinks followed, ``..`` folded) and refuses
 it unless it lies under the real root. :func:`check_plan` runs that over every directory and
-save a plan will write, before the model loads, so a refused run leaves nothing behind.
+save a plan will write, before the model loads, so a refused run leaves nothing behind; at
+each write ``causalab.engine.record`` checks again and writes through the directory as opened.
 Knows no tensor and opens no file.
 """
 from __future__ import annotations

@@ -57,7 +57,5 @@ def train_dictionary(vectors: Tensor, k: int, seed: int = 0) -> dict[str, Tensor
 
 def save_dictionary(path: str | Path, tensors: dict[str, Tensor], metadata: dict[str, str]) -> str:
     """The one place a trained dictionary is written: one stamped safetensors file."""
-    from safetensors.torch import save_file
-
     plain = {name: value.detach().to("cpu").float().contiguous() for name, value in tensors.items()}
-    return record.atomic(path, lambda temporary: save_file(plain, temporary, metadata=metadata))
+    return record.write_safetensors(path, plain, metadata)

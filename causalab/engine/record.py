@@ -8,57 +8,117 @@ never decides what to save: the walk names the value and the path.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from causalab.engine.containment import inside
+from causalab.engine.containment import OUT_FLAG, inside
+from causalab.errors import RunError
 from causalab.files import RUN_RECORD, TENSOR_KEY
 
 _VERSIONED = ("torch", "transformers", "nnsight", "nnterp", "pydantic")
 _PACKAGE = Path(__file__).resolve().parents[1]
+# Where Linux names the directory an open descriptor refers to.
+_DESCRIPTORS = "/proc/self/fd"
 
 
-def atomic(path: str | Path, write: Callable[[str], None], *, root: str | Path | None = None) -> str:
-    """Call ``write(temporary_path)`` and rename the result onto ``path``; returns ``path``.
+def atomic(path: str | Path, data: bytes, *, root: str | Path | None = None) -> str:
+    """Write ``data`` to a temporary file beside ``path`` and rename it onto ``path``.
 
-    With ``root``, the real path (symlinks followed) must stay under the real ``root``, checked
-    before the directory is made and again after (a symlink made meanwhile).
+    With ``root``, the real path (symlinks followed) must stay under the real ``root``: checked
+    before the directory is made and again after, and where the system names a descriptor's
+    directory (``/proc/self/fd``) the directories are then opened one by one from the real
+    root, each checked where it really is, and the file is written and renamed through the
+    last one's descriptor: a symlink swapped in meanwhile cannot carry the write elsewhere.
     """
     target = Path(path)
     if root is not None:
         inside(root, target.parent)
     target.parent.mkdir(parents=True, exist_ok=True)
-    if root is not None:
-        inside(root, target)
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part",
-                                         dir=target.parent)
-    os.close(handle)
+    if root is None:
+        return _replace(target, data, None)
+    inside(root, target)
+    folder = _pinned(root, target.parent)
     try:
-        write(temporary)
-        os.replace(temporary, target)
+        return _replace(target, data, folder)
+    finally:
+        if folder is not None:
+            os.close(folder)
+
+
+def _replace(target: Path, data: bytes, folder: int | None) -> str:
+    """The write itself: in ``target``'s directory, or through the descriptor ``folder``."""
+    name = f".{target.name}.{secrets.token_hex(6)}.part"
+    place = {"dir_fd": folder} if folder is not None else {}
+    temporary = name if folder is not None else str(target.parent / name)
+    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                     **place)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+        if folder is None:
+            os.replace(temporary, target)
+        else:
+            os.replace(temporary, target.name, src_dir_fd=folder, dst_dir_fd=folder)
     except BaseException:
-        if os.path.exists(temporary):
-            os.remove(temporary)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary, **place)
         raise
     return str(target)
 
 
+def _pinned(root: str | Path, folder: Path) -> int | None:
+    """A descriptor of ``folder``, reached from the real ``root`` one directory at a time,
+    each found (by ``/proc/self/fd``) to lie under the real root; None on a system without
+    it, or a folder not named below ``root``."""
+    if not os.path.isdir(_DESCRIPTORS):
+        return None
+    try:
+        parts = Path(os.path.abspath(folder)).relative_to(os.path.abspath(root)).parts
+    except ValueError:
+        return None
+    real_root = os.path.realpath(root)
+    descriptor = os.open(real_root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts:
+            below = os.open(part, os.O_RDONLY | os.O_DIRECTORY, dir_fd=descriptor)
+            os.close(descriptor)
+            descriptor = below
+            real = os.readlink(f"{_DESCRIPTORS}/{descriptor}")
+            if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
+                raise RunError(OUT_FLAG, f"{folder} is now {real}, outside {real_root} (a "
+                                         "symlink made during the run?); nothing is written there")
+    except OSError as error:
+        os.close(descriptor)
+        raise RunError(OUT_FLAG, f"cannot write under {folder}: {error.strerror}") from None
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
 def write_text(path: str | Path, text: str, *, root: str | Path | None = None) -> str:
-    def _write(temporary: str) -> None:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    return atomic(path, _write, root=root)
+    return atomic(path, text.encode("utf-8"), root=root)
 
 
 def write_json(path: str | Path, value: Any, *, root: str | Path | None = None) -> str:
     """A JSON file in the one fixed format every table and record uses."""
     return write_text(path, json_text(value), root=root)
+
+
+def write_safetensors(path: str | Path, tensors: dict[str, Any],
+                      metadata_: dict[str, str] | None = None, *,
+                      root: str | Path | None = None) -> str:
+    """Named tensors (already on the CPU, contiguous) as one safetensors file."""
+    from safetensors.torch import save
+
+    return atomic(path, save(tensors, metadata=metadata_), root=root)
 
 
 def json_text(value: Any) -> str:
@@ -79,22 +139,16 @@ def json_text(value: Any) -> str:
 def write_tensor(path: str | Path, tensor: Any, metadata_: dict[str, str] | None = None, *,
                  root: str | Path | None = None) -> str:
     """A tensor save: safetensors with the tensor under ``weight`` (and a stamp if given)."""
-    from safetensors.torch import save_file
-
-    plain = {TENSOR_KEY: tensor.detach().to("cpu").contiguous()}
-    return atomic(path, lambda temporary: save_file(plain, temporary, metadata=metadata_),
-                  root=root)
+    return write_safetensors(path, {TENSOR_KEY: tensor.detach().to("cpu").contiguous()},
+                             metadata_, root=root)
 
 
 def write_tensors(path: str | Path, tensors: dict[str, Any],
                   metadata_: dict[str, str] | None = None, *,
                   root: str | Path | None = None) -> str:
     """A bundle of several named tensors (a subspace's ``weight`` and ``basis``)."""
-    from safetensors.torch import save_file
-
     plain = {name: t.detach().to("cpu").float().contiguous() for name, t in tensors.items()}
-    return atomic(path, lambda temporary: save_file(plain, temporary, metadata=metadata_),
-                  root=root)
+    return write_safetensors(path, plain, metadata_, root=root)
 
 
 @functools.lru_cache(maxsize=1)

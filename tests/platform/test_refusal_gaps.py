@@ -160,6 +160,31 @@ def test_a_point_directory_that_is_a_symlink_out_of_out_is_refused(tmp_path):
     assert sorted(os.listdir(out)) == ["heads=1"] and os.listdir(elsewhere) == []
 
 
+def test_a_directory_swapped_for_a_symlink_after_its_check_carries_no_write_out(
+        tmp_path, monkeypatch):
+    """The race the path checks alone lose: the point's directory passes them, then becomes
+    a symlink out of ``--out`` before the file is written. The write goes through the
+    directory as opened and checked, so it is refused and nothing lands outside."""
+    from causalab.engine import record
+
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    checked = record.inside
+
+    def swapping(root, path, *args, **kwargs):
+        found = checked(root, path, *args, **kwargs)
+        folder = Path(path).parent
+        if Path(path).name == "table.json" and folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder)
+            folder.symlink_to(elsewhere)
+        return found
+    monkeypatch.setattr(record, "inside", swapping)
+    with pytest.raises(RunError) as refused:
+        record.write_json(out / "point" / "table.json", [{"value": 1}], root=out)
+    assert refused.value.path == ("--out",)
+    assert os.listdir(elsewhere) == [] and sorted(os.listdir(out)) == ["point"]
+
+
 def test_a_runs_uri_out_of_the_artifact_cache_is_refused_before_any_folder_is_made(
         tmp_path, monkeypatch):
     from causalab.tracking import resolve_artifact

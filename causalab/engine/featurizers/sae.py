@@ -219,8 +219,6 @@ def write_saelens_dir(path: str | os.PathLike, tensors: dict[str, Tensor], cfg: 
     >>> sorted(os.listdir(d))
     ['cfg.json', 'sae_weights.safetensors']
     """
-    from safetensors.torch import save_file
-
     from causalab.engine import record
 
     plain = {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()}
@@ -230,7 +228,6 @@ def write_saelens_dir(path: str | os.PathLike, tensors: dict[str, Tensor], cfg: 
     where = {"component": site[0], "layer": str(site[1])} if site else {}
     saelens.check(normalised, _header(plain), where, ("cfg",))
     os.makedirs(path, exist_ok=True)
-    record.atomic(os.path.join(path, SAELENS_WEIGHTS),
-                  lambda temporary: save_file(plain, temporary, metadata=stamp))
+    record.write_safetensors(os.path.join(path, SAELENS_WEIGHTS), plain, stamp)
     record.write_text(os.path.join(path, SAELENS_CONFIG), json.dumps(config))
     return str(path)

@@ -112,7 +112,6 @@ def export_basis(bundle: str, out: str) -> str:
     the matrix a hook (x + Q (f′ − Qᵀx)) or pyvene's low-rank rotation takes as it is.
     """
     from safetensors import safe_open
-    from safetensors.torch import save_file
 
     from causalab.engine import record
     from causalab.errors import UsageError
@@ -127,4 +126,4 @@ def export_basis(bundle: str, out: str) -> str:
         basis = handle.get_tensor(BASIS_KEY) if BASIS_KEY in names else \
             cayley_basis(handle.get_tensor(TENSOR_KEY).float().clone())
     plain = {BASIS_KEY: basis.float().contiguous()}
-    return record.atomic(out, lambda temporary: save_file(plain, temporary, metadata=metadata))
+    return record.write_safetensors(out, plain, metadata)
