@@ -112,7 +112,7 @@ def deepest(needs: list, room: int, present: set = frozenset()) -> list:
             layer, part = need
             entry = {(layer, p) for p in PARTS[:PARTS.index(part) + 1]} | (
                 {layer - 1} if layer else set())
-        cost = [n for n in sorted(entry - set(present) - set(chosen), key=need_order)]
+        cost = sorted(entry - set(present) - set(chosen), key=need_order)
         if len(cost) <= room - len(chosen) and set(cost) <= wanted:
             chosen += cost
     return chosen
