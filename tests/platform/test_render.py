@@ -83,7 +83,7 @@ def test_the_real_checkpoint_documents_render_from_the_same_groups(name):
 def test_hydra_only_keys_never_enter_the_document_or_its_digest():
     plain = render(["experiment=patching", "model=tiny_llama"])
     busy = render(["experiment=patching", "model=tiny_llama", "tracking=server",
-                   "tracking.uri=http://elsewhere:5000", "run.batch_size=2",
+                   "tracking.uri=http://elsewhere:5000", "run.batch_size=2", "run.resume_mib=0",
                    "run.out=/tmp/x", "run.device_map=auto", "data.harvest=weekdays/train"])
     assert not set(busy) & set(SCAFFOLDING)
     assert digest(busy) == digest(plain)
