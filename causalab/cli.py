@@ -289,24 +289,17 @@ def verb_server(args: argparse.Namespace) -> dict:
 
 # --- the parser ---------------------------------------------------------------------------
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def _whole_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+def _at_least(low: int) -> Callable[[str], int]:
+    """An ``argparse`` type: an integer no smaller than ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be {low} or more, got {value}")
+        return value
+    return parse
 
 
 def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
@@ -328,9 +321,9 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=DEFAULT_OUT, help="output directory (default: out)")
     parser.add_argument("--device-map", default="auto", type=flags.device_map,
                         help="accelerate device map (default: auto; use cpu without a GPU)")
-    parser.add_argument("--batch-size", type=_positive_int, default=None,
+    parser.add_argument("--batch-size", type=_at_least(1), default=None,
                         help="rows per forward window (default: the whole pass)")
-    parser.add_argument("--resume-mib", type=_whole_number, default=None,
+    parser.add_argument("--resume-mib", type=_at_least(0), default=None,
                         help="MiB of un-intervened values kept for prefix resume "
                              "(default: 256; 0 turns resume off)")
     parser.add_argument("--data-root", default=None, help=f"default: {DEFAULT_DATA_ROOT}")

@@ -51,12 +51,10 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     from causalab.engine.fusion import alike_later, groups
     from causalab.errors import UsageError
 
-    if batch_size is not None and (isinstance(batch_size, bool) or batch_size <= 0):
-        raise UsageError(("--batch-size",), f"batch size must be a positive integer, not {batch_size}")
-    if resume_mib is not None and (not isinstance(resume_mib, int) or isinstance(resume_mib, bool)
-                                   or resume_mib < 0):
-        raise UsageError(("--resume-mib",), f"the resume budget must be a whole number of MiB, "
-                                            f"0 or more, not {resume_mib!r}")
+    for flag, value, low in (("--batch-size", batch_size, 1), ("--resume-mib", resume_mib, 0)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < low):
+            raise UsageError((flag,), f"must be an integer, {low} or more, not {value!r}")
     events = events or Events()
     plan = compile_only(raw, data_root, resolver=events.resolve)
     points = points_of(plan)

@@ -28,10 +28,15 @@ def inside(root: str | os.PathLike, path: str | os.PathLike, at: JsonPath = OUT_
     """
     real_root = os.path.realpath(root)
     real = os.path.realpath(path)
-    if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
+    if not under(real_root, real):
         raise error(at, f"{os.fspath(path)} resolves to {real}, outside {real_root} "
                         "(a symlink out of the directory?); nothing is written there")
     return Path(real)
+
+
+def under(real_root: str, real: str) -> bool:
+    """Whether the real path ``real`` is the real path ``real_root`` or lies below it."""
+    return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
 def _saves(node: Any, document: dict | None) -> Iterator[tuple[str, JsonPath]]:

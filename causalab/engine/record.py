@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from causalab.engine.containment import OUT_FLAG, inside
+from causalab.engine.containment import OUT_FLAG, inside, under
 from causalab.errors import RunError
 from causalab.files import RUN_RECORD, TENSOR_KEY
 
@@ -91,7 +91,7 @@ def _pinned(root: str | Path, folder: Path) -> int | None:
             os.close(descriptor)
             descriptor = below
             real = os.readlink(f"{_DESCRIPTORS}/{descriptor}")
-            if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
+            if not under(real_root, real):
                 raise RunError(OUT_FLAG, f"{folder} is now {real}, outside {real_root} (a "
                                          "symlink made during the run?); nothing is written there")
     except OSError as error:

@@ -106,13 +106,9 @@ def deepest(needs: list, room: int, present: set = frozenset()) -> list:
     residual before its block and every part it serves. ``present``: values kept already."""
     wanted, chosen = set(needs), []
     for need in sorted(needs, key=need_order, reverse=True):
-        if isinstance(need, int):
-            entry = {need}
-        else:
-            layer, part = need
-            entry = {(layer, p) for p in PARTS[:PARTS.index(part) + 1]} | (
-                {layer - 1} if layer else set())
-        cost = sorted(entry - set(present) - set(chosen), key=need_order)
+        entry = Resume(need + 1) if isinstance(need, int) else Resume(
+            need[0], PARTS[:PARTS.index(need[1]) + 1])
+        cost = sorted(set(entry.needs()) - set(present) - set(chosen), key=need_order)
         if len(cost) <= room - len(chosen) and set(cost) <= wanted:
             chosen += cost
     return chosen

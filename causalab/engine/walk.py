@@ -421,11 +421,12 @@ def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any, prep
         moved = tail.moved(head)
         prepared = {tap: moved.get(tap, entry) for tap, entry in prepared.items()}
     places = Places(model, nested, head_rows)
-    if head_rows is not None or _no_logits(prepared):
+    no_logits = _no_logits(prepared)
+    if head_rows is not None or no_logits:
         kwargs["logits_to_keep"] = 1
     # Nothing reads past the last tap when no tap comes from the head and no cache or next
     # token is wanted: the blocks above it are not run (a sweep at layer 3 of 30 runs 4).
-    stop = not decoding and _no_logits(prepared)
+    stop = not decoding and no_logits
     got: dict = {}
     with model.trace(inputs, position_ids=position_ids, **kwargs) as tracer:
         if resume is not None:

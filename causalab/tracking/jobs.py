@@ -67,15 +67,10 @@ def reap(parent: dict, reason: str = LOST) -> list[str]:
     RUNNING run there belongs to a job that is gone. Returns the ids it ended.
     """
     mlflow = store.client(parent["tracking_uri"])
-    ended, frontier = [], [parent["run_id"]]
-    while frontier:
-        below = []
-        for run_id in frontier:
-            below += store.children(mlflow, parent["experiment_id"], run_id)
-        frontier = [run.info.run_id for run in below]
-        for run in below:
-            if run.info.status == "RUNNING":
-                store.log_batch(mlflow, run.info.run_id, tags={store.ERROR: reason})
-                store.terminate(mlflow, run.info.run_id, "KILLED")
-                ended.append(run.info.run_id)
+    ended = []
+    for run in store.descendants(mlflow, parent["experiment_id"], parent["run_id"]):
+        if run.info.status == "RUNNING":
+            store.log_batch(mlflow, run.info.run_id, tags={store.ERROR: reason})
+            store.terminate(mlflow, run.info.run_id, "KILLED")
+            ended.append(run.info.run_id)
     return ended

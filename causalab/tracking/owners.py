@@ -5,8 +5,8 @@ process that opened it. A process killed with SIGKILL cannot end its runs; the n
 same document finds them still RUNNING, sees their owner is gone (no such pid on this host,
 or the pid now belongs to a process that started later) and ends them KILLED, parents
 included; the next multirun of the same overrides does the same for a multirun's parent
-whose launching process was killed. A resumed sweep then reattaches to its old parent instead of opening a second one,
-so the points of one sweep stay under one parent. Owners on another host are never judged:
+whose launching process was killed. A resumed sweep then reattaches to its old parent
+instead of opening a second one, so the points of one sweep stay under one parent. Owners on another host are never judged:
 their processes cannot be seen from here. Talks to MLflow only through the client it is given.
 """
 from __future__ import annotations
@@ -96,15 +96,10 @@ def reap_multiruns(mlflow, experiment_id: str, overrides: str) -> list[str]:
     for parent in mlflow.search_runs([experiment_id], filter_string=query, max_results=5000):
         if parent.data.tags.get(store.OVERRIDES) != overrides or not owner_is_dead(parent):
             continue
-        frontier = [parent.info.run_id]
-        while frontier:
-            below = [run for run_id in frontier
-                     for run in store.children(mlflow, experiment_id, run_id)]
-            frontier = [run.info.run_id for run in below]
-            for run in below:
-                if run.info.status == "RUNNING" and owner_is_dead(run):
-                    _kill(mlflow, run)
-                    ended.append(run.info.run_id)
+        for run in store.descendants(mlflow, experiment_id, parent.info.run_id):
+            if run.info.status == "RUNNING" and owner_is_dead(run):
+                _kill(mlflow, run)
+                ended.append(run.info.run_id)
         _kill(mlflow, parent)
         ended.append(parent.info.run_id)
     return ended

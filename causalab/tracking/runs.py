@@ -193,6 +193,16 @@ def children(mlflow: MlflowClient, experiment: str, parent: str) -> list:
     return list(mlflow.search_runs([experiment], filter_string=query, max_results=5000))
 
 
+def descendants(mlflow: MlflowClient, experiment: str, parent: str) -> list:
+    """Every run nested under ``parent`` at any depth, a level at a time."""
+    found, frontier = [], [parent]
+    while frontier:
+        below = [run for run_id in frontier for run in children(mlflow, experiment, run_id)]
+        frontier = [run.info.run_id for run in below]
+        found += below
+    return found
+
+
 def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Metric] = (),
               params: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None):
     """Log in as few requests as MLflow's batch limits allow: one, when everything fits."""
