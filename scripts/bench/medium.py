@@ -146,24 +146,11 @@ def _alternated(ways: dict) -> tuple[dict, dict]:
     return {name: statistics.median(found) for name, found in times.items()}, values
 
 
-def _unresumed(fn):
-    """``fn`` run with prefix resume off (a zero resume budget)."""
-    from causalab.engine import cache as cache_module
-
-    def run():
-        budget, cache_module.RESUME_BUDGET = cache_module.RESUME_BUDGET, 0
-        try:
-            return fn()
-        finally:
-            cache_module.RESUME_BUDGET = budget
-    return run
-
-
-def _causalab_sweep(document: dict, tmp: str) -> list[float]:
+def _causalab_sweep(document: dict, tmp: str, resume_mib: int | None = None) -> list[float]:
     from causalab.pipeline import run_document
 
     out = tempfile.mkdtemp(dir=tmp)
-    run_document(document, out=out, data_root=tmp)
+    run_document(document, out=out, data_root=tmp, resume_mib=resume_mib)
     means = {}
     for table in Path(out).glob("*/logit_diff.json"):
         # A point's directory is named by its sweep value: place={"component":…,"layers":[l]}.
@@ -183,7 +170,7 @@ def patching(model, tokenizer, rows, document, tmp) -> dict:
         "hooks": lambda: _hooks_per_point(model, base, cf, a, b),
         "cached": lambda: _hooks_cached(model, base, cf, a, b),
         "ours": lambda: _causalab_sweep(document, tmp),
-        "full": _unresumed(lambda: _causalab_sweep(document, tmp))})
+        "full": lambda: _causalab_sweep(document, tmp, resume_mib=0)})
     hooks = times["hooks"]
     error = max(abs(x - y) for name in ("cached", "ours", "full")
                 for x, y in zip(got["hooks"], got[name]))
@@ -289,12 +276,13 @@ def das(model, tokenizer, rows, path, tmp) -> dict:
 
     def ours(kind: str, events) -> None:
         outs[kind].append(tempfile.mkdtemp(dir=tmp))
-        run_document(document, out=outs[kind][-1], data_root=tmp, events=events)
+        run_document(document, out=outs[kind][-1], data_root=tmp, events=events,
+                     resume_mib=0 if kind == "full" else None)
     times, _ = _alternated({
         "hooks": lambda: _hand_das(model, base, cf, target, len(train), cached=False),
         "cached": lambda: _hand_das(model, base, cf, target, len(train), cached=True),
         "ours": lambda: ours("ours", clock.listener),
-        "full": _unresumed(lambda: ours("full", None))})
+        "full": lambda: ours("full", None)})
     hooks = times["hooks"]
     resumed_loss, full_loss = (load_file(next(Path(outs[kind][-1]).rglob("train_loss.safetensors")))
                                ["weight"] for kind in ("ours", "full"))
