@@ -34,6 +34,8 @@ class Context:
     featurizers: dict[str, Any] = field(default_factory=dict)
     # Output name -> {reduce, rows, width, k}: what earlier steps published (C10, C19).
     published: dict[str, dict] = field(default_factory=dict)
+    # What the points of one compile share (``_shared``): tables and prompt batches.
+    shared: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -212,15 +214,28 @@ def _static_checks(forwards, reads, batches, rows: int, entry: Entry, ctx: Conte
         _check_context(decode, batches[fw.input], entry, ctx)
 
 
+def _shared(ctx: Context, key: tuple, build):
+    """``build()`` once per compile for ``key``: the points of a sweep read the same rows."""
+    if key not in ctx.shared:
+        ctx.shared[key] = build()
+    return ctx.shared[key]
+
+
 def build_pass(entry: Entry, rows: dict, rows_path: tuple, ctx: Context) -> Pass:
     """Compile one intervention over one ``rows`` mapping into a :class:`Pass`."""
     reads, writes = _read_ops(entry, ctx), _write_ops(entry, ctx)
     models = {m: list(spec.writes) for m, spec in entry.body.models.items()}
     forwards = schedule.build_forwards(reads, writes, models, entry.body.decode, entry.path)
     roles = [role for role in ctx.document.roles if any(fw.input == role for fw in forwards)]
-    tables = _tables(rows, roles, rows_path, ctx)
+    inputs = (tuple((role, rows[role], ctx.document.roles[role].field) for role in roles),
+              rows_path)
+    tables = _shared(ctx, ("tables",) + inputs, lambda: _tables(rows, roles, rows_path, ctx))
     _check_segments(forwards, ctx, entry)
-    batches = _batches(forwards, tables, entry, rows_path, ctx)
+    anchored = tuple((fw.input, kind, op.name, op.pos.variable) for fw in forwards
+                     for kind, ops in (("reads", fw.reads), ("writes", fw.writes))
+                     for op in ops if op.pos.variable)
+    batches = _shared(ctx, ("batches", anchored, entry.path) + inputs,
+                      lambda: _batches(forwards, tables, entry, rows_path, ctx))
     count = len(next(iter(tables.values())).rows) if tables else 0
     _static_checks(forwards, reads, batches, count, entry, ctx)
     metrics = _metric_ops(entry, reads, tables, ctx)

@@ -11,6 +11,7 @@ positions), ``total`` (all positions of a ragged read), ``d`` (site width), ``k`
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +99,14 @@ class PromptBatch:
     @property
     def tokens(self) -> int:
         return len(self.input_ids[0]) if self.input_ids else 0
+
+    @functools.cached_property
+    def lengths(self) -> tuple[int, ...]:
+        """Per row, prompt tokens after the prefix (``positions.run_lengths``), counted
+        once: the cuts of every sweep point sharing the batch read them."""
+        from causalab.compile.positions import run_lengths
+
+        return run_lengths(self)
 
 
 @dataclass(frozen=True)

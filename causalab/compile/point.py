@@ -43,12 +43,14 @@ def addresses(document: Document, config: Any) -> dict:
 
 
 def compile_point(point, document: Document | None, *, model: ModelRef, config: Any,
-                  tokenizer: Any, data_root: str, resolver=None) -> Plan:
+                  tokenizer: Any, data_root: str, resolver=None,
+                  shared: dict | None = None) -> Plan:
     """One point's plan: the featurizers node (when declared), then its steps in order.
 
     The ops are built from ``document``, the validated schema object (validated here when
     None), so every default is the schema's; ``point.document``, the lowered dict, is kept
-    only for the digest and for ``document.json``.
+    only for the digest and for ``document.json``. ``shared``: what the points of one
+    compile share (``Context.shared``).
     """
     raw = point.document
     document = document if document is not None else validate_point(raw)
@@ -57,7 +59,8 @@ def compile_point(point, document: Document | None, *, model: ModelRef, config: 
     node = featurizers_node(document, sites, model, digest, resolver)
     ctx = Context(document=document, config=config, tokenizer=tokenizer, data_root=data_root,
                   facts=facts(config), addresses=sites,
-                  featurizers={s.name: s for s in node.featurizers} if node else {})
+                  featurizers={s.name: s for s in node.featurizers} if node else {},
+                  shared={} if shared is None else shared)
     children = [node] if node else []
     for name, step in document.steps.items():
         children.extend(step_nodes(name, step, ctx, point.label))
@@ -88,11 +91,12 @@ def compile_document(raw: dict, *, data_root: str, resolver=None) -> Plan:
     tokenizer = RememberingTokenizer(read_tokenizer(ref.path))
     if resolver is not None:
         resolver = functools.lru_cache(maxsize=None)(resolver)  # one fetch per URI, not per point
-    plans = []
+    plans, shared = [], {}
     for point, document in checked:
         try:
             plans.append(compile_point(point, document, model=ref, config=config,
-                                       tokenizer=tokenizer, data_root=data_root, resolver=resolver))
+                                       tokenizer=tokenizer, data_root=data_root, resolver=resolver,
+                                       shared=shared))
         except CausalabError as error:  # named where the author wrote it, not as lowered
             raise type(error)(authored_path(point, error.path), error.message) from None
     if len(plans) == 1 and not points[0].label:

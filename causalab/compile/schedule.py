@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from causalab.compile.plan import Forward, PromptBatch, ReadOp, WriteOp
-from causalab.compile.positions import OUT_OF_RANGE, cut, run_lengths
+from causalab.compile.positions import OUT_OF_RANGE, cut
 from causalab.document.vocab import IDENTITY
 from causalab.errors import CompileError
 
@@ -72,18 +72,18 @@ def check_fixed_cuts(op_name: str, spec, batch: PromptBatch, path: tuple) -> Non
     """C16: a fixed-width, un-anchored prompt cut that some row cannot fit."""
     if spec.dynamic or spec.width is None:
         return
-    bad = [row for row, length in enumerate(run_lengths(batch))
+    bad = [row for row, length in enumerate(batch.lengths)
            if cut(spec, length)[1] == OUT_OF_RANGE]
     if bad:
         raise CompileError(path, f"{op_name!r}: rows {bad} cannot fit this cut ({OUT_OF_RANGE}; "
-                                 f"prompt lengths {[run_lengths(batch)[r] for r in bad]})")
+                                 f"prompt lengths {[batch.lengths[r] for r in bad]})")
 
 
 def vector_count(read: ReadOp, batch: PromptBatch) -> int | None:
     """Vectors a read yields over all rows, when the positions alone decide it."""
     if read.pos.dynamic:
         return None
-    return sum(len(cut(read.pos, length)[0]) for length in run_lengths(batch))
+    return sum(len(cut(read.pos, length)[0]) for length in batch.lengths)
 
 
 def check_stacked(read: ReadOp, width: int | None, decode: int, rows: int, path: tuple) -> None:
@@ -162,7 +162,7 @@ def check_pattern_operand(write: WriteOp, read: ReadOp, source: PromptBatch,
     """C11: a key-axis operand needs both prompts the same token length on every row."""
     if not write.address.key_axis:
         return
-    a, b = run_lengths(source), run_lengths(target)
+    a, b = source.lengths, target.lengths
     bad = [(row, x, y) for row, (x, y) in enumerate(zip(a, b)) if x != y]
     if bad:
         listed = ", ".join(f"row {r}: {x} vs {y}" for r, x, y in bad)
