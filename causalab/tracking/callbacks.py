@@ -9,8 +9,8 @@ RUNNING by a job that died are ended KILLED; the parent ends FINISHED when every
 FAILED otherwise, and is deleted if no job ran anything (a repeated sweep whose points were
 all done). If the sweep raises before its end, an exit handler does the same reaping and
 ends the parent FAILED. The parent carries its launching process as owner
-(``causalab.tracking.owners``): if that process is killed, the next multirun of the same
-overrides ends the old parent KILLED, with the runs below it whose owner died too.
+(``causalab.tracking.owners``): if that process is killed, the next multirun in the
+experiment ends the old parent KILLED, with the runs below it whose owner died too.
 """
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ class MultirunParent(Callback):
         experiment = store.experiment_id(mlflow, name, uri)
         sweep = _naming(config)
         overrides = json.dumps(overrides_of(sweep), sort_keys=True)
-        # What a killed launch of these same overrides left RUNNING ends KILLED first.
-        owners.reap_multiruns(mlflow, experiment, overrides)
+        # What a killed launch left RUNNING in the experiment ends KILLED first.
+        owners.reap_multiruns(mlflow, experiment)
         tags = {store.KIND: "multirun", store.VERSION: store.code_version(),
                 store.OVERRIDES: overrides, **owners.owner_tags()}
         run_id = store.create_run(mlflow, experiment, " ".join(sweep) or "multirun", tags)

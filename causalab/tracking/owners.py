@@ -4,8 +4,8 @@ Every run causalab opens carries ``causalab.owner``: the host, pid and process s
 process that opened it. A process killed with SIGKILL cannot end its runs; the next run of the
 same document finds them still RUNNING, sees their owner is gone (no such pid on this host,
 or the pid now belongs to a process that started later) and ends them KILLED, parents
-included; the next multirun of the same overrides does the same for a multirun's parent
-whose launching process was killed. A resumed sweep then reattaches to its old parent
+included; the next multirun in the experiment does the same for any multirun's parent whose
+launching process was killed (nothing else could ever end it). A resumed sweep then reattaches to its old parent
 instead of opening a second one, so the points of one sweep stay under one parent. Owners on another host are never judged:
 their processes cannot be seen from here. Talks to MLflow only through the client it is given.
 """
@@ -87,14 +87,14 @@ def reap(mlflow, experiment_id: str, digests: Iterable[str], sweep: str | None =
     return ended
 
 
-def reap_multiruns(mlflow, experiment_id: str, overrides: str) -> list[str]:
-    """End KILLED the RUNNING multirun parents of these ``overrides`` (their tag) whose
-    launching process died, and every RUNNING run below them whose owner died too (a job
-    on another host may still be running, and is left); returns the ids ended."""
+def reap_multiruns(mlflow, experiment_id: str) -> list[str]:
+    """End KILLED the experiment's RUNNING multirun parents whose launching process died (a
+    parent only its launcher ends), and every RUNNING run below them whose owner died too (a
+    job on another host may still be running, and is left); returns the ids ended."""
     query = f"{_RUNNING} and tags.`{store.KIND}` = 'multirun'"
     ended: list[str] = []
     for parent in mlflow.search_runs([experiment_id], filter_string=query, max_results=5000):
-        if parent.data.tags.get(store.OVERRIDES) != overrides or not owner_is_dead(parent):
+        if not owner_is_dead(parent):
             continue
         for run in store.descendants(mlflow, experiment_id, parent.info.run_id):
             if run.info.status == "RUNNING" and owner_is_dead(run):

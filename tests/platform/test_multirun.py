@@ -121,11 +121,11 @@ def _dead_pid() -> int:
     return process.pid
 
 
-def test_a_multirun_ends_killed_what_a_killed_launch_of_the_same_overrides_left_running(
-        experiment_name, tmp_path):
-    """A launcher killed with SIGKILL leaves its parent RUNNING: the next multirun of the same
-    overrides ends it KILLED, with the run below it whose owner died, and leaves a run owned
-    on another host (a job that may still run there); its own parent names its owner."""
+def test_a_multirun_ends_killed_what_a_killed_launch_left_running(experiment_name, tmp_path):
+    """A launcher killed with SIGKILL leaves its parent RUNNING: the next multirun in the
+    experiment, of the same overrides or others, ends it KILLED, with the run below it whose
+    owner died, and leaves a run owned on another host (a job that may still run there) and a
+    parent whose launcher lives; its own parent names its owner."""
     import json
     import socket
 
@@ -141,13 +141,15 @@ def test_a_multirun_ends_killed_what_a_killed_launch_of_the_same_overrides_left_
         store.KIND: "multirun", store.OVERRIDES: overrides, owners.OWNER: here})
     other = store.create_run(client, experiment, "other overrides", {
         store.KIND: "multirun", store.OVERRIDES: "{}", owners.OWNER: here})
+    live = store.create_run(client, experiment, "a launch still running", {
+        store.KIND: "multirun", store.OVERRIDES: "{}", **owners.owner_tags()})
     dead_job = store.create_run(client, experiment, "job", {owners.OWNER: here}, stale)
     remote_job = store.create_run(client, experiment, "job", {owners.OWNER: elsewhere}, stale)
     _multirun(["experiment=patching", "model=tiny_llama", f"tracking.experiment={experiment_name}"],
               tmp_path, uri)
     status = {run_id: client.get_run(run_id).info.status
-              for run_id in (stale, other, dead_job, remote_job)}
-    assert status == {stale: "KILLED", other: "RUNNING", dead_job: "KILLED",
+              for run_id in (stale, other, live, dead_job, remote_job)}
+    assert status == {stale: "KILLED", other: "KILLED", live: "RUNNING", dead_job: "KILLED",
                       remote_job: "RUNNING"}
     assert "KilledOwner" in client.get_run(stale).data.tags[store.ERROR]
     runs = _experiment_runs(uri, experiment_name)
