@@ -34,7 +34,7 @@ class Context:
     featurizers: dict[str, Any] = field(default_factory=dict)
     # Output name -> {reduce, rows, width, k}: what earlier steps published (C10, C19).
     published: dict[str, dict] = field(default_factory=dict)
-    # What the points of one compile share (``_shared``): tables and prompt batches.
+    # What the points of one compile share (``_shared``): row tables and prompt batches.
     shared: dict = field(default_factory=dict)
 
 
@@ -91,12 +91,21 @@ def _operand(operand: Any) -> Operand:
     return Operand("literal", value=float(operand))
 
 
+def _shared(ctx: Context, key: tuple, build):
+    """``build()`` once per compile for ``key``: the points of a sweep read the same rows."""
+    if key not in ctx.shared:
+        ctx.shared[key] = build()
+    return ctx.shared[key]
+
+
 def _tables(rows: dict, roles: list[str], path: tuple, ctx: Context) -> dict[str, Table]:
     """Each used role's rows; every role must give the same number of rows (C1).
 
     Validate (V10) has already refused a step lacking rows for a role a forward runs on.
     """
-    tables = {role: load_rows(rows[role], ctx.data_root, path + (role,)) for role in roles}
+    tables = {role: _shared(ctx, ("rows", rows[role], path + (role,)),
+                            lambda role=role: load_rows(rows[role], ctx.data_root, path + (role,)))
+              for role in roles}
     counts = {role: len(t.rows) for role, t in tables.items()}
     for role, count in counts.items():
         if count != counts[roles[0]]:
@@ -106,23 +115,31 @@ def _tables(rows: dict, roles: list[str], path: tuple, ctx: Context) -> dict[str
 
 def _batches(forwards, tables: dict[str, Table], entry: Entry, rows_path: tuple,
              ctx: Context) -> dict[str, PromptBatch]:
-    """Tokenize each role once; anchor values for every variable an op on it names (C14)."""
+    """Tokenize each role once; anchor values for every variable an op on it names (C14).
+    A role's batch is built once per compile for its rows, field and variables."""
     batches = {}
     for role, table in tables.items():
         field_path = ctx.document.roles[role].field
-        variables: dict[str, tuple] = {}
+        anchored = {}
         for fw in forwards:
             if fw.input != role:
                 continue
             for kind, op in [("reads", r) for r in fw.reads] + [("writes", w) for w in fw.writes]:
                 var = op.pos.variable
-                if var and var not in variables:
-                    where = entry.path + (kind, op.name, "pos", "scope", "variable")
-                    variables[var] = anchor_values(table, field_path, var, where)
-        values = role_values(table, field_path, rows_path + (role,))
-        batches[role] = prompt_batch(role, field_path, values, ctx.tokenizer, variables,
-                                     rows_path + (role,))
+                if var and var not in anchored:
+                    anchored[var] = entry.path + (kind, op.name, "pos", "scope", "variable")
+        key = ("batch", role, table.ref, field_path, tuple(anchored.items()), rows_path)
+        batches[role] = _shared(ctx, key, lambda: _batch(role, table, field_path, anchored,
+                                                         rows_path, ctx))
     return batches
+
+
+def _batch(role: str, table: Table, field_path: str, anchored: dict, rows_path: tuple,
+           ctx: Context) -> PromptBatch:
+    variables = {var: anchor_values(table, field_path, var, where)
+                 for var, where in anchored.items()}
+    values = role_values(table, field_path, rows_path + (role,))
+    return prompt_batch(role, field_path, values, ctx.tokenizer, variables, rows_path + (role,))
 
 
 def _check_segments(forwards, ctx: Context, entry: Entry) -> None:
@@ -214,28 +231,15 @@ def _static_checks(forwards, reads, batches, rows: int, entry: Entry, ctx: Conte
         _check_context(decode, batches[fw.input], entry, ctx)
 
 
-def _shared(ctx: Context, key: tuple, build):
-    """``build()`` once per compile for ``key``: the points of a sweep read the same rows."""
-    if key not in ctx.shared:
-        ctx.shared[key] = build()
-    return ctx.shared[key]
-
-
 def build_pass(entry: Entry, rows: dict, rows_path: tuple, ctx: Context) -> Pass:
     """Compile one intervention over one ``rows`` mapping into a :class:`Pass`."""
     reads, writes = _read_ops(entry, ctx), _write_ops(entry, ctx)
     models = {m: list(spec.writes) for m, spec in entry.body.models.items()}
     forwards = schedule.build_forwards(reads, writes, models, entry.body.decode, entry.path)
     roles = [role for role in ctx.document.roles if any(fw.input == role for fw in forwards)]
-    inputs = (tuple((role, rows[role], ctx.document.roles[role].field) for role in roles),
-              rows_path)
-    tables = _shared(ctx, ("tables",) + inputs, lambda: _tables(rows, roles, rows_path, ctx))
+    tables = _tables(rows, roles, rows_path, ctx)
     _check_segments(forwards, ctx, entry)
-    anchored = tuple((fw.input, kind, op.name, op.pos.variable) for fw in forwards
-                     for kind, ops in (("reads", fw.reads), ("writes", fw.writes))
-                     for op in ops if op.pos.variable)
-    batches = _shared(ctx, ("batches", anchored, entry.path) + inputs,
-                      lambda: _batches(forwards, tables, entry, rows_path, ctx))
+    batches = _batches(forwards, tables, entry, rows_path, ctx)
     count = len(next(iter(tables.values())).rows) if tables else 0
     _static_checks(forwards, reads, batches, count, entry, ctx)
     metrics = _metric_ops(entry, reads, tables, ctx)

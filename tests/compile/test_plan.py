@@ -186,3 +186,24 @@ def test_explain_spells_anchors_literals_params_and_features(compile_doc, patchi
     observe = compile_doc(patching).children[0]
     assert isinstance(observe, Observe) and observe.pass_.dynamic
     assert isinstance(compile_doc(patching), Plan)
+
+
+def test_the_points_of_a_sweep_share_one_prompt_batch_per_rows_and_field(patching, data_root):
+    """Tokenized once per compile: points reading the same rows with the same field get the
+    very same batch; a point whose field differs gets its own, of its own prompts."""
+    patching["sites"]["target"]["layers"] = {"sweep": [[0], [1]]}
+    patching["roles"]["base"]["field"] = {"sweep": ["input", "counterfactual_inputs[0]"]}
+    plan = causalab.compile.compile_document(patching, data_root=str(data_root))
+    batches = {c.name: c.children[0].pass_.inputs for c in plan.children}
+    assert len(batches) == 4
+    by_field: dict = {}
+    for inputs in batches.values():
+        by_field.setdefault(inputs["base"].field, []).append(inputs["base"])
+        assert inputs["counterfactual"] is next(iter(batches.values()))["counterfactual"]
+    assert sorted(by_field) == ["counterfactual_inputs[0]", "input"]
+    for field_path, found in by_field.items():
+        assert len(found) == 2 and found[0] is found[1]
+    assert by_field["input"][0].prompts == tuple(r["input"] for r in json.loads(
+        (data_root / "days.json").read_text()) if r["split"] == "train")
+    assert by_field["counterfactual_inputs[0]"][0].prompts == (
+        next(iter(batches.values()))["counterfactual"].prompts)
