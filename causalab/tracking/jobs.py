@@ -70,7 +70,6 @@ def reap(parent: dict, reason: str = LOST) -> list[str]:
     ended = []
     for run in store.descendants(mlflow, parent["experiment_id"], parent["run_id"]):
         if run.info.status == "RUNNING":
-            store.log_batch(mlflow, run.info.run_id, tags={store.ERROR: reason})
-            store.terminate(mlflow, run.info.run_id, "KILLED")
+            store.kill(mlflow, run.info.run_id, reason)
             ended.append(run.info.run_id)
     return ended

@@ -5,9 +5,10 @@ process that opened it. A process killed with SIGKILL cannot end its runs; the n
 same document finds them still RUNNING, sees their owner is gone (no such pid on this host,
 or the pid now belongs to a process that started later) and ends them KILLED, parents
 included; the next multirun in the experiment does the same for any multirun's parent whose
-launching process was killed (nothing else could ever end it). A resumed sweep then reattaches to its old parent
-instead of opening a second one, so the points of one sweep stay under one parent. Owners on another host are never judged:
-their processes cannot be seen from here. Talks to MLflow only through the client it is given.
+launching process was killed (nothing else could ever end it). A resumed sweep then
+reattaches to its old parent instead of opening a second one, so the points of one sweep stay
+under one parent. Owners on another host are never judged: their processes cannot be seen
+from here. Talks to MLflow only through the client it is given.
 """
 from __future__ import annotations
 
@@ -65,9 +66,8 @@ def owner_is_dead(run) -> bool:
 
 def _kill(mlflow, run) -> None:
     owner = _owner(run) or {}
-    store.log_batch(mlflow, run.info.run_id, tags={store.ERROR: (
-        f"KilledOwner: its process {owner.get('host')}:{owner.get('pid')} died without ending it")})
-    store.terminate(mlflow, run.info.run_id, "KILLED")
+    store.kill(mlflow, run.info.run_id, f"KilledOwner: its process {owner.get('host')}:"
+                                        f"{owner.get('pid')} died without ending it")
 
 
 def reap(mlflow, experiment_id: str, digests: Iterable[str], sweep: str | None = None) -> list[str]:

@@ -165,6 +165,12 @@ def terminate(mlflow: MlflowClient, run_id: str, status: str) -> None:
         mlflow.set_terminated(run_id, status)
 
 
+def kill(mlflow: MlflowClient, run_id: str, reason: str) -> None:
+    """End a run KILLED with ``reason`` as its ``causalab.error`` tag."""
+    log_batch(mlflow, run_id, tags={ERROR: reason})
+    terminate(mlflow, run_id, "KILLED")
+
+
 def _param_values(params: Mapping[str, Any]) -> dict[str, str]:
     """Params MLflow accepts: keys in its character set and length, values cut to its limit.
 
