@@ -12,6 +12,7 @@ first use, so a template is never re-implemented here.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -163,10 +164,37 @@ def _file_tokenizer(path: str) -> FileTokenizer | None:
     return FileTokenizer(core, specials, template, path)
 
 
+# The files that decide what ``_file_tokenizer`` reads and whether it may.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "added_tokens.json",
+                    "special_tokens_map.json", "chat_template.json", "chat_template.jinja")
+# (folder, its tokenizer files' stats) -> FileTokenizer: a compile reads it once per process.
+_READ: dict[tuple, FileTokenizer] = {}
+
+
+def _stamp(folder: Path) -> tuple:
+    """What changes when any tokenizer file of ``folder`` is written, added or removed."""
+    stamp = []
+    for name in _TOKENIZER_FILES:
+        try:
+            stat = os.stat(folder / name)
+        except OSError:
+            stamp.append(None)
+        else:
+            stamp.append((stat.st_mtime_ns, stat.st_size, stat.st_ino))
+    return tuple(stamp)
+
+
 def read_tokenizer(path: str) -> Any:
-    """The tokenizer of a model directory: from ``tokenizer.json`` where that is exact."""
-    found = _file_tokenizer(path)
+    """The tokenizer of a model directory: from ``tokenizer.json`` where that is exact.
+
+    A file tokenizer is kept per folder while its files are unchanged (SmolLM2's takes
+    ~100 ms to read, and every compile asks for it again)."""
+    key = (os.path.realpath(path), _stamp(Path(path)))
+    found = _READ.get(key) or _file_tokenizer(path)
     if found is not None:
+        if key not in _READ and len(_READ) >= 8:
+            _READ.clear()
+        _READ[key] = found
         return found
     from causalab.models.resolve import load_tokenizer
 

@@ -89,6 +89,17 @@ def test_a_tokenizer_config_key_the_reader_does_not_know_hands_over_to_transform
     assert tokenizer("Monday")["input_ids"] == reference("Monday")["input_ids"]
 
 
+def test_a_file_tokenizer_is_read_once_until_its_files_change(tmp_path):
+    folder = _copy_of("tiny-gpt2", tmp_path)
+    first = read_tokenizer(str(folder))
+    assert isinstance(first, FileTokenizer)
+    assert read_tokenizer(str(folder)) is first
+    config_file = folder / "tokenizer_config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()),
+                                       "add_eos_token": True}))
+    assert not isinstance(read_tokenizer(str(folder)), FileTokenizer)  # read again, refused
+
+
 def test_a_config_missing_a_key_with_a_class_default_is_read_by_transformers(tmp_path):
     folder = _copy_of("tiny-gemma2", tmp_path)
     config_file = folder / "config.json"
