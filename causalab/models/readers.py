@@ -11,6 +11,7 @@ first use, so a template is never re-implemented here.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -167,8 +168,6 @@ def _file_tokenizer(path: str) -> FileTokenizer | None:
 # The files that decide what ``_file_tokenizer`` reads and whether it may.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "added_tokens.json",
                     "special_tokens_map.json", "chat_template.json", "chat_template.jinja")
-# (folder, its tokenizer files' stats) -> FileTokenizer: a compile reads it once per process.
-_READ: dict[tuple, FileTokenizer] = {}
 
 
 def _stamp(folder: Path) -> tuple:
@@ -184,17 +183,20 @@ def _stamp(folder: Path) -> tuple:
     return tuple(stamp)
 
 
+@functools.lru_cache(maxsize=8)
+def _kept_file_tokenizer(folder: str, stamp: tuple) -> FileTokenizer | None:
+    """``_file_tokenizer`` once per folder while its files are unchanged (``stamp``)."""
+    return _file_tokenizer(folder)
+
+
 def read_tokenizer(path: str) -> Any:
     """The tokenizer of a model directory: from ``tokenizer.json`` where that is exact.
 
-    A file tokenizer is kept per folder while its files are unchanged (SmolLM2's takes
+    The file tokenizer is read once per folder while its files are unchanged (SmolLM2's takes
     ~100 ms to read, and every compile asks for it again)."""
-    key = (os.path.realpath(path), _stamp(Path(path)))
-    found = _READ.get(key) or _file_tokenizer(path)
+    folder = os.path.realpath(path)
+    found = _kept_file_tokenizer(folder, _stamp(Path(folder)))
     if found is not None:
-        if key not in _READ and len(_READ) >= 8:
-            _READ.clear()
-        _READ[key] = found
         return found
     from causalab.models.resolve import load_tokenizer
 
