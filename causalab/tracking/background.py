@@ -2,8 +2,10 @@
 
 Calls run in the order they were sent, on one daemon thread: a run's creation, its params,
 its metrics, its files, its plots and its end stay in sequence without locks. ``wait`` blocks
-until everything sent has run and re-raises the first failure; an exit handler waits too, so
-a process that ends without ``wait`` still uploads what it wrote. It knows nothing of runs.
+until everything sent has run and re-raises the first failure; ``close`` does the same and
+ends the thread, so a process that tracks many runs (a notebook, an in-process multirun) does
+not keep a thread per run; an exit handler waits too, so a process that ends without ``wait``
+still uploads what it wrote. It knows nothing of runs.
 """
 from __future__ import annotations
 
@@ -53,6 +55,15 @@ class Lane:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+
+    def close(self) -> None:
+        """``wait``, then end the thread and its exit handler (a later ``send`` is not run).
+        When ``wait`` raises (a call failed, an interrupt) the lane stays open, so calls sent
+        after the error still run after everything before it."""
+        self.wait()
+        self._calls.put(_STOP)
+        self._thread.join()
+        atexit.unregister(self.drain)
 
     def drain(self, limit_s: float = 60.0) -> None:
         """At exit: finish what was sent, for at most ``limit_s`` (a store that stopped

@@ -116,9 +116,12 @@ class TrackingEvents(Events):
         return self._lane
 
     def wait(self) -> None:
-        """Block until every MLflow call sent so far has run (raises the first failure)."""
+        """Block until every MLflow call sent so far has run (raises the first failure, the
+        lane then kept for what follows), then let the lane's thread go: a later call starts
+        a new one."""
         if self._lane is not None:
-            self._lane.wait()
+            self._lane.close()
+            self._lane = None
 
     def _tags(self, kind: str, point: Any = None) -> dict[str, str]:
         tags = {store.KIND: kind, store.VERSION: store.code_version(), **owners.owner_tags()}

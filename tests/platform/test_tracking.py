@@ -6,6 +6,7 @@ holds is read back through MlflowClient and through its REST API with plain urll
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,27 @@ def test_a_listener_closed_by_an_error_leaves_nothing_running(mlflow_server, exp
             events.point_start(point)
             raise ValueError("stopped")
     assert [r.info.status for r in _runs(mlflow_server, experiment_name)] == ["FAILED"]
+
+
+def test_a_listener_lets_its_background_thread_go_once_its_run_has_ended(
+        mlflow_server, experiment_name, tmp_path):
+    # A notebook or an in-process multirun tracks run after run: a thread kept per listener
+    # (and an exit handler per thread) would pile up for the life of the process.
+    lanes = lambda: [t for t in threading.enumerate() if t.name == "causalab-tracking"]  # noqa: E731
+    before = len(lanes())
+    for index in range(3):
+        events = TrackingEvents(tracking_uri=mlflow_server, experiment=experiment_name,
+                                out=str(tmp_path))
+        first, second = _plan(f"n={index}a", "a"), _plan(f"n={index}b", "b")
+        events.run_start({"n": {"sweep": ["a", "b"]}}, [first, second])
+        for point in (first, second):
+            assert events.point_start(point)
+            events.point_end(point, [], None)
+        assert len(lanes()) == before + 1
+        events.run_end([])
+        assert len(lanes()) == before
+    runs = _runs(mlflow_server, experiment_name)
+    assert len(runs) == 9 and {r.info.status for r in runs} == {"FINISHED"}
 
 
 @pytest.fixture(scope="module")
