@@ -46,6 +46,44 @@ class _PointRun:
     evals: dict[str, list[float]] = field(default_factory=dict)
     finished: bool = False
 
+    def score(self, step: str, name: str, mean: float | None, eligible: int) -> None:
+        """A step's metric mean (NaN when there is none) and its eligible row count, at the
+        step's place in the document's order."""
+        key = naming.metric_key(step, name)
+        ordinal = self.steps.index(step) if step in self.steps else 0
+        value = mean if mean is not None and math.isfinite(mean) else math.nan
+        self.add(key, value, ordinal)
+        if not math.isnan(value):
+            self.means[key] = value
+        self.add(naming.eligible_key(step, name), eligible, ordinal)
+
+    def loss(self, step: str, update: int, loss: float) -> None:
+        self.losses.setdefault(step, []).append(loss)
+        if math.isfinite(loss):
+            self.add(self.fit_key(step, "train/loss"), loss, update)
+
+    def epoch(self, step: str, epoch: int, eval_mean: float, kept: float | None) -> None:
+        """A fit's epoch: its watched eval metric, and a gate's kept fraction when it has one."""
+        self.evals.setdefault(step, []).append(eval_mean)
+        if eval_mean is not None and math.isfinite(eval_mean):
+            self.add(self.fit_key(step, f"eval/{self.fits.get(step, 'metric')}"), eval_mean,
+                     epoch)
+        if kept is not None:
+            self.add(self.fit_key(step, "eval/kept"), kept, epoch)
+
+    def fit_key(self, step: str, key: str) -> str:
+        """A fit's metric key, prefixed by its step when the point has more than one fit."""
+        return key if len(self.fits) <= 1 else f"{step}/{key}"
+
+    def add(self, key: str, value: float, step: int) -> None:
+        self.metrics.append(store.metric(key, value, step, int(time.time() * 1000)))
+
+    def flush(self, client: Any) -> None:
+        """The point's params and every number it buffered, in one request when they fit."""
+        if (self.metrics or self.params) and self.run_id is not None:
+            store.log_batch(client, self.run_id, metrics=self.metrics, params=self.params)
+            self.metrics, self.params = [], {}
+
 
 class TrackingEvents(Events):
     """Log a run of a document to MLflow (docs/platform.md §5).
@@ -218,35 +256,19 @@ class TrackingEvents(Events):
 
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
         run = self._open.get(id(point))
-        if run is None:
-            return
-        key = naming.metric_key(step, name)
-        ordinal = run.steps.index(step) if step in run.steps else 0
-        score = mean if mean is not None and math.isfinite(mean) else math.nan
-        self._add(run, key, score, ordinal)
-        if not math.isnan(score):
-            run.means[key] = score
-        self._add(run, naming.eligible_key(step, name), eligible, ordinal)
+        if run is not None:
+            run.score(step, name, mean, eligible)
 
     def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
         run = self._open.get(id(point))
-        if run is None:
-            return
-        run.losses.setdefault(step, []).append(loss)
-        if math.isfinite(loss):
-            self._add(run, self._fit_key(run, step, "train/loss"), loss, update)
+        if run is not None:
+            run.loss(step, update, loss)
 
     def fit_epoch(self, point: Any, step: str, epoch: int, eval_mean: float,
                   kept: float | None) -> None:
         run = self._open.get(id(point))
-        if run is None:
-            return
-        watched = run.fits.get(step, "metric")
-        run.evals.setdefault(step, []).append(eval_mean)
-        if eval_mean is not None and math.isfinite(eval_mean):
-            self._add(run, self._fit_key(run, step, f"eval/{watched}"), eval_mean, epoch)
-        if kept is not None:
-            self._add(run, self._fit_key(run, step, "eval/kept"), kept, epoch)
+        if run is not None:
+            run.epoch(step, epoch, eval_mean, kept)
 
     def point_end(self, point: Any, written: list[str], error: BaseException | None) -> None:
         run = self._open.pop(id(point), None)
@@ -278,7 +300,7 @@ class TrackingEvents(Events):
 
     def _upload(self, run: _PointRun, files: list) -> None:
         """Send a point's buffered numbers, its files, its config and its loss plots."""
-        self._flush(run)
+        run.flush(self.client)
         artifacts.log_files(self.client, run.run_id, [f for f in files if Path(f[0]).is_file()])
         self._log_config(run.run_id)
         for step, losses in run.losses.items():
@@ -309,7 +331,8 @@ class TrackingEvents(Events):
             self._link(point, label, found)
         roots = [p for p in written if Path(p).name == DOCUMENT]
         files = [(p, DOCUMENT) for p in sorted(roots, key=len)[:1]] + record
-        artifacts.log_files(self.client, self.sweep_run_id, [f for f in files if Path(f[0]).is_file()])
+        artifacts.log_files(self.client, self.sweep_run_id,
+                            [f for f in files if Path(f[0]).is_file()])
         done = self._done + links.means_of(self.client, self.linked.values())
         for name, png in plots.sweep_plots(done, title=self._title).items():
             artifacts.log_bytes(self.client, self.sweep_run_id, png, name)
@@ -353,18 +376,6 @@ class TrackingEvents(Events):
 
     def _label(self, point: Any) -> str:
         return getattr(point, "name", "") if self.sweep_run_id else ""
-
-    def _fit_key(self, run: _PointRun, step: str, key: str) -> str:
-        return key if len(run.fits) <= 1 else f"{step}/{key}"
-
-    def _add(self, run: _PointRun, key: str, value: float, step: int) -> None:
-        run.metrics.append(store.metric(key, value, step, int(time.time() * 1000)))
-
-    def _flush(self, run: _PointRun) -> None:
-        """The point's params and every number it buffered, in one request when they fit."""
-        if (run.metrics or run.params) and run.run_id is not None:
-            store.log_batch(self.client, run.run_id, metrics=run.metrics, params=run.params)
-            run.metrics, run.params = [], {}
 
     def _log_config(self, run_id: str) -> None:
         if self.config is None:
