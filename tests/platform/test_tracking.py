@@ -182,6 +182,41 @@ def test_a_listener_closed_by_an_error_leaves_nothing_running(mlflow_server, exp
     assert [r.info.status for r in _runs(mlflow_server, experiment_name)] == ["FAILED"]
 
 
+def test_a_point_with_two_fits_logs_each_fits_numbers_under_its_step(
+        mlflow_server, experiment_name, tmp_path):
+    # One fit's keys are bare (train/loss); with two, each is prefixed by its step, and a
+    # gate's kept fraction is logged beside the watched eval metric.
+    model = ModelRef("causalab:tiny-llama", "0" * 64, "fp32", None, "/nowhere")
+    document = {"model": {"key": model.key}, "steps": {
+        "das": {"kind": "fit", "early_stop": {"metric": "iia"}},
+        "gate": {"kind": "fit", "early_stop": {"metric": "logit_diff"}},
+        "test": {"kind": "observe"}}}
+    point = Plan(name="", directory="", children=(), model=model, digest=digest(document),
+                 document=document)
+    events = TrackingEvents(tracking_uri=mlflow_server, experiment=experiment_name,
+                            out=str(tmp_path))
+    events.run_start(document, [point])
+    assert events.point_start(point)
+    for update, loss in enumerate((2.0, 1.5)):
+        events.fit_update(point, "das", update, loss)
+    events.fit_epoch(point, "das", 0, 0.75, None)
+    events.fit_update(point, "gate", 0, 3.0)
+    events.fit_epoch(point, "gate", 0, 1.25, 0.5)
+    events.metric(point, "test", "iia", 0.5, 4)
+    events.point_end(point, [], None)
+    events.run_end([])
+    [run] = _runs(mlflow_server, experiment_name)
+    history = lambda key: [(m.step, m.value) for m in  # noqa: E731
+                           MlflowClient(mlflow_server).get_metric_history(run.info.run_id, key)]
+    assert sorted(history("das/train/loss")) == [(0, 2.0), (1, 1.5)]
+    assert history("das/eval/iia") == [(0, 0.75)]
+    assert history("gate/train/loss") == [(0, 3.0)]
+    assert history("gate/eval/logit_diff") == [(0, 1.25)]
+    assert history("gate/eval/kept") == [(0, 0.5)]
+    assert not history("das/eval/kept") and not history("train/loss")
+    assert run.data.metrics["test/iia"] == 0.5 and run.info.status == "FINISHED"
+
+
 def test_a_listener_lets_its_background_thread_go_once_its_run_has_ended(
         mlflow_server, experiment_name, tmp_path):
     # A notebook or an in-process multirun tracks run after run: a thread kept per listener
