@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from causalab import files
 from causalab.errors import CompileError
 
 _SEGMENT = re.compile(r"^([^\[\]]+)((?:\[\d+\])*)$")
@@ -33,7 +34,7 @@ class Table:
 
 
 @functools.lru_cache(maxsize=32)
-def _parsed(file: str, mtime_ns: int, size: int) -> Any:
+def _parsed(file: str, stamp: tuple | None) -> Any:
     """A data file's JSON, parsed once while it is unchanged: every pass and every sweep point
     of a document reads the same tables. Callers never mutate rows."""
     return json.loads(Path(file).read_text())
@@ -53,8 +54,7 @@ def load_rows(ref: str, data_root: str, path: tuple) -> Table:
     if not found:
         raise CompileError(path, f"dataset {ref!r} not found: no file {file}")
     try:
-        stat = file.stat()
-        table = _parsed(str(file), stat.st_mtime_ns, stat.st_size)
+        table = _parsed(str(file), files.stamp(file))
     except (OSError, ValueError) as err:
         raise CompileError(path, f"dataset {ref!r} is not readable JSON: {err}") from None
     if not isinstance(table, list) or not all(isinstance(r, dict) for r in table):

@@ -10,6 +10,7 @@ import hashlib
 from pathlib import Path
 
 from causalab.errors import ModelError
+from causalab.files import stamp
 
 DIGEST_LENGTH = 64
 
@@ -29,7 +30,7 @@ def tensor_digest(tensors: dict) -> str:
 def directory_digest(path: str | Path) -> str:
     """The tensor digest of every ``*.safetensors`` file in a model directory, merged.
 
-    Remembered in this process per directory and per name, size and mtime of each file, so a
+    Remembered in this process per directory and per each file's name and ``files.stamp``, so a
     built-in resolved again (every compile) is not reloaded and rehashed; rewritten weights
     change the key. A directory without weights is a ``ModelError`` at ``model.key``.
     """
@@ -38,16 +39,15 @@ def directory_digest(path: str | Path) -> str:
     if not files:
         raise ModelError(("model", "key"), f"{path} holds no *.safetensors weights, so its "
                                            "tensor digest (the pinned revision) cannot be checked")
-    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
-    return _digest_of(str(directory), stamp)
+    return _digest_of(str(directory), tuple((f.name, stamp(f)) for f in files))
 
 
 @functools.lru_cache(maxsize=64)
-def _digest_of(directory: str, stamp: tuple) -> str:
+def _digest_of(directory: str, stamps: tuple) -> str:
     from safetensors.torch import load_file
 
     tensors: dict = {}
-    for name, _, _ in stamp:
+    for name, _ in stamps:
         tensors.update(load_file(str(Path(directory) / name)))
     return tensor_digest(tensors)
 

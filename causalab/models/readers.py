@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from causalab.files import stamp
+
 # Keys a family's config class would otherwise fill from a class default that differs from
 # what ``compile.addresses.facts`` assumes when the key is absent.
 _REQUIRED = {
@@ -170,19 +172,6 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "added_tokens.jso
                     "special_tokens_map.json", "chat_template.json", "chat_template.jinja")
 
 
-def _stamp(folder: Path) -> tuple:
-    """What changes when any tokenizer file of ``folder`` is written, added or removed."""
-    stamp = []
-    for name in _TOKENIZER_FILES:
-        try:
-            stat = os.stat(folder / name)
-        except OSError:
-            stamp.append(None)
-        else:
-            stamp.append((stat.st_mtime_ns, stat.st_size, stat.st_ino))
-    return tuple(stamp)
-
-
 @functools.lru_cache(maxsize=8)
 def _kept_file_tokenizer(folder: str, stamp: tuple) -> FileTokenizer | None:
     """``_file_tokenizer`` once per folder while its files are unchanged (``stamp``)."""
@@ -195,7 +184,8 @@ def read_tokenizer(path: str) -> Any:
     The file tokenizer is read once per folder while its files are unchanged (SmolLM2's takes
     ~100 ms to read, and every compile asks for it again)."""
     folder = os.path.realpath(path)
-    found = _kept_file_tokenizer(folder, _stamp(Path(folder)))
+    found = _kept_file_tokenizer(folder, tuple(stamp(Path(folder) / name)
+                                               for name in _TOKENIZER_FILES))
     if found is not None:
         return found
     from causalab.models.resolve import load_tokenizer

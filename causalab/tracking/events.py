@@ -58,6 +58,7 @@ class _PointRun:
         self.add(naming.eligible_key(step, name), eligible, ordinal)
 
     def loss(self, step: str, update: int, loss: float) -> None:
+        """A fit's loss at one update: kept for its loss plot, logged when finite."""
         self.losses.setdefault(step, []).append(loss)
         if math.isfinite(loss):
             self.add(self.fit_key(step, "train/loss"), loss, update)

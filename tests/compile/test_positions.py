@@ -1,6 +1,8 @@
 """Position resolution on the real tokenizers of the four built-in families (docs/format.md §6)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from causalab.compile.positions import (AMBIGUOUS, MISSING, OUT_OF_RANGE, character_offsets,
@@ -151,3 +153,12 @@ def test_the_generated_frame_cuts_decode_steps_up_to_the_stop_token(builtin):
     assert gen({"index": -1, "scope": {"segment": "eos"}}, never) == ((), MISSING)
     assert gen({"index": -1, "scope": {"variable": "said"}}, stopped) == ((len(friday) - 1,), "")
     assert gen({"index": -1, "scope": {"variable": "said"}}, never) == ((), MISSING)
+
+
+def test_a_data_table_rewritten_in_place_is_read_again(tmp_path):
+    # Tables are kept per process by their file stamp; an edited table must not be served stale.
+    table = tmp_path / "pairs.json"
+    table.write_text(json.dumps([{"input": "a"}]))
+    assert [r["input"] for r in load_rows("pairs", str(tmp_path), ("rows",)).rows] == ["a"]
+    table.write_text(json.dumps([{"input": "b"}, {"input": "c"}]))
+    assert [r["input"] for r in load_rows("pairs", str(tmp_path), ("rows",)).rows] == ["b", "c"]
