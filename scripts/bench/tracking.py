@@ -107,10 +107,10 @@ def _ratio(label: str, document: dict, data_root: str, samples: int, tmp: str) -
     for index in range(samples):
         untracked.append(_once(document, f"{tmp}/{label}-u{index}", None, data_root))
         tracked.append(_once(document, f"{tmp}/{label}-t{index}", uri, data_root))
-    show = lambda values: " ".join(f"{v:.3f}" for v in values)  # noqa: E731
     print(label)
-    print(f"untracked s: {show(untracked)}  median {statistics.median(untracked):.3f}")
-    print(f"tracked   s: {show(tracked)}  median {statistics.median(tracked):.3f}")
+    for name, samples in (("untracked", untracked), ("tracked  ", tracked)):
+        shown = " ".join(f"{value:.3f}" for value in samples)
+        print(f"{name} s: {shown}  median {statistics.median(samples):.3f}")
     print(f"tracked/untracked ratio {statistics.median(tracked) / statistics.median(untracked):.2f}")
 
 

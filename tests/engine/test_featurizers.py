@@ -108,7 +108,10 @@ def test_a_dictionary_edit_is_the_new_decode_plus_the_error_term(cls, act, tied)
     w_dec = tensors["W_enc"].T if tied else tensors["W_dec"]
     x = _acts(13, 5)
     f = act((x - tensors["b_dec"]) @ tensors["W_enc"] + tensors["b_enc"])
-    decode = lambda code: code @ w_dec + tensors["b_dec"]  # noqa: E731
+
+    def decode(code):
+        return code @ w_dec + tensors["b_dec"]
+
     got_f, got_err = dictionary.featurize(x)
     assert torch.allclose(got_f, f, rtol=1e-5, atol=1e-4)
     assert torch.allclose(got_err, x - decode(f), rtol=1e-5, atol=1e-3)

@@ -206,8 +206,11 @@ def test_a_point_with_two_fits_logs_each_fits_numbers_under_its_step(
     events.point_end(point, [], None)
     events.run_end([])
     [run] = _runs(mlflow_server, experiment_name)
-    history = lambda key: [(m.step, m.value) for m in  # noqa: E731
-                           MlflowClient(mlflow_server).get_metric_history(run.info.run_id, key)]
+
+    def history(key):
+        return [(m.step, m.value)
+                for m in MlflowClient(mlflow_server).get_metric_history(run.info.run_id, key)]
+
     assert sorted(history("das/train/loss")) == [(0, 2.0), (1, 1.5)]
     assert history("das/eval/iia") == [(0, 0.75)]
     assert history("gate/train/loss") == [(0, 3.0)]
@@ -221,7 +224,9 @@ def test_a_listener_lets_its_background_thread_go_once_its_run_has_ended(
         mlflow_server, experiment_name, tmp_path):
     # A notebook or an in-process multirun tracks run after run: a thread kept per listener
     # (and an exit handler per thread) would pile up for the life of the process.
-    lanes = lambda: [t for t in threading.enumerate() if t.name == "causalab-tracking"]  # noqa: E731
+    def lanes():
+        return [t for t in threading.enumerate() if t.name == "causalab-tracking"]
+
     before = len(lanes())
     for index in range(3):
         events = TrackingEvents(tracking_uri=mlflow_server, experiment=experiment_name,
