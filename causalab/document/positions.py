@@ -6,6 +6,7 @@ model's tokenizer (``causalab.compile.positions``). Rules that need the interven
 """
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BeforeValidator, Field, StrictBool, StrictInt, StrictStr, model_validator
@@ -14,6 +15,8 @@ from causalab.document.nodes import Node, refuse
 from causalab.document.vocab import POSITION_FORMS
 
 CUTS = tuple(POSITION_FORMS["cuts"])
+_ROLES = tuple(s for s in POSITION_FORMS["segments"] if s not in POSITION_FORMS["generated_only_segments"])
+_NTH_MESSAGE = re.compile(rf"({'|'.join(_ROLES)})\[(0|[1-9][0-9]*)\]")
 FORMS = ('a bare integer i (= {"index": i}), or an object with exactly one cut: '
          '{"index": int}, {"span": [a, b]}, {"last": n > 0}, {"all": true}; optional '
          '"scope": {"variable": str, "segment": str} and "frame": "prompt" | "generated"')
@@ -54,6 +57,12 @@ class Position(Node):
             raise refuse(f"span {list(self.span)} is empty or backwards: a < b is required")
         if self.scope is not None and self.scope.variable is None and self.scope.segment is None:
             raise refuse('scope needs "variable", "segment" or both')
+        segment = self.scope.segment if self.scope is not None else None
+        if segment is not None and segment not in POSITION_FORMS["segments"] \
+                and not _NTH_MESSAGE.fullmatch(segment):
+            raise refuse(f"segment {segment!r} is not one of "
+                         f"{', '.join(POSITION_FORMS['segments'])} or role[i] (a role among "
+                         f"{', '.join(_ROLES)}, i a message count from 0)")
         generated_only = POSITION_FORMS["generated_only_segments"]
         if self.frame == "prompt" and self.scope is not None and self.scope.segment in generated_only:
             raise refuse(f'segment "{self.scope.segment}" exists only in the generated frame')

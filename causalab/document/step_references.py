@@ -196,8 +196,13 @@ def _contained(file_path: str, at: Path) -> str:
 
 
 def _check_fit(doc: Document, step: Fit, mine: list[Entry], at: Path) -> None:
+    if not step.params:  # V25: an optimizer over nothing trains nothing
+        raise DocumentError(at + ("params",), "a fit trains at least one featurizer; "
+                            "params is empty")
     for j, name in enumerate(step.params):
         here = at + ("params", j)
+        if name in step.params[:j]:
+            raise DocumentError(here, f"{name!r} is listed twice; each featurizer is trained once")
         _featurizer(doc, name, here)
         if not FEATURIZER_KINDS[doc.featurizers[name].kind]["trainable"]:
             raise DocumentError(here, f"{name!r} is a {doc.featurizers[name].kind} featurizer, "

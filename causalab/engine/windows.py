@@ -126,10 +126,12 @@ def _refuse_empty_write(write: WriteOp, found: tuple, pass_: Pass, where: tuple)
 
 
 def _check_operand_windows(pass_: Pass, resolved: dict) -> None:
-    """R2: a ragged write meets a read operand over the same number of positions per row."""
+    """R2: a write meets a read operand over the same number of positions on every row. A
+    width the document fixes is checked at validate (V17); this catches what only rows show:
+    an anchored or ``all`` operand, or one whose read skipped a row."""
     for forward in pass_.forwards:
         for write in forward.writes:
-            if write.operand.kind != "read" or not write.pos.ragged or write.pos.frame == "generated":
+            if write.operand.kind != "read" or write.pos.frame == "generated":
                 continue
             source = next(((f.input, r) for f in pass_.forwards for r in f.reads
                            if r.name == write.operand.name), None)
@@ -139,6 +141,8 @@ def _check_operand_windows(pass_: Pass, resolved: dict) -> None:
             theirs, _ = resolved[("read", source[1].name, source[0])]
             bad = [row for row in range(pass_.rows) if len(mine[row]) != len(theirs[row])]
             if bad:
+                first = bad[0]
                 raise RunError(("interventions", pass_.intervention, "writes", write.name, "operand"),
                                f"write {write.name!r} and its operand {write.operand.name!r} cover "
-                               f"different numbers of positions on rows {bad}")
+                               f"different numbers of positions on rows {bad} (row {first}: "
+                               f"{len(mine[first])} written, {len(theirs[first])} read)")

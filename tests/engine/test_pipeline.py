@@ -141,3 +141,21 @@ def test_an_ended_point_keeps_no_results_once_its_end_is_reported(tiny, kit, tmp
     assert all("reads" in names for names in holder.at_end), holder.at_end
     for point in holder.points:
         assert all(not node.results for node in point.children)
+
+
+@pytest.mark.parametrize("operand_pos", [{"all": True}, {"index": -1, "scope": {"variable": "cf_answer"}}],
+                         ids=["wider_than_the_write", "placed_on_no_row"])
+def test_an_operand_over_other_positions_than_its_write_is_refused_at_the_operand(
+        tiny, kit, tmp_path, operand_pos):
+    # Widths only rows show (an `all` read, an anchor absent from every prompt) used to reach
+    # the mechanism and fail there with a broadcast error wrapped by nnsight.
+    from causalab.errors import RunError
+    from causalab.pipeline import run_document
+
+    document = kit.patching_document(tiny("tiny-llama"))
+    document["interventions"]["patch"]["reads"]["v_cf"]["pos"] = operand_pos
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    with pytest.raises(RunError) as caught:
+        run_document(document, out=str(tmp_path / "out"), data_root=data_root)
+    assert caught.value.path == ("interventions", "patch", "writes", "patch", "operand")
+    assert "1 written" in caught.value.message
