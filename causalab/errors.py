@@ -26,6 +26,11 @@ def format_path(path: Iterable[PathPart]) -> str:
     return ".".join(parts) if parts else "<root>"
 
 
+def fault_line(error: BaseException, hint: str) -> str:
+    """A fault that is not a refusal, still one line on stderr, with the way to see more."""
+    return f"error: {type(error).__name__}: {' '.join(str(error).split())} ({hint})"
+
+
 class CausalabError(Exception):
     """Base of every error causalab raises on purpose. ``path`` is where it is."""
 

@@ -12,6 +12,7 @@ This module holds no experiment logic: the pipeline runs, tracking logs.
 """
 from __future__ import annotations
 
+import os
 import sys
 import types
 import warnings
@@ -24,7 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from causalab.cli import process_settings
-from causalab.errors import CausalabError
+from causalab.errors import CausalabError, fault_line
 from causalab.files import DEFAULT_DATA_ROOT
 from causalab.interrupts import INTERRUPTED, exit_status, interrupts, leave, one_line
 from causalab.render import CONF, document_of
@@ -121,8 +122,9 @@ def _run(config) -> None:
 
 
 def job(config) -> None:
-    """One job: a refused document is one line on stderr and exit status 1, no traceback;
-    SIGINT or SIGTERM ends the open runs KILLED and is one line and exit status 130 or 143.
+    """One job: a refused document is one line on stderr and exit status 1, no traceback (a
+    fault is one line too; ``HYDRA_FULL_ERROR=1`` shows its traceback); SIGINT or SIGTERM
+    ends the open runs KILLED and is one line and exit status 130 or 143.
 
     A module-level function of an importable module: cluster launchers pickle it by reference
     and import it again on the node.
@@ -136,6 +138,11 @@ def job(config) -> None:
     except KeyboardInterrupt as stop:
         print(one_line(stop), file=sys.stderr)
         raise SystemExit(exit_status(stop)) from None
+    except Exception as error:  # a fault, not a refusal: one line too, unless asked for more
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(fault_line(error, "set HYDRA_FULL_ERROR=1 for the traceback"), file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 main = hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")(job)

@@ -209,3 +209,25 @@ def test_a_bundle_holding_nan_is_refused_at_load_naming_the_tensor(tmp_path, mon
     assert refused.value.path == ("featurizers", "rot", "file_path")
     assert "weight" in refused.value.message
     assert not (tmp_path / "out" / "iia.json").exists()
+
+
+def test_a_fault_in_a_hydra_job_is_one_line_and_exit_one_unless_its_traceback_is_asked_for(
+        monkeypatch, capsys):
+    # Hydra prints a fault's whole traceback and its HYDRA_FULL_ERROR hint; a job says one
+    # line, as the CLI does, and HYDRA_FULL_ERROR=1 still shows the traceback.
+    import importlib
+
+    entry = importlib.import_module("causalab.run")
+
+    def faulty(config):
+        raise ValueError("an internal\n   fault")
+    monkeypatch.setattr(entry, "_run", faulty)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        entry.job(None)
+    assert stop.value.code == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "error: ValueError: an internal fault (set HYDRA_FULL_ERROR=1 for the traceback)"]
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
+    with pytest.raises(ValueError):
+        entry.job(None)
