@@ -88,7 +88,7 @@ def _report(out: str, written: list[str], events, summary, job: str) -> None:
         shown = " ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items()) if naming.is_score(k))
         link = events.linked.get(label)
         linked = f", linked here as run {link}" if link else ""
-        print(f"{label or '<root>'}  reused: done in run {run_id}{linked}: {shown}")
+        print(f"skipped {label or '<root>'}: done in run {run_id}{linked}: {shown}")
     runs = len(events.point_runs)
     skipped = f", {len(events.skipped)} reused as done" if events.skipped else ""
     print(f"mlflow: {runs} run(s){skipped} in experiment {events.experiment!r} at {events.uri}")

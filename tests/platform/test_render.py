@@ -40,6 +40,10 @@ REAL = {
                                "data=weekdays_full", "site=head_grid", "site.layers=[10,11,12]"],
 }
 
+# documents/real/ioi_* -> their conf twins on SmolLM2 (the README's "IOI on SmolLM2")
+IOI = ("ioi_behavior", "ioi_layer_sweep", "ioi_unrelated_sweep", "ioi_head_patching",
+       "ioi_logit_lens", "ioi_das", "ioi_attention")
+
 
 def _point_digests(document: dict) -> list[tuple[str, str]]:
     return [(point.label, digest(point.document)) for point in lower(document)]
@@ -76,6 +80,14 @@ def test_the_tiny_llama_rendering_has_the_digest_of_the_corpus_document(name):
 def test_the_real_checkpoint_documents_render_from_the_same_groups(name):
     corpus = json.loads((REPO / "documents" / "real" / f"{name}.json").read_text())
     rendered = render(REAL[name])
+    assert digest(rendered) == digest(corpus)
+    assert _point_digests(rendered) == _point_digests(corpus)
+
+
+@pytest.mark.parametrize("name", IOI)
+def test_the_ioi_documents_render_from_their_conf_twins(name):
+    corpus = json.loads((REPO / "documents" / "real" / f"{name}.json").read_text())
+    rendered = render([f"experiment={name}", "model=smollm2", "data=ioi"])
     assert digest(rendered) == digest(corpus)
     assert _point_digests(rendered) == _point_digests(corpus)
 
