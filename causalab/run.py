@@ -25,7 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from causalab.cli import process_settings
-from causalab.errors import CausalabError, fault_line
+from causalab.errors import CausalabError, UsageError, fault_line
 from causalab.files import DEFAULT_DATA_ROOT
 from causalab.interrupts import INTERRUPTED, exit_status, interrupts, leave, one_line
 from causalab.render import CONF, document_of
@@ -49,10 +49,19 @@ def _job() -> tuple[str | None, dict[str, str], dict | None]:
     return name, {**choices, **overrides}, parent
 
 
+def _switch(tracking: Any, key: str, default: bool) -> bool:
+    """A ``tracking`` switch: true or false, never a string read as true (``rerun=no``)."""
+    value = tracking.get(key, default)
+    if not isinstance(value, bool):
+        raise UsageError(("tracking", key), f"must be true or false, not {value!r}")
+    return value
+
+
 def tracking_events(config: Any, out: str):
     """The job's MLflow listener, or None when ``tracking.enabled`` is false."""
     tracking = config.get("tracking") or {}
-    if not tracking.get("enabled", True):
+    rerun = _switch(tracking, "rerun", False)
+    if not _switch(tracking, "enabled", True):
         return None
     from causalab.tracking import TrackingEvents
 
@@ -61,7 +70,7 @@ def tracking_events(config: Any, out: str):
     return TrackingEvents(
         tracking_uri=parent.get("tracking_uri") or tracking.get("uri"),
         experiment=parent.get("experiment") or tracking.get("experiment"),
-        rerun=bool(tracking.get("rerun", False)), hydra_config=config, out=out,
+        rerun=rerun, hydra_config=config, out=out,
         parent_run_id=parent.get("run_id"), run_name=name, job_params=params)
 
 
@@ -133,7 +142,7 @@ def job(config) -> None:
         with interrupts():
             _run(config)
     except CausalabError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {_which_job()}{error}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt as stop:
         print(one_line(stop), file=sys.stderr)
@@ -143,6 +152,14 @@ def job(config) -> None:
             raise
         print(fault_line(error, "set HYDRA_FULL_ERROR=1 for the traceback"), file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def _which_job() -> str:
+    """``job 1 (site.layer=99): ``: in a multirun, the job a refusal is about; else nothing."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return ""
+    job = HydraConfig.get().job
+    return f"job {job.get('num')} ({job.override_dirname or 'no overrides'}): "
 
 
 main = hydra.main(config_path=str(CONF), config_name="config", version_base="1.3")(job)

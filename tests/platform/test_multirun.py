@@ -157,3 +157,19 @@ def test_a_multirun_ends_killed_what_a_killed_launch_left_running(experiment_nam
     assert new.info.status == "FINISHED"
     owner = json.loads(new.data.tags[owners.OWNER])
     assert owner["host"] == socket.gethostname() and isinstance(owner["pid"], int)
+
+
+def test_a_refused_job_of_a_multirun_is_named_by_its_number_and_overrides(tmp_path):
+    # A multirun's refusal used to be the bare JSON path: which of the swept values was it?
+    env = dict(os.environ, HF_HUB_OFFLINE="1", CAUSALAB_QUIET="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    command = [sys.executable, "-m", "causalab.run", "-m", "experiment=patching",
+               "model=tiny_llama", "site.layer=0,99", "tracking.enabled=false",
+               f"run.data_root={REPO / 'documents' / 'data'}", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode == 1
+    assert errors == ["error: job 1 (experiment=patching,model=tiny_llama,site.layer=99): "
+                      "sites.target.layers: layer 99 is out of range: the model has 2 layers"]

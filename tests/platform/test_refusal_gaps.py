@@ -231,3 +231,18 @@ def test_a_fault_in_a_hydra_job_is_one_line_and_exit_one_unless_its_traceback_is
     monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     with pytest.raises(ValueError):
         entry.job(None)
+
+
+@pytest.mark.parametrize("key", ["enabled", "rerun"])
+@pytest.mark.parametrize("value", ["no", "maybe", 0])
+def test_a_tracking_switch_that_is_not_true_or_false_is_refused_naming_it(key, value, tmp_path):
+    # `tracking.enabled=no` used to be the string "no", read as true: tracked regardless.
+    from omegaconf import OmegaConf
+
+    from causalab.errors import UsageError
+    from causalab.run import tracking_events
+
+    config = OmegaConf.create({"tracking": {"enabled": True, "rerun": False, key: value}})
+    with pytest.raises(UsageError) as refused:
+        tracking_events(config, str(tmp_path))
+    assert refused.value.path == ("tracking", key) and repr(value) in refused.value.message
