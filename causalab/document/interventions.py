@@ -87,6 +87,10 @@ def _check_params(mechanism: str, spec: dict, params: dict) -> None:
     needs_one = spec.get("at_least_one")
     if needs_one and not any(name in params for name in needs_one):
         raise refuse(f"{mechanism} needs at least one of {', '.join(needs_one)}", "params")
+    low, high = spec.get("ordered", (None, None))
+    if low in params and high in params and params[low] > params[high]:
+        raise refuse(f"{mechanism}.{low} {params[low]!r} is above {high} {params[high]!r}: "
+                     "no value lies between them", "params")
 
 
 class InterventionModel(Node):

@@ -43,8 +43,8 @@ class Header(Node):
 class ModelSpec(Node):
     """The checkpoint: a hub id, local directory or built-in key, pinned by revision."""
 
-    key: StrictStr
-    revision: StrictStr
+    key: Annotated[StrictStr, Field(min_length=1)]
+    revision: Annotated[StrictStr, Field(min_length=1)]  # "" would pin nothing
     dtype: Literal[tuple(DTYPES)]
     attn_implementation: Literal[ATTN_IMPLEMENTATIONS] | None = None
 

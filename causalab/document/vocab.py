@@ -156,7 +156,7 @@ MECHANISMS = {
     "clamp": {"class": "bounding", "operand": "forbidden",
               "params": {"lo": {"type": "number", "required": False, "default": None},
                          "hi": {"type": "number", "required": False, "default": None}},
-              "at_least_one": ("lo", "hi"),
+              "at_least_one": ("lo", "hi"), "ordered": ("lo", "hi"),
               "formula": "min(max(f, lo), hi)"},
     "renormalize": {"class": "restoring", "operand": "forbidden", "params": {},
                     "formula": "f * |f0| / |f|"},
