@@ -42,7 +42,10 @@ def _parsed(file: str, stamp: tuple | None) -> Any:
 
 def load_rows(ref: str, data_root: str, path: tuple) -> Table:
     """The rows of ``ref`` (``weekdays/data#train``) under ``data_root``; refusals at ``path``."""
-    name, _, split = ref.partition("#")
+    name, hash_, split = ref.partition("#")
+    if hash_ and not split:
+        raise CompileError(path, f"dataset {ref!r} names no split after '#' (drop the '#' for "
+                                 "every row)")
     try:
         root = Path(data_root).resolve()
         file = (root / f"{name}.json").resolve()
@@ -100,7 +103,10 @@ def field_value(row: dict, field: str, path: tuple) -> Any:
             raise CompileError(path, f"field {field!r}: no {key!r} in the row")
         value = value[key]
         for index in indices:
-            if not isinstance(value, list) or index >= len(value):
+            if not isinstance(value, list):
+                raise CompileError(path, f"field {field!r}: {key!r} is a "
+                                         f"{type(value).__name__}, not a list to index")
+            if index >= len(value):
                 raise CompileError(path, f"field {field!r}: index {index} past the end")
             value = value[index]
     return value
@@ -110,7 +116,11 @@ def role_values(table: Table, field: str, path: tuple) -> tuple[Any, ...]:
     """Every row's value at ``field``: a string, or a list of chat messages (C1 otherwise)."""
     values = []
     for i, row in enumerate(table.rows):
-        value = field_value(row, field, path)
+        try:
+            value = field_value(row, field, path)
+        except CompileError as error:  # which row: a table has hundreds
+            raise CompileError(path, f"row {i} (example_id {table.example_ids[i]!r}): "
+                                     f"{error.message}") from None
         if not isinstance(value, str) and not is_chat(value):
             raise CompileError(path, f"row {i}: field {field!r} is not a string or chat messages")
         values.append(value)

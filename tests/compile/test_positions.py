@@ -162,3 +162,22 @@ def test_a_data_table_rewritten_in_place_is_read_again(tmp_path):
     assert [r["input"] for r in load_rows("pairs", str(tmp_path), ("rows",)).rows] == ["a"]
     table.write_text(json.dumps([{"input": "b"}, {"input": "c"}]))
     assert [r["input"] for r in load_rows("pairs", str(tmp_path), ("rows",)).rows] == ["b", "c"]
+
+
+def test_a_table_refusal_names_the_split_or_the_row_and_what_the_cell_is(tmp_path):
+    from causalab.compile.rows import role_values
+    from causalab.errors import CompileError
+
+    rows = [{"example_id": "a", "input": "x", "cf": ["y"]},
+            {"example_id": "b", "cf": "not a list"}]
+    (tmp_path / "pairs.json").write_text(json.dumps(rows))
+    with pytest.raises(CompileError, match="names no split after '#'"):
+        load_rows("pairs#", str(tmp_path), ("rows",))
+    table = load_rows("pairs", str(tmp_path), ("rows",))
+    with pytest.raises(CompileError) as caught:
+        role_values(table, "input", ("roles", "base"))
+    assert caught.value.message == "row 1 (example_id 'b'): field 'input': no 'input' in the row"
+    with pytest.raises(CompileError) as caught:
+        role_values(table, "cf[0]", ("roles", "counterfactual"))
+    assert caught.value.message == ("row 1 (example_id 'b'): field 'cf[0]': 'cf' is a str, "
+                                    "not a list to index")
