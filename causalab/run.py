@@ -13,6 +13,7 @@ This module holds no experiment logic: the pipeline runs, tracking logs.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import types
 import warnings
@@ -191,5 +192,9 @@ if __name__ == "__main__":
         entry()
     except SystemExit as stop:
         if stop.code in INTERRUPTED:
+            opened = sys.modules.get("causalab.tracking.callbacks")  # a multirun's parent
+            if opened is not None:
+                name = signal.Signals(stop.code - 128).name
+                opened.end_open_parents("KILLED", f"interrupted ({name})")
             leave(stop.code)
         raise

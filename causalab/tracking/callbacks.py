@@ -26,6 +26,14 @@ from causalab.tracking import runs as store
 
 PARENT_FILE = ".mlflow_parent.json"
 RANKING = "plots/ranking.png"
+_OPEN: list["MultirunParent"] = []  # parents opened in this process and not yet ended
+
+
+def end_open_parents(status: str, reason: str) -> None:
+    """End every parent this process opened and has not ended: an interrupted process leaves
+    with ``os._exit`` (``causalab.interrupts.leave``), which runs no exit handler."""
+    for parent in list(_OPEN):
+        parent._abandon(status, reason)
 
 
 def multirun_parent(sweep_dir: str) -> dict | None:
@@ -72,6 +80,7 @@ class MultirunParent(Callback):
                         "tracking_uri": uri}
         # Registered before anything else is sent, so a failure from here on still ends it.
         atexit.register(self._abandon)
+        _OPEN.append(self)
         store.log_batch(mlflow, run_id, params=overrides_of(sweep))
         folder = Path(str(config.hydra.sweep.dir))
         folder.mkdir(parents=True, exist_ok=True)
@@ -82,6 +91,7 @@ class MultirunParent(Callback):
         if self._parent is None:
             return
         parent, self._parent = self._parent, None
+        _OPEN.remove(self)
         mlflow = store.client(parent["tracking_uri"])
         jobs.reap(parent)
         children = store.children(mlflow, parent["experiment_id"], parent["run_id"])
@@ -98,16 +108,19 @@ class MultirunParent(Callback):
         good = all(run.info.status == "FINISHED" for run in children)
         store.terminate(mlflow, parent["run_id"], "FINISHED" if good else "FAILED")
 
-    def _abandon(self) -> None:
-        """At exit: a parent still open means the sweep raised before its end."""
+    def _abandon(self, status: str = "FAILED",
+                 reason: str = "the multirun stopped before its end") -> None:
+        """At exit: a parent still open means the sweep raised before its end (or, from
+        :func:`end_open_parents`, was interrupted)."""
         if self._parent is None:
             return
         parent, self._parent = self._parent, None
+        _OPEN.remove(self)
+        atexit.unregister(self._abandon)
         mlflow = store.client(parent["tracking_uri"])
         jobs.reap(parent)
-        store.log_batch(mlflow, parent["run_id"],
-                        tags={store.ERROR: "the multirun stopped before its end"})
-        store.terminate(mlflow, parent["run_id"], "FAILED")
+        store.log_batch(mlflow, parent["run_id"], tags={store.ERROR: reason})
+        store.terminate(mlflow, parent["run_id"], status)
 
 
 def _naming(config: Any) -> list[str]:

@@ -167,6 +167,24 @@ def test_ctrl_c_under_python_m_causalab_run_is_one_line_exit_130_and_no_run_left
     assert "RUNNING" not in [state for _, state in _statuses(database)]
 
 
+def test_ctrl_c_in_a_sequential_multirun_ends_its_parent_killed_too(tmp_path):
+    # The interrupted process leaves by os._exit, which runs no exit handler: the multirun's
+    # parent used to stay RUNNING until the next multirun in the experiment reaped it.
+    database = tmp_path / "mlflow.db"
+    _store(database)
+    status, lines = _interrupt(
+        [sys.executable, "-m", "causalab.run", "-m", "experiment=dbm", "model=tiny_llama,tiny_gpt2",
+         f"tracking.uri=sqlite:///{database}", f"run.data_root={DATA}",
+         f"hydra.sweep.dir={tmp_path / 'multirun'}"],
+        tmp_path, lambda: _mid_point(database), signal.SIGINT)
+    assert status == 130 and lines[-1] == "error: interrupted (SIGINT)"
+    runs = _runs(_store(database))
+    assert [r.info.run_name for r in runs if r.info.status == "RUNNING"] == []
+    (parent,) = [r for r in runs if r.data.tags.get(store.KIND) == "multirun"]
+    assert parent.info.status == "KILLED"
+    assert parent.data.tags[store.ERROR] == "interrupted (SIGINT)"
+
+
 def _closed_port() -> int:
     import socket
 
