@@ -8,7 +8,8 @@ which reaches them on any host whichever launcher ran them. At ``on_multirun_end
 RUNNING by a job that died are ended KILLED; the parent ends FINISHED when every child did,
 FAILED otherwise, and is deleted if no job ran anything (a repeated sweep whose points were
 all done). If the sweep raises before its end, an exit handler does the same reaping and
-ends the parent FAILED. The parent carries its launching process as owner
+ends the parent FAILED (an interrupt: KILLED, through :func:`end_open_parents`), or deletes it
+when no job got as far as a run (a mistyped override). The parent carries its launching process as owner
 (``causalab.tracking.owners``): if that process is killed, the next multirun in the
 experiment ends the old parent KILLED, with the runs below it whose owner died too.
 """
@@ -63,7 +64,7 @@ class MultirunParent(Callback):
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         tracking = config.get("tracking") or {}
-        if not tracking.get("enabled", True):
+        if tracking.get("enabled", True) is not True:  # false, or a value each job refuses
             return
         uri = store.resolve_uri(tracking.get("uri"))
         name = tracking.get("experiment") or store.DEFAULT_EXPERIMENT
@@ -119,6 +120,9 @@ class MultirunParent(Callback):
         atexit.unregister(self._abandon)
         mlflow = store.client(parent["tracking_uri"])
         jobs.reap(parent)
+        if not store.children(mlflow, parent["experiment_id"], parent["run_id"]):
+            mlflow.delete_run(parent["run_id"])  # no job got as far as a run: nothing to show
+            return
         store.log_batch(mlflow, parent["run_id"], tags={store.ERROR: reason})
         store.terminate(mlflow, parent["run_id"], status)
 

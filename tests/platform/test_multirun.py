@@ -173,3 +173,21 @@ def test_a_refused_job_of_a_multirun_is_named_by_its_number_and_overrides(tmp_pa
     assert done.returncode == 1
     assert errors == ["error: job 1 (experiment=patching,model=tiny_llama,site.layer=99): "
                       "sites.target.layers: layer 99 is out of range: the model has 2 layers"]
+
+
+def test_a_multirun_with_a_job_that_does_not_compose_leaves_no_parent_run(tmp_path):
+    # Hydra composes every job (`model=nope` fails) after the parent is opened and before
+    # any job runs: an empty FAILED parent said nothing.
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", CAUSALAB_QUIET="1", MLFLOW_TRACKING_URI=uri,
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, "-m", "causalab.run", "-m", "experiment=patching",
+               "model=tiny_llama,nope",
+               f"run.data_root={REPO / 'documents' / 'data'}", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1 and "model/nope" in done.stderr
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(store.DEFAULT_EXPERIMENT)
+    assert experiment is not None  # the parent was opened, then deleted
+    assert client.search_runs([experiment.experiment_id]) == []
