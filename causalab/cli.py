@@ -20,6 +20,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -153,6 +154,12 @@ def verb_tokens(args: argparse.Namespace) -> dict:
     """Each string's token count on a checkpoint's tokenizer; a metric column needs exactly 1."""
     from causalab.models import load_tokenizer, resolve
 
+    for index, string in enumerate(args.strings, start=1):
+        try:
+            string.encode("utf-8")
+        except UnicodeEncodeError:  # argv bytes that were not UTF-8, kept as surrogates
+            raise UsageError(("strings",), f"string {index} ({os.fsencode(string)!r}) is not "
+                                           "UTF-8 text, so no tokenizer can read it") from None
     tokenizer = load_tokenizer(resolve(args.key, args.revision).path)
     found, lines = [], []
     for string in args.strings:
@@ -259,18 +266,40 @@ def verb_fetch(args: argparse.Namespace) -> dict:
     """Download one tracked artifact (``runs:/<run_id>/<path>``) to a local path."""
     from causalab.tracking import fetch
 
-    path = str(fetch(args.uri, args.output, tracking_uri=args.tracking_uri))
-    if args.basis:
+    convert = _basis_of(args.uri) if args.basis else None
+    path = str(fetch(args.uri, args.output, tracking_uri=args.tracking_uri, convert=convert))
+    return {"text": path, "path": path, "uri": args.uri}
+
+
+def _basis_of(uri: str) -> Callable[[str, str], None]:
+    """``fetch --basis``'s rewrite of the downloaded file, refused at ``--basis`` naming the
+    URI (not the temporary file) when it is no subspace bundle."""
+    def convert(source: str, target: str) -> None:
+        from safetensors import SafetensorError, safe_open
+
         from causalab.engine.featurizers.subspace import export_basis
 
-        export_basis(path, path)
-    return {"text": path, "path": path, "uri": args.uri}
+        try:
+            with safe_open(source, framework="pt", device="cpu"):
+                pass
+        except (SafetensorError, OSError):
+            raise UsageError(("--basis",), f"{uri} is not a safetensors bundle, so it has no "
+                                           "basis to write") from None
+        try:
+            export_basis(source, target)
+        except UsageError as error:
+            raise UsageError(error.path, error.message.replace(source, uri)) from None
+    return convert
 
 
 def verb_runs(args: argparse.Namespace) -> dict:
     """Tracked runs, newest first, optionally only those of one point digest."""
     from causalab.tracking import list_runs
+    from causalab.tracking.runs import resolve_uri, store_exists
 
+    uri = resolve_uri(args.tracking_uri)
+    if not store_exists(uri):  # listing must not create the SQLite file it would open
+        return {"text": f"(no runs: there is no tracking store at {uri})", "runs": []}
     runs = list_runs(produced_by=args.produced_by, tracking_uri=args.tracking_uri)
     lines = [f"{r['run_id']}  {r['status']:<9} {(r.get('model') or '-'):<24} "
              f"{(r.get('job') or '-'):<32} {(r.get('name') or ''):<20} "
@@ -428,11 +457,43 @@ def _check_flags(args: argparse.Namespace) -> None:
     if getattr(args, "config_dir", None) is not None:
         flags.check_directory(args.config_dir, ("--config-dir",))
     if hasattr(args, "out"):
-        flags.check_writable(args.out, ("--out",))
+        _check_output(args.out, ("--out",))
     if getattr(args, "output", None) is not None:
-        flags.check_writable(args.output, ("--output",), file_ok=True)
+        _check_output(args.output, ("-o/--output",), file_ok=True)
     if hasattr(args, "device_map"):
         flags.check_device(args.device_map, ("--device-map",))
+
+
+def _check_output(value: str, where: tuple, *, file_ok: bool = False) -> None:
+    """An output place that can really be written, tried now and left as it was.
+
+    Permission bits say nothing for root or for /sys and /proc, so the missing folders are
+    made, a file is written in the deepest, and both are removed again; an empty value would
+    silently mean the working directory.
+    """
+    if not value:
+        raise UsageError(where, "is empty; name a file or a directory" if file_ok else
+                         "is empty; name a directory")
+    flags.check_writable(value, where, file_ok=file_ok)
+    target = Path(value)
+    folder = target if target.is_dir() or not file_ok else target.parent
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    made = []
+    try:
+        for part in reversed(missing):
+            part.mkdir()
+            made.append(part)
+        with tempfile.TemporaryFile(dir=made[-1] if made else folder):
+            pass
+    except OSError as err:
+        raise UsageError(where, f"cannot write under {value!r}: {err.strerror or err}") from None
+    finally:
+        for part in reversed(made):
+            with contextlib.suppress(OSError):
+                part.rmdir()
 
 
 # --- the one error boundary ---------------------------------------------------------------

@@ -2,12 +2,14 @@
 
 Only on a terminal, never with ``CAUSALAB_QUIET=1``, and only when there is more than one
 point (a fit draws its own bar). It listens to engine events and never touches results.
+MLflow's artifact download bar follows the same rule (:func:`mlflow_bars`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 from causalab.engine.events import Events
 
@@ -15,6 +17,30 @@ from causalab.engine.events import Events
 def wanted() -> bool:
     """Draw bars only for a person watching a terminal."""
     return os.environ.get("CAUSALAB_QUIET") != "1" and sys.stderr.isatty()
+
+
+_MLFLOW_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+
+
+@contextlib.contextmanager
+def mlflow_bars() -> Iterator[None]:
+    """MLflow's download bar under the rule causalab's own bars follow (:func:`wanted`).
+
+    MLflow reads its switch from the environment at each download and has no other; it is
+    turned off for the block alone and put back as it was.
+    """
+    if wanted():
+        yield
+        return
+    before = os.environ.get(_MLFLOW_BAR)
+    os.environ[_MLFLOW_BAR] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_MLFLOW_BAR, None)
+        else:
+            os.environ[_MLFLOW_BAR] = before
 
 
 class PointProgress(Events):

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from causalab.errors import ModelError
 from causalab.files import stamp
 
 # Keys a family's config class would otherwise fill from a class default that differs from
@@ -40,6 +41,7 @@ _SAFE_KEYS = frozenset({
     # they change nothing about tokenization.
     "is_local", "local_files_only",
 })
+_KEY = ("model", "key")
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
             "mask_token")
 _TOKEN_FLAGS = ("content", "lstrip", "rstrip", "normalized", "single_word", "special")
@@ -58,16 +60,29 @@ class FileConfig:
         return FileConfig(value) if isinstance(value, dict) and name.endswith("_config") else value
 
 
-def _json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
+    """A model file's JSON object, None when absent; a broken one is refused at ``model.key``
+    (the key named the directory), never left to transformers' own wording."""
     if not path.is_file():
         return None
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            values = json.load(handle)
+    except UnicodeDecodeError:
+        raise ModelError(_KEY, f"{path} is not UTF-8 text, so not a JSON file") from None
+    except json.JSONDecodeError as error:
+        raise ModelError(_KEY, f"{path} is not valid JSON ({error.msg} at line {error.lineno}, "
+                               f"column {error.colno})") from None
+    except OSError as error:
+        raise ModelError(_KEY, f"cannot read {path}: {error.strerror or error}") from None
+    if not isinstance(values, dict):
+        raise ModelError(_KEY, f"{path} holds a JSON {type(values).__name__}, not an object")
+    return values
 
 
 def read_config(path: str) -> Any:
     """The config of a model directory, from its file when every fact compile needs is there."""
-    values = _json(Path(path) / "config.json")
+    values = read_json(Path(path) / "config.json")
     required = _REQUIRED.get((values or {}).get("model_type"))
     if required and all(values.get(key) is not None for key in required):
         return FileConfig(values)
@@ -146,7 +161,7 @@ def _added_tokens(core) -> dict[str, dict]:
 
 def _file_tokenizer(path: str) -> FileTokenizer | None:
     folder = Path(path)
-    config = _json(folder / "tokenizer_config.json") or {}
+    config = read_json(folder / "tokenizer_config.json") or {}
     if not (folder / "tokenizer.json").is_file() or not set(config) <= _SAFE_KEYS:
         return None
     if (folder / "added_tokens.json").is_file() or (
@@ -157,7 +172,13 @@ def _file_tokenizer(path: str) -> FileTokenizer | None:
         return None
     from tokenizers import Tokenizer
 
-    core = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    try:
+        core = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as error:  # the tokenizers library raises plain Exception
+        from causalab.models.resolve import reason
+
+        raise ModelError(_KEY, f"{folder / 'tokenizer.json'} is not a tokenizer file: "
+                               f"{reason(error)}") from None
     added = _added_tokens(core)
     specials = _specials(config, added)
     if specials is None or not _same_added_tokens(config, added) or core.post_processor is None:

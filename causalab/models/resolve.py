@@ -56,6 +56,9 @@ def resolve(key: str, revision: str | None = None, *, home: str | None = None) -
     >>> resolve("causalab:tiny-llama").builtin
     True
     """
+    if not key.strip():
+        raise ModelError(_KEY, f"{key!r} is blank; give a built-in ({_builtin_names()}), a model "
+                               "directory or a hub id")
     if key.startswith(SCHEME):
         return _builtin(key, revision, home)
     if key.endswith(".gguf") and Path(key).is_file():
@@ -150,6 +153,9 @@ def _directory(path: str, revision: str | None, *, key: str | None = None) -> Re
     """
     key = key or path
     path = str(Path(path).resolve())
+    if not (Path(path) / "config.json").is_file():
+        raise ModelError(_KEY, f"{key} is a directory without config.json, so not a model "
+                               "directory (a Hugging Face checkpoint folder has one)")
     if not looks_like_digest(revision) and not any(Path(path).glob("*.safetensors")):
         return Resolved(key=key, path=path, revision=revision or "main", builtin=False)
     actual = directory_digest(path)
@@ -171,15 +177,31 @@ def _hub(key: str, revision: str | None) -> Resolved:
     return Resolved(key=key, path=path, revision=Path(path).name, builtin=False)
 
 
+def reason(error: BaseException) -> str:
+    """A library error's own sentence, without its class name: the innermost cause's first line
+    (transformers wraps a config's complaint in a dataclass validation error)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
 def load_tokenizer(path: str):
     """The tokenizer of a model directory: fast, left padding, a pad token always set.
 
     ``PreTrainedTokenizerFast`` rather than ``AutoTokenizer``: for a Qwen2 config the latter
-    swaps in Qwen2's own tokenizer class and mangles a custom vocabulary silently.
+    swaps in Qwen2's own tokenizer class and mangles a custom vocabulary silently. A directory
+    it cannot read is refused at ``model.key``.
     """
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    try:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    except Exception as error:
+        if not (Path(path) / "tokenizer.json").is_file():
+            raise ModelError(_KEY, f"{path} holds no tokenizer.json, so no tokenizer to "
+                                   "read") from None
+        raise ModelError(_KEY, f"cannot read the tokenizer in {path}: {reason(error)}") from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -187,7 +209,24 @@ def load_tokenizer(path: str):
 
 
 def load_config(path: str):
-    """The transformers config of a model directory (no weights are read)."""
-    from transformers import AutoConfig
+    """The transformers config of a model directory (no weights are read); a missing, broken
+    or unknown config is refused at ``model.key`` naming the file and what is wrong."""
+    from causalab.models.readers import read_json
 
-    return AutoConfig.from_pretrained(path)
+    file = Path(path) / "config.json"
+    values = read_json(file)
+    if values is None:
+        raise ModelError(_KEY, f"{path} holds no config.json, so not a model directory")
+    family = values.get("model_type")
+    if not isinstance(family, str) or not family:
+        raise ModelError(_KEY, f"{file} has no model_type, so its model family is unknown")
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if family not in CONFIG_MAPPING:
+        raise ModelError(_KEY, f"{file} names model_type {family!r}, a family this "
+                               "transformers does not know")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as error:
+        raise ModelError(_KEY, f"{file} is not a valid {family} config: {reason(error)}") from None

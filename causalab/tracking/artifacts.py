@@ -8,17 +8,20 @@ Downloads land in ``$CAUSALAB_HOME/artifacts/<run_id>/`` (``~/.cache/causalab`` 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Callable
 
 from causalab.document.names import runs_uri_parts
 from causalab.engine.containment import inside
 from causalab.errors import TrackingError
-from causalab.tracking.reach import reach, source_of
-from causalab.tracking.runs import artifact_location_of, resolve_uri
+from causalab.tracking.reach import FETCH_ADVICE, reach, source_of
+from causalab.tracking.runs import artifact_location_of, client, resolve_uri, store_exists
 
 _WHERE = ("file_path",)
+_URI = ("uri",)
 
 
 def artifact_home() -> Path:
@@ -26,48 +29,126 @@ def artifact_home() -> Path:
     return Path(root) / "artifacts"
 
 
-def _download(uri: str, destination: Path, tracking_uri: str | None) -> Path:
+def _download(uri: str, destination: Path, tracking_uri: str | None, at: tuple) -> Path:
+    """Download ``uri`` into ``destination``; every way it can fail is one refusal at ``at``.
+
+    The store is reached first (an unreachable server is refused in seconds, not after
+    MLflow's minutes of retries) and a SQLite store that does not exist is never created.
+    """
     import mlflow.artifacts
 
+    from causalab.progress import mlflow_bars
+
+    store = resolve_uri(tracking_uri)
+    reach(store, source_of(), advice=FETCH_ADVICE)
+    if not store_exists(store):
+        raise TrackingError(at, f"there is no tracking store at {store}, so no run to download "
+                                f"{uri} from (give --tracking-uri or set MLFLOW_TRACKING_URI)")
+    run_id, path = runs_uri_parts(uri, whole_run=True)
     destination.mkdir(parents=True, exist_ok=True)
     try:
-        local = mlflow.artifacts.download_artifacts(
-            artifact_uri=uri, dst_path=str(destination), tracking_uri=resolve_uri(tracking_uri))
+        with mlflow_bars():  # MLflow takes a whole run only as runs:/<id>/
+            local = mlflow.artifacts.download_artifacts(
+                artifact_uri=f"runs:/{run_id}/{path}", dst_path=str(destination),
+                tracking_uri=store)
     except Exception as error:
-        raise TrackingError(_WHERE, f"cannot download {uri}: {type(error).__name__}: "
-                                    f"{str(error).splitlines()[0] if str(error) else ''}") from None
+        raise TrackingError(at, _missing(uri, store)
+                            or f"cannot download {uri} from {store}: {_reason(error)}") from None
     return Path(local)
 
 
-def _run_parts(uri: str, whole_run: bool = True) -> tuple[str, str]:
+def _reason(error: BaseException) -> str:
+    """A library error's first line, without its class name."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def _missing(uri: str, store: str) -> str | None:
+    """What the store lacks for ``uri`` in plain words (the run, or the file in it); None
+    when both are there and the download failed for another reason."""
+    from mlflow.exceptions import MlflowException
+
+    run_id, path = runs_uri_parts(uri, whole_run=True)
+    mlflow = client(store)
+    try:
+        mlflow.get_run(run_id)
+    except MlflowException as error:
+        if error.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return f"there is no run {run_id} in the store at {store}"
+        return None
+    if not path:
+        return None
+    folder = str(PurePosixPath(path).parent)
+    try:
+        infos = mlflow.list_artifacts(run_id, None if folder == "." else folder)
+        listed = [info.path for info in infos]
+    except Exception:
+        return None
+    if path.rstrip("/") in listed:
+        return None
+    names = [PurePosixPath(name).name for name in listed]
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    where = "it holds" if folder == "." else f"its folder {folder}/ holds"
+    return f"run {run_id} has no artifact {path!r} ({where} {shown or 'nothing'})"
+
+
+def _run_parts(uri: str, at: tuple, whole_run: bool = True) -> tuple[str, str]:
     """``runs:/<id>/<path>`` -> (id, path), each part a safe name (the path may be empty:
     the whole run), before anything is downloaded or created."""
     try:
         return runs_uri_parts(uri, whole_run=whole_run)
     except ValueError as error:
-        raise TrackingError(_WHERE, str(error)) from None
+        raise TrackingError(at, str(error)) from None
 
 
-def fetch(uri: str, out_path: str | None = None, tracking_uri: str | None = None) -> str:
+def fetch(uri: str, out_path: str | None = None, tracking_uri: str | None = None,
+          convert: Callable[[str, str], object] | None = None) -> str:
     """Download one artifact (``runs:/<run_id>/<path>``) to ``out_path`` and return where it is.
 
     ``out_path`` may be a file name, an existing directory, or None (the artifact's own file
-    name in the working directory).
+    name in the working directory). ``convert(source, target)`` rewrites the downloaded file
+    first (``fetch --basis``). The result is moved into place only once whole, so a refusal
+    leaves nothing at ``out_path``.
     """
-    run_id, path = _run_parts(uri)
-    reach(resolve_uri(tracking_uri), source_of())
+    run_id, path = _run_parts(uri, _URI)
     with tempfile.TemporaryDirectory(prefix="causalab-fetch-") as staging:
-        local = _download(uri, Path(staging), tracking_uri)
+        local = _download(uri, Path(staging) / "download", tracking_uri, _URI)
         name = Path(path).name or run_id
         target = Path(out_path) if out_path else Path(name)
         if target.is_dir():
             target = target / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if local.is_dir():
-            shutil.copytree(local, target, dirs_exist_ok=True)
-        else:
-            shutil.copyfile(local, target)
+        if convert is not None:
+            if local.is_dir():
+                raise TrackingError(_URI, f"{uri} is a folder of artifacts, not one file")
+            converted = Path(staging) / "converted"
+            convert(str(local), str(converted))
+            local = converted
+        _place(local, target, uri)
     return str(target)
+
+
+def _place(local: Path, target: Path, uri: str) -> None:
+    """Put a finished download at ``target`` by one rename from a name beside it; a folder
+    that is already there is merged into instead."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if local.is_dir() and target.is_dir():
+        shutil.copytree(local, target, dirs_exist_ok=True)
+        return
+    if local.is_dir() and target.exists():
+        raise TrackingError(_URI, f"{uri} is a folder of artifacts and {target} is a file")
+    part = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
+    try:
+        if local.is_dir():
+            shutil.copytree(local, part)
+        else:
+            shutil.copyfile(local, part)
+        os.replace(part, target)
+    except BaseException:
+        if part.is_dir():
+            shutil.rmtree(part, ignore_errors=True)
+        else:
+            part.unlink(missing_ok=True)
+        raise
 
 
 def resolve_artifact(uri: str, tracking_uri: str | None = None) -> str:
@@ -78,11 +159,11 @@ def resolve_artifact(uri: str, tracking_uri: str | None = None) -> str:
     """
     if not uri.startswith("runs:/"):
         return uri
-    run_id, path = _run_parts(uri, whole_run=False)
+    run_id, path = _run_parts(uri, _WHERE, whole_run=False)
     home = artifact_home()
     destination = home / run_id / Path(path).parent
     inside(home, destination, _WHERE)
-    local = _download(uri, destination, tracking_uri)
+    local = _download(uri, destination, tracking_uri, _WHERE)
     return str(inside(home, local, _WHERE))
 
 

@@ -26,12 +26,18 @@ def source_of(flag: Path = ("--tracking-uri",)) -> Path:
     return ("MLFLOW_TRACKING_URI",) if os.environ.get("MLFLOW_TRACKING_URI") else flag
 
 
+RUN_ADVICE = ("start it, point MLFLOW_TRACKING_URI or the tracking URI elsewhere, or turn "
+              "tracking off (--no-track, tracking.enabled=false)")
+FETCH_ADVICE = "start it, or point MLFLOW_TRACKING_URI or --tracking-uri at the store with the run"
+
+
 def reach(uri: str, at: Path = ("--tracking-uri",), tries: int = TRIES,
-          timeout_s: float = TIMEOUT_S) -> None:
+          timeout_s: float = TIMEOUT_S, advice: str = RUN_ADVICE) -> None:
     """Refuse at ``at`` unless the server at ``uri`` answers within ``tries`` short tries.
 
     Any HTTP answer counts as reached (a server behind authentication answers 401); only a
-    refused connection, a timeout or a name that does not resolve is unreachable.
+    refused connection, a timeout or a name that does not resolve is unreachable. ``advice``
+    ends the refusal: what a run can do differs from what a download can.
     """
     if not uri.startswith(("http://", "https://")):
         return
@@ -47,6 +53,4 @@ def reach(uri: str, at: Path = ("--tracking-uri",), tries: int = TRIES,
         if attempt + 1 < tries:
             time.sleep(PAUSE_S * (attempt + 1))
     raise TrackingError(at, f"cannot reach the tracking server at {uri} ({tries} tries in "
-                            f"{time.monotonic() - started:.1f} s: {last}); start it, point "
-                            "MLFLOW_TRACKING_URI or the tracking URI elsewhere, or turn tracking off "
-                            "(--no-track, tracking.enabled=false)")
+                            f"{time.monotonic() - started:.1f} s: {last}); {advice}")

@@ -15,6 +15,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+from urllib.parse import urlparse
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
@@ -50,13 +51,35 @@ _UNSAFE_KEY = re.compile(r"[^\w\-. /:]")
 def resolve_uri(configured: str | None = None, cwd: str | None = None) -> str:
     """The URI runs go to: ``MLFLOW_TRACKING_URI``, else ``configured``, else ./mlflow.db.
 
+    A plain path (no scheme) names a directory and gets what the working directory gets
+    without one: ``mlflow.db`` and ``mlartifacts/`` in it. To MLflow a plain path is its file
+    store, which causalab never uses (MLflow 3 refuses it too).
+
     >>> resolve_uri("http://127.0.0.1:5000") if "MLFLOW_TRACKING_URI" not in os.environ else ""
     'http://127.0.0.1:5000'
+    >>> resolve_uri("/srv/runs") if "MLFLOW_TRACKING_URI" not in os.environ else ""
+    'sqlite:////srv/runs/mlflow.db'
     """
     uri = os.environ.get("MLFLOW_TRACKING_URI") or configured
-    if uri:
+    if uri and len(urlparse(uri).scheme) > 1:
         return uri
-    return f"sqlite:///{Path(cwd or os.getcwd()).resolve() / DATABASE}"
+    folder = Path(cwd or os.getcwd()) / (uri or "")
+    return f"sqlite:///{folder.resolve() / DATABASE}"
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI (None for any other store, or in memory)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    name = uri[len("sqlite:///"):].split("?", 1)[0]
+    return None if name in ("", ":memory:") else Path(name)
+
+
+def store_exists(uri: str) -> bool:
+    """False only for a SQLite store whose file is not there: opening it would create it, and
+    a verb that reads (``runs``, ``fetch``) must not."""
+    database = sqlite_file(uri)
+    return database is None or database.is_file()
 
 
 def artifact_location(uri: str) -> str | None:
@@ -286,12 +309,15 @@ def list_runs(produced_by: str | None = None, tracking_uri: str | None = None,
     """Tracked runs as plain dicts, newest first; ``produced_by`` keeps one point digest's.
 
     ``experiment`` (else MLFLOW_EXPERIMENT_NAME) narrows to one experiment; without either,
-    every active experiment of the store is searched.
+    every active experiment of the store is searched. A SQLite store that is not there has
+    no runs and is not created.
 
     >>> rows = list_runs(produced_by="0" * 64)  # doctest: +SKIP
     """
     uri = resolve_uri(tracking_uri)
     reach(uri, source_of())
+    if not store_exists(uri):
+        return []
     mlflow = client(uri)
     name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME")
     if name:

@@ -79,7 +79,7 @@ def test_an_unreachable_tracking_store_is_refused_in_one_line(capsys, monkeypatc
     status, err = _explain(capsys, monkeypatch, tmp_path, _document(tmp_path, bundle, 0),
                            f"http://127.0.0.1:{port}")
     assert status == 1
-    assert err.count("\n") == 1 and f"{AT}: cannot download" in err
+    assert err.count("\n") == 1 and f"{AT}: cannot reach the tracking server" in err
 
 
 def test_a_run_with_a_tracked_bundle_and_no_store_is_refused_at_compile_time(monkeypatch, tmp_path):
