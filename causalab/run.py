@@ -179,6 +179,14 @@ class _CallableModule(types.ModuleType):
 sys.modules[__name__].__class__ = _CallableModule
 
 
+def _leave_interrupted(status: int) -> None:
+    """End a multirun parent this process opened KILLED, then leave at once (``leave``)."""
+    opened = sys.modules.get("causalab.tracking.callbacks")
+    if opened is not None:
+        opened.end_open_parents("KILLED", f"interrupted ({signal.Signals(status - 128).name})")
+    leave(status)
+
+
 if __name__ == "__main__":
     process_settings()
     # conf/hydra/launcher/ray.yaml and submitit_slurm.yaml share their names with the plugins'
@@ -188,13 +196,16 @@ if __name__ == "__main__":
     # importable module instead, or a launcher would pickle ``__main__``'s code by value.
     from causalab.run import main as entry
 
+    # Interrupts count from the start: one that lands while Hydra starts, or in a launcher
+    # waiting on its workers (joblib), is one line and ends what this process opened, as
+    # one inside a job is.
     try:
-        entry()
+        with interrupts():
+            entry()
+    except KeyboardInterrupt as stop:
+        print(one_line(stop), file=sys.stderr)
+        _leave_interrupted(exit_status(stop))
     except SystemExit as stop:
         if stop.code in INTERRUPTED:
-            opened = sys.modules.get("causalab.tracking.callbacks")  # a multirun's parent
-            if opened is not None:
-                name = signal.Signals(stop.code - 128).name
-                opened.end_open_parents("KILLED", f"interrupted ({name})")
-            leave(stop.code)
+            _leave_interrupted(stop.code)
         raise

@@ -91,12 +91,12 @@ class MultirunParent(Callback):
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
         if self._parent is None:
             return
-        parent, self._parent = self._parent, None
-        _OPEN.remove(self)
+        parent = self._parent  # still open: an interrupt from here on ends it KILLED
         mlflow = store.client(parent["tracking_uri"])
         jobs.reap(parent)
         children = store.children(mlflow, parent["experiment_id"], parent["run_id"])
         if not children:
+            self._close()
             mlflow.delete_run(parent["run_id"])
             return
         points = [(_coordinates(run), dict(run.data.metrics)) for run in children]
@@ -107,7 +107,14 @@ class MultirunParent(Callback):
         if ranking is not None:
             artifacts.log_bytes(mlflow, parent["run_id"], ranking, RANKING)
         good = all(run.info.status == "FINISHED" for run in children)
+        self._close()
         store.terminate(mlflow, parent["run_id"], "FINISHED" if good else "FAILED")
+
+    def _close(self) -> None:
+        """This parent is being ended: no exit handler or interrupt ends it again."""
+        self._parent = None
+        _OPEN.remove(self)
+        atexit.unregister(self._abandon)
 
     def _abandon(self, status: str = "FAILED",
                  reason: str = "the multirun stopped before its end") -> None:
@@ -115,9 +122,8 @@ class MultirunParent(Callback):
         :func:`end_open_parents`, was interrupted)."""
         if self._parent is None:
             return
-        parent, self._parent = self._parent, None
-        _OPEN.remove(self)
-        atexit.unregister(self._abandon)
+        parent = self._parent
+        self._close()
         mlflow = store.client(parent["tracking_uri"])
         jobs.reap(parent)
         if not store.children(mlflow, parent["experiment_id"], parent["run_id"]):
