@@ -36,6 +36,8 @@ def _json_path(loc: tuple, data: Any, missing: bool) -> Path:
     return tuple(path)
 
 
+# pydantic words these with the schema's class (``instance of ModelSpec``): not the author's.
+_NAMING_A_CLASS = ("model_type", "dict_type")
 _EXPECTED = {"int_type": "an integer", "float_type": "a number", "finite_number":
              "a finite number", "string_type": "a string", "bool_type": "a boolean",
              "model_type": "an object", "dict_type": "an object", "list_type": "a list",
@@ -85,10 +87,11 @@ def translate(error: ValidationError, data: Any) -> DocumentError:
         message = f"unknown key {path[-1]!r}"
     elif item["type"] == "missing" and path:
         message = f"missing required field {path[-1]!r}"
-    elif item["type"] == "too_short" and (item.get("ctx") or {}).get("min_length") == 1:
+    elif item["type"] in ("too_short", "string_too_short") \
+            and (item.get("ctx") or {}).get("min_length") == 1:
         message = "must not be empty"
     same = [it for it, p in zip(items, paths) if p == path and it["type"] in _EXPECTED]
-    if item["type"] in _EXPECTED and len(same) > 1:
+    if item["type"] in _EXPECTED and (len(same) > 1 or item["type"] in _NAMING_A_CLASS):
         expected = list(dict.fromkeys(_EXPECTED[it["type"]] for it in same))
         message = f"expected {' or '.join(expected)}, got {_json_type(item.get('input'))}"
     return DocumentError(path, message)

@@ -495,3 +495,13 @@ def test_the_unchanged_examples_are_valid(base):
 def test_every_rule_of_the_validate_table_has_a_case():
     rules = {param.id.split("-")[0] for param in CASES}
     assert rules == {f"V{n}" for n in range(1, 29)}
+
+
+@pytest.mark.parametrize("path, value, message", [
+    (("model",), "x", "expected an object, got a string"),
+    (("sites", "target"), [1], "expected an object, got a list"),
+    (("model", "revision"), "", "must not be empty"),
+])
+def test_a_refusal_speaks_of_json_types_never_of_the_schema_s_classes(path, value, message):
+    # pydantic's "a valid dictionary or instance of ModelSpec" named a Python class.
+    assert _refusal(patching, lambda d: _set(d, path, value)).message == message
