@@ -12,6 +12,7 @@ engine's (engine/bundles.py).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from typing import Callable
@@ -27,6 +28,10 @@ IDENTITY_KEYS = (
 )
 SAE_TENSORS = ("W_enc", "W_dec", "b_enc", "b_dec")  # a plain (non-SAELens) dictionary file
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+# Bytes per element of each safetensors dtype; any other dtype is refused.
+_DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2,
+                "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8,
+                "F64": 8}
 _MAX_HEADER = 100 * 1024 * 1024
 _SAE_KINDS = ("sae", "linear")
 _BASIS_KINDS = ("subspace", "pca")
@@ -52,8 +57,52 @@ def weights_file(path: str) -> str:
     return os.path.join(path, SAELENS_WEIGHTS) if os.path.isdir(path) else path
 
 
+def _is_count(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _span(name: str, entry) -> tuple[int, int]:
+    """A tensor entry's ``(begin, end)`` in the data section, once its dtype, shape and
+    offsets are well formed and the byte length is the shape's."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"tensor {name} is not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in _DTYPE_SIZES:
+        raise ValueError(f"tensor {name} has an unknown dtype {str(dtype)[:20]!r}")
+    if not isinstance(shape, list) or not all(_is_count(n) for n in shape):
+        raise ValueError(f"tensor {name} has a malformed shape")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_count(n) for n in offsets)
+            or offsets[0] > offsets[1]):
+        raise ValueError(f"tensor {name} has malformed data_offsets")
+    length = math.prod(shape) * _DTYPE_SIZES[dtype]
+    if offsets[1] - offsets[0] != length:
+        raise ValueError(f"tensor {name} spans {offsets[1] - offsets[0]} bytes; "
+                         f"its shape {shape} of {dtype} needs {length}")
+    return offsets[0], offsets[1]
+
+
+def _check_layout(header: dict, data: int) -> None:
+    """What safetensors itself requires: string metadata, and tensors that tile the ``data``
+    bytes exactly, in offset order, with no overlap and no hole."""
+    metadata = header.get("__metadata__")
+    if metadata is not None and (not isinstance(metadata, dict)
+                                 or not all(isinstance(v, str) for v in metadata.values())):
+        raise ValueError("__metadata__ is not an object of strings")
+    spans = sorted((*_span(name, entry), name) for name, entry in header.items()
+                   if name != "__metadata__")
+    end = 0
+    for begin, stop, name in spans:
+        if begin != end:
+            raise ValueError(f"tensor {name} starts at byte {begin}, not {end}: the data offsets "
+                             "overlap or leave a hole")
+        end = stop
+    if end != data:
+        raise ValueError(f"the tensors end at byte {end}, the data section has {data} (truncated?)")
+
+
 def _header(path: str, at: Path) -> dict:
-    """The parsed safetensors header of ``path`` (a file or a SAELens directory)."""
+    """The parsed safetensors header of ``path`` (a file or a SAELens directory), refused (C8)
+    unless it describes the file's bytes as the safetensors format requires."""
     file = weights_file(path)
     if not os.path.isfile(file):
         raise CompileError(at, f"bundle not found: {file}")
@@ -66,10 +115,8 @@ def _header(path: str, at: Path) -> dict:
             header = json.loads(handle.read(length))
         if not isinstance(header, dict):
             raise ValueError("header is not an object")
-        ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
-        if max(ends, default=0) != size - 8 - length:
-            raise ValueError("data section does not match the header (truncated?)")
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+        _check_layout(header, size - 8 - length)
+    except (OSError, ValueError, RecursionError) as exc:
         raise CompileError(at, f"unreadable bundle {file}: {exc}") from None
     return header
 
@@ -82,8 +129,7 @@ def read_header(path: str, *, at: Path = ()) -> dict:
            if name != "__metadata__" and entry.get("dtype") not in _FLOAT_DTYPES]
     if bad:
         raise CompileError(at, f"bundle tensors must be floating point; not: {', '.join(bad)}")
-    metadata = header.get("__metadata__") or {}
-    header["__metadata__"] = {str(key): str(value) for key, value in metadata.items()}
+    header["__metadata__"] = dict(header.get("__metadata__") or {})
     return header
 
 
@@ -172,9 +218,10 @@ def resolve_bundle(file_path: str, resolver: Resolver | None, at: Path) -> str:
     return local
 
 
-def _saelens_config(path: str, spec, at: Path) -> dict | None:
-    """The normalised SAELens config of an sae/linear bundle: its cfg.json, else the
-    document's ``saelens`` block; None for a plain dictionary file with neither."""
+def _saelens_config(path: str, spec, at: Path) -> tuple[dict, str] | None:
+    """``(normalised SAELens config, where it came from)`` of an sae/linear bundle: its
+    cfg.json, else the document's ``saelens`` block; None for a plain dictionary file with
+    neither. A cfg.json that names no hook takes the block's ``hook_name``, if it has one."""
     block = getattr(spec, "saelens", None) or {}
     directory = path if os.path.isdir(path) else os.path.dirname(path)
     config_file = os.path.join(directory, SAELENS_CONFIG)
@@ -183,17 +230,20 @@ def _saelens_config(path: str, spec, at: Path) -> dict | None:
         try:
             with open(config_file, encoding="utf-8") as handle:
                 config = json.load(handle)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise CompileError(at, f"unreadable {config_file}: {exc}") from None
-        return saelens.normalise(config, at)
+        config = saelens.normalise(config, at, config_file)
+        if "hook_name" not in config and block.get("hook_name"):
+            config["hook_name"] = block["hook_name"]
+        return config, config_file
     if own or block:
-        return saelens.from_document(block, at)
+        return saelens.from_document(block, at, config_file), saelens.BLOCK
     return None
 
 
-def _check_dictionary(spec, config: dict, header: dict, at: Path) -> dict:
+def _check_dictionary(spec, config: dict, source: str, header: dict, at: Path) -> dict:
     """A SAELens dictionary's options, after its cfg, tensors and site are checked."""
-    options = saelens.check(config, header, spec.stamp, at)
+    options = saelens.check(config, header, spec.stamp, at, source)
     enc = tuple(header["W_enc"]["shape"])
     if enc[0] != spec.d or (spec.k is not None and enc[1] != spec.k):
         raise _shape_error(at, spec.kind, "W_enc", enc, (spec.d, spec.k if spec.k is not None else "k"))
@@ -229,7 +279,7 @@ def check_bundle(spec, *, resolver: Resolver | None = None) -> dict:
         raise CompileError(at, "bundle has no identity stamp; set trust_unstamped: true to load it "
                                "(only shapes are then checked)")
     if config is not None:
-        return _check_dictionary(spec, config, header, at)
+        return _check_dictionary(spec, *config, header, at)
     shapes = {name: tuple(entry["shape"]) for name, entry in header.items()}
     check_shapes(spec.kind, shapes, spec.d, spec.k, at)
     return {}

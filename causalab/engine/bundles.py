@@ -3,14 +3,16 @@
 A bundle causalab writes is a safetensors file with one tensor under ``weight`` and a
 ``__metadata__`` stamp of strings (docs/format.md §8.3); the stamp check itself lives in
 compile/bundles.py and runs again here before loading. Never compares bytes: header order
-is not reproducible, so bundles are compared by content.
+is not reproducible, so bundles are compared by content. :func:`check_plan_bundles` reads
+every bundle file a plan loads for NaN and Inf before the run writes anything.
 """
 from __future__ import annotations
 
 from causalab.compile.bundles import (  # noqa: F401  (read_stamp re-exported for callers)
-    Resolver, check_bundle, document_stamp, local_bundle_path, read_stamp, step_source,
-    weights_file,
+    Resolver, check_bundle, document_stamp, is_uri, local_bundle_path, read_stamp, resolve_bundle,
+    step_source, weights_file,
 )
+from causalab.compile.plan import FeaturizerSpec, Featurizers
 from causalab.errors import RunError
 from causalab.files import TENSOR_KEY
 
@@ -28,19 +30,58 @@ def read_bundle(path: str) -> tuple[dict[str, str], dict]:
     return metadata, tensors
 
 
-def load_bundle(spec, *, resolver: Resolver | None = None) -> tuple[dict, dict]:
-    """Check then load a spec's bundle: ``({name: tensor}, featurizer options)``."""
+def _refuse_non_finite(spec, name: str, tensor) -> None:
     import torch
 
+    finite = torch.isfinite(tensor)
+    if not bool(finite.all()):
+        raise RunError(("featurizers", spec.name, "file_path"), f"bundle tensor {name} holds "
+                       f"{int((~finite).sum())} NaN or Inf values of {tensor.numel()}; "
+                       "a featurizer must be finite")
+
+
+def load_bundle(spec, *, resolver: Resolver | None = None) -> tuple[dict, dict]:
+    """Check then load a spec's bundle: ``({name: tensor}, featurizer options)``."""
     options = check_bundle(spec, resolver=resolver)
     path = local_bundle_path(spec.file_path, resolver)
     _, tensors = read_bundle(path)
     for name, tensor in tensors.items():
-        if not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
-            raise RunError(("featurizers", spec.name, "file_path"), f"bundle tensor {name} holds "
-                           f"{bad} NaN or Inf values of {tensor.numel()}; a featurizer must be finite")
+        _refuse_non_finite(spec, name, tensor)
     return tensors, options
+
+
+def check_finite(spec, *, resolver: Resolver | None = None) -> None:
+    """Refuse a spec's bundle file holding NaN or Inf, as :func:`load_bundle` does, reading
+    one tensor at a time so a large SAE is never held whole beside the model."""
+    from safetensors import safe_open
+
+    at = ("featurizers", spec.name, "file_path")
+    file = weights_file(resolve_bundle(spec.file_path, resolver, at))
+    with safe_open(file, framework="pt", device="cpu") as handle:
+        for name in handle.keys():
+            _refuse_non_finite(spec, name, handle.get_tensor(name))
+
+
+def bundle_files(node, resolver: Resolver | None = None) -> dict[str, FeaturizerSpec]:
+    """Each distinct bundle file a plan loads (file path -> the first spec naming it): the
+    specs compile checked, so not an earlier step's output nor a URI with no store to ask."""
+    found: dict[str, FeaturizerSpec] = {}
+    if isinstance(node, Featurizers):
+        for spec in node.featurizers:
+            path = spec.file_path
+            if (path is not None and step_source(path) is None
+                    and (resolver is not None or not is_uri(path))):
+                found.setdefault(path, spec)
+    for child in getattr(node, "children", ()):
+        for path, spec in bundle_files(child, resolver).items():
+            found.setdefault(path, spec)
+    return found
+
+
+def check_plan_bundles(plan, *, resolver: Resolver | None = None) -> None:
+    """Refuse NaN or Inf in any bundle file the plan loads, before the run writes anything."""
+    for spec in bundle_files(plan, resolver).values():
+        check_finite(spec, resolver=resolver)
 
 
 def stamp_metadata(stamp: dict[str, str], *, produced_by: str) -> dict[str, str]:

@@ -27,6 +27,7 @@ from causalab.files import SAELENS_CONFIG, SAELENS_WEIGHTS
 
 D, K, D_SAE = 16, 4, 24
 AT = ("featurizers", "rot", "file_path")
+SAELENS_SITE = {"component": "block_output", "layer": "1"}  # blocks.1.hook_resid_post
 
 
 def _stamp(kind="subspace", k=K, **changes) -> dict[str, str]:
@@ -123,6 +124,55 @@ def test_a_corrupt_bundle_is_refused(tmp_path, damage):
     assert refused.value.path == AT
 
 
+def _rewrite_header(path, edit) -> None:
+    """Rewrite a safetensors file's JSON header with ``edit(header)``, keeping its data bytes."""
+    data = path.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    edit(header)
+    text = json.dumps(header).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + length:])
+
+
+def _offsets(**spans):
+    def edit(header):
+        for name, offsets in spans.items():
+            header[name]["data_offsets"] = offsets
+    return edit
+
+
+def _set(name, key, value):
+    def edit(header):
+        header[name][key] = value
+    return edit
+
+
+# Two F32 tensors of 64 and 96 bytes, a at [0, 64] and b at [64, 160]. Every damage keeps the
+# largest end at the data's 160 bytes, the one thing a header was once checked against.
+LAYOUTS = {
+    "overlap": _offsets(a=[96, 160]),  # a reads b's last bytes; bytes 0-64 belong to none
+    "hole": lambda header: header["b"].update(shape=[20], data_offsets=[80, 160]),
+    "swapped-lengths": _offsets(a=[0, 96], b=[96, 160]),
+    "unknown-dtype": _set("a", "dtype", "F12"),
+    "dtype-not-a-string": _set("a", "dtype", ["F32"]),
+    "shape-of-booleans": _set("a", "shape", [True, 16]),
+    "offsets-backwards": _offsets(a=[64, 0]),
+    "metadata-not-strings": lambda header: header.update(__metadata__={"layer": 1}),
+}
+
+
+@pytest.mark.parametrize("damage", list(LAYOUTS))
+def test_a_header_that_does_not_describe_the_data_as_safetensors_requires_is_refused(tmp_path, damage):
+    path = tmp_path / "rot.safetensors"
+    save_file({"a": torch.zeros(16), "b": torch.zeros(24)}, str(path))
+    _rewrite_header(path, _offsets(a=[0, 64], b=[64, 160]))
+    read_stamp(str(path))  # rewritten as it was laid out, the file is valid
+    _rewrite_header(path, LAYOUTS[damage])
+    with pytest.raises(CompileError) as refused:
+        read_stamp(str(path), at=AT)
+    assert refused.value.path == AT and str(path) in refused.value.message
+
+
 def test_a_dictionary_given_where_a_subspace_is_declared_is_refused(tmp_path):
     path = tmp_path / "sae.safetensors"
     save_file(_dictionary(), str(path))
@@ -167,14 +217,14 @@ def _saelens_dir(tmp_path, **config) -> str:
     directory.mkdir()
     save_file(_dictionary(), str(directory / SAELENS_WEIGHTS))
     cfg = {"d_in": D, "d_sae": D_SAE, "architecture": "standard", "apply_b_dec_to_input": True,
-           "normalize_activations": "none", **config}
+           "normalize_activations": "none", "hook_name": "blocks.1.hook_resid_post", **config}
     (directory / SAELENS_CONFIG).write_text(json.dumps(cfg))
     return str(directory)
 
 
 def test_a_saelens_directory_loads_as_an_sae(tmp_path):
     directory = _saelens_dir(tmp_path)
-    sae = build_featurizer(_spec(directory, kind="sae", k=None, trust=True, stamp={}), "cpu")
+    sae = build_featurizer(_spec(directory, kind="sae", k=None, trust=True, stamp=SAELENS_SITE), "cpu")
     tensors = _dictionary()
     x = torch.randn(2, D)
     f, _ = sae.featurize(x)
@@ -184,19 +234,22 @@ def test_a_saelens_directory_loads_as_an_sae(tmp_path):
 
 def test_a_saelens_directory_that_does_not_subtract_b_dec_is_honoured(tmp_path):
     directory = _saelens_dir(tmp_path, apply_b_dec_to_input=False)
-    sae = build_featurizer(_spec(directory, kind="sae", k=None, trust=True, stamp={}), "cpu")
+    sae = build_featurizer(_spec(directory, kind="sae", k=None, trust=True, stamp=SAELENS_SITE), "cpu")
     tensors = _dictionary()
     x = torch.randn(2, D)
     assert torch.allclose(sae.featurize(x)[0], torch.relu(x @ tensors["W_enc"] + tensors["b_enc"]), atol=1e-5)
 
 
-@pytest.mark.parametrize("config", [{"architecture": "jumprelu"}, {"normalize_activations": "expected_average_only_in"}],
+@pytest.mark.parametrize("config,named", [({"architecture": "jumprelu"}, "threshold"),
+                                          ({"normalize_activations": "expected_average_only_in"},
+                                           "normalize_activations")],
                          ids=["jumprelu-without-threshold", "normalized"])
-def test_a_saelens_directory_whose_cfg_its_tensors_or_causalab_cannot_meet_is_refused(tmp_path, config):
+def test_a_saelens_directory_whose_cfg_its_tensors_or_causalab_cannot_meet_is_refused(tmp_path, config,
+                                                                                      named):
     directory = _saelens_dir(tmp_path, **config)
     with pytest.raises(CompileError) as refused:
-        check_bundle(_spec(directory, kind="sae", k=None, trust=True, stamp={}))
-    assert refused.value.path == AT
+        check_bundle(_spec(directory, kind="sae", k=None, trust=True, stamp=SAELENS_SITE))
+    assert refused.value.path == AT and named in refused.value.message
 
 
 def test_a_saved_featurizer_carries_the_full_stamp_and_loads_back(tmp_path):
@@ -236,3 +289,38 @@ def test_reading_a_stamp_does_not_import_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_check_finite_refuses_nan_or_inf_with_the_error_loading_gives(tmp_path):
+    from causalab.engine.bundles import check_finite, load_bundle
+    from causalab.errors import RunError
+
+    path = tmp_path / "rot.safetensors"
+    save_file({"weight": _weight()}, str(path), metadata=_stamp())
+    assert check_finite(_spec(path)) is None
+    weight = _weight()
+    weight[1, 2] = float("inf")
+    save_file({"weight": weight}, str(path), metadata=_stamp())
+    with pytest.raises(RunError) as streamed:
+        check_finite(_spec(path))
+    with pytest.raises(RunError) as loaded:
+        load_bundle(_spec(path))
+    assert streamed.value.path == AT and "weight holds 1 NaN or Inf" in streamed.value.message
+    assert streamed.value.message == loaded.value.message
+
+
+def test_the_bundles_checked_before_a_run_are_each_file_once_and_no_step_output():
+    import dataclasses
+
+    from causalab.compile.plan import Featurizers, Plan
+    from causalab.engine.bundles import bundle_files
+
+    file = _spec("rot.safetensors")
+    published = dataclasses.replace(file, name="pub", file_path="steps:harvest/basis")
+    tracked = dataclasses.replace(file, name="tracked", file_path="runs:/abc/rot.safetensors")
+    trained = dataclasses.replace(file, name="fresh", file_path=None)
+    node = Featurizers(name="featurizers", featurizers=(file, published, tracked, trained))
+    points = tuple(Plan(name=f"p{i}", directory=f"p{i}", children=(node,)) for i in range(2))
+    plan = Plan(name="root", directory="", children=points)
+    assert bundle_files(plan) == {"rot.safetensors": file}
+    assert list(bundle_files(plan, resolver=str)) == ["rot.safetensors", "runs:/abc/rot.safetensors"]

@@ -231,6 +231,79 @@ def test_a_bare_saelens_weights_file_is_refused_unless_the_document_says_its_cfg
     assert (sae.featurize(x)[0] - expected["topk.latents"]).abs().max() <= TOLERANCE
 
 
+# A field of the wrong JSON type: the fixture it is put in, the change, the field named.
+WRONG_TYPES = {
+    "architecture-list": ("standard", {"architecture": ["topk"]}, "architecture"),
+    "architecture-object": ("standard", {"architecture": {"name": "topk"}}, "architecture"),
+    "metadata-string": ("standard", {"metadata": "blocks.1.hook_resid_post"}, "metadata"),
+    "pre-6-kwargs-list": ("pre6_topk", {"activation_fn_kwargs": [8]}, "activation_fn_kwargs"),
+    "k-true": ("topk", {"k": True}, "k"),
+    "pre-6-k-true": ("pre6_topk", {"activation_fn_kwargs": {"k": True}}, "activation_fn_kwargs.k"),
+    "apply-b-dec-string": ("standard", {"apply_b_dec_to_input": "false"}, "apply_b_dec_to_input"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRONG_TYPES))
+def test_a_cfg_field_of_the_wrong_json_type_is_refused_naming_the_file_and_field(tmp_path, case):
+    name, changes, field = WRONG_TYPES[case]
+    directory = _copy(name, tmp_path, **changes)
+    with pytest.raises(CompileError) as refused:
+        check_bundle(_spec(directory))
+    assert refused.value.path == AT
+    assert refused.value.message.startswith(f"{directory / SAELENS_CONFIG}: {field} must be ")
+
+
+def test_a_cfg_nested_past_the_parsers_depth_is_refused_as_unreadable(tmp_path):
+    directory = _copy("standard", tmp_path)
+    (directory / SAELENS_CONFIG).write_text("[" * 100_000)
+    with pytest.raises(CompileError) as refused:
+        check_bundle(_spec(directory))
+    assert refused.value.path == AT
+    assert refused.value.message.startswith(f"unreadable {directory / SAELENS_CONFIG}")
+
+
+@pytest.mark.parametrize("name,changes", [("topk", {"k": D_SAE + 1}),
+                                          ("pre6_topk", {"activation_fn_kwargs": {"k": 1000}})],
+                         ids=["k", "pre-6-activation-fn-kwargs-k"])
+def test_a_topk_k_above_d_sae_is_refused_at_compile_naming_k_and_d_sae(tmp_path, name, changes):
+    directory = _copy(name, tmp_path, **changes)
+    with pytest.raises(CompileError) as refused:
+        check_bundle(_spec(directory))
+    assert refused.value.path == AT and refused.value.message.startswith("k:")
+    assert f"{D_SAE} latents (d_sae)" in refused.value.message
+    every = _copy("topk", tmp_path / "every", k=D_SAE)  # k = d_sae keeps every latent
+    assert check_bundle(_spec(every))["k"] == D_SAE
+
+
+def test_a_saelens_folder_without_cfg_json_is_refused_naming_the_folder(tmp_path):
+    directory = _copy("standard", tmp_path)
+    (directory / SAELENS_CONFIG).unlink()
+    with pytest.raises(CompileError) as refused:
+        check_bundle(_spec(directory))
+    assert refused.value.path == AT
+    assert refused.value.message.startswith(f"no {directory / SAELENS_CONFIG}: ")
+
+
+HOOKLESS = {"6": ("standard", {"metadata": {"sae_lens_version": "6.54.12"}}),
+            "pre-6": ("pre6_relu", {"hook_point": None})}
+
+
+@pytest.mark.parametrize("case", list(HOOKLESS))
+def test_a_cfg_without_a_hook_name_is_refused_unless_the_document_block_says_it(tmp_path, case):
+    name, changes = HOOKLESS[case]
+    directory = _copy(name, tmp_path, **changes)
+    with pytest.raises(CompileError) as refused:
+        check_bundle(_spec(directory))
+    assert refused.value.path == AT
+    assert refused.value.message.startswith(f"{directory / SAELENS_CONFIG} has no hook_name")
+    block = {"architecture": "standard", "apply_b_dec_to_input": True, "normalize_activations": "none"}
+    here = _spec(directory, saelens={**block, "hook_name": "blocks.1.hook_resid_post"})
+    assert check_bundle(here)["architecture"] == "standard"
+    with pytest.raises(CompileError) as elsewhere:
+        check_bundle(_spec(directory, saelens={**block, "hook_name": "blocks.2.hook_resid_post"}))
+    assert elsewhere.value.message.startswith("hook_name:")
+
+
 # 4. What causalab writes, SAELens's format, loads back as it was.
 
 def test_write_saelens_dir_writes_what_causalab_loads_back_bit_for_bit(tmp_path, x, expected):
@@ -249,6 +322,14 @@ def test_write_saelens_dir_refuses_a_hook_no_site_has_and_writes_nothing(tmp_pat
     with pytest.raises(CompileError):
         write_saelens_dir(tmp_path / "bad", tensors, {"hook_name": "blocks.1.hook_nowhere"})
     assert not (tmp_path / "bad").exists()
+
+
+def test_write_saelens_dir_refuses_a_cfg_without_a_hook_as_it_would_not_load_back(tmp_path):
+    tensors = load_file(str(FIXTURES / "standard" / SAELENS_WEIGHTS))
+    with pytest.raises(CompileError) as refused:
+        write_saelens_dir(tmp_path / "hookless", tensors, {})
+    assert "has no hook_name" in refused.value.message
+    assert not (tmp_path / "hookless").exists()
 
 
 def test_a_plain_dictionary_file_without_cfg_still_needs_trust(tmp_path):
@@ -328,3 +409,19 @@ def test_explain_refuses_a_saelens_directory_off_its_hook_in_one_line(capsys, tm
     err = capsys.readouterr().err
     assert status == 1 and err.count("\n") == 1
     assert "featurizers.dictionary.file_path: hook_name:" in err
+
+
+def test_a_saelens_folder_holding_nan_is_refused_before_the_run_writes_anything(tmp_path):
+    from causalab.errors import RunError
+    from causalab.pipeline import run_document
+
+    directory = _copy("standard", tmp_path / "sae")
+    weights = load_file(str(directory / SAELENS_WEIGHTS))
+    weights["W_enc"][3, 5] = float("nan")
+    save_file(weights, str(directory / SAELENS_WEIGHTS))
+    out = tmp_path / "out"
+    with pytest.raises(RunError) as refused:
+        run_document(_document(directory), out=str(out), device_map="cpu",
+                     data_root=str(REPO / "documents" / "data"))
+    assert refused.value.path == AT and refused.value.message.startswith("bundle tensor W_enc holds 1 NaN")
+    assert not out.exists() or not any(out.iterdir())
