@@ -366,7 +366,7 @@ class TrackingEvents(Events):
     def __enter__(self) -> "TrackingEvents":
         """Reach the store now, in seconds, before the run compiles or loads a model."""
         flag = ("--tracking-uri",) if self.argv is not None else ("tracking", "uri")
-        reach(self.uri, source_of(flag))
+        reach(self.uri, source_of(flag), writes=True)
         return self
 
     def __exit__(self, kind, error, traceback) -> None:

@@ -4,15 +4,19 @@ MLflow's own client retries an unreachable server for minutes (seven retries, do
 back-off, two-minute timeouts) and does so only at the first call, which a run makes after
 its model has loaded. :func:`reach` asks the server's ``/health`` first, with short timeouts
 and a bounded number of tries, so ``causalab run`` and ``causalab runs`` fail in seconds
-with the URI named. A SQLite or file store is local and is not probed (probing would create
-it). Sets no environment variable and never touches MLflow's retry settings.
+with the URI named. A SQLite store is local: a run (``writes``) checks that its file can be
+made where it says (else SQLAlchemy retries for minutes), without making it; MLflow's
+retired file store (``file:``) is refused. Sets no environment variable and never touches
+MLflow's retry settings.
 """
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path as FilePath
 
 from causalab.errors import Path, TrackingError
 
@@ -32,13 +36,18 @@ FETCH_ADVICE = "start it, or point MLFLOW_TRACKING_URI or --tracking-uri at the 
 
 
 def reach(uri: str, at: Path = ("--tracking-uri",), tries: int = TRIES,
-          timeout_s: float = TIMEOUT_S, advice: str = RUN_ADVICE) -> None:
+          timeout_s: float = TIMEOUT_S, advice: str = RUN_ADVICE, writes: bool = False) -> None:
     """Refuse at ``at`` unless the server at ``uri`` answers within ``tries`` short tries.
 
     Any HTTP answer counts as reached (a server behind authentication answers 401); only a
     refused connection, a timeout or a name that does not resolve is unreachable. ``advice``
     ends the refusal: what a run can do differs from what a download can.
     """
+    if uri.startswith("file:"):
+        raise TrackingError(at, f"{uri} is MLflow's file store, which MLflow 3 no longer writes; "
+                                "give a folder (its mlflow.db) or sqlite:///<folder>/mlflow.db")
+    if writes and uri.startswith("sqlite:///"):
+        _writable_database(uri, at)
     if not uri.startswith(("http://", "https://")):
         return
     started, last = time.monotonic(), ""
@@ -54,3 +63,28 @@ def reach(uri: str, at: Path = ("--tracking-uri",), tries: int = TRIES,
             time.sleep(PAUSE_S * (attempt + 1))
     raise TrackingError(at, f"cannot reach the tracking server at {uri} ({tries} tries in "
                             f"{time.monotonic() - started:.1f} s: {last}); {advice}")
+
+
+def _writable_database(uri: str, at: Path) -> None:
+    """Refuse at ``at`` a SQLite file that cannot be made: a folder in its place, a file where
+    a folder should be, or a folder nothing can be written in (tried, not asked: root is
+    let through by ``os.access`` where the kernel still refuses, as in ``/proc``)."""
+    name = uri[len("sqlite:///"):].split("?", 1)[0]
+    if name in ("", ":memory:"):
+        return
+    database = FilePath(name)
+    if database.exists():
+        if not database.is_file():
+            raise TrackingError(at, f"{uri}: {database} is not a file")
+        return
+    folder = database.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise TrackingError(at, f"{uri}: {folder} is a file, so no folder can hold the store")
+    try:
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".causalab-probe-")
+    except OSError as error:
+        raise TrackingError(at, f"{uri}: cannot write in {folder} ({error.strerror})") from None
+    os.close(handle)
+    os.unlink(probe)

@@ -248,3 +248,23 @@ def test_explain_refuses_an_unreachable_store_in_seconds(tmp_path, dead_port, th
     line = one_refusal(done.stderr, "featurizers.rot.file_path")
     assert f"cannot reach the tracking server at {server}" in line
     assert time.monotonic() - started < 30  # MLflow's own retries take about four minutes
+
+
+@pytest.mark.parametrize("where", ["proc", "under_a_file", "file_store"])
+def test_run_refuses_a_local_store_it_cannot_make_in_seconds_and_writes_nothing(
+        capsys, tmp_path, monkeypatch, where):
+    # SQLAlchemy retried /proc for two minutes; a file where a folder should be and MLflow's
+    # retired file store were raw FileExistsError / MlflowException lines after compiling.
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "a_file").write_text("")
+    uri = {"proc": "sqlite:////proc/causalab-x/mlflow.db",
+           "under_a_file": f"sqlite:///{tmp_path / 'a_file' / 'mlflow.db'}",
+           "file_store": (tmp_path / "mlruns").as_uri()}[where]
+    started = time.monotonic()
+    status, _, err = cli(capsys, "run", str(CORPUS / "patching.json"), "--tracking-uri", uri,
+                         "--device-map", "cpu", "--data-root", DATA, "--out",
+                         str(tmp_path / "out"))
+    assert status == 1
+    assert uri in one_refusal(err, "--tracking-uri")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+    assert time.monotonic() - started < 10
