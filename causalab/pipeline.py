@@ -44,6 +44,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     is raised once they have. An interrupt stops at once, ending every started point.
     """
     from causalab.engine import record
+    from causalab.engine.bundles import check_plan_bundles
     from causalab.engine.cache import DocumentCache
     from causalab.engine.containment import check_plan
     from causalab.engine.events import Events
@@ -59,7 +60,6 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     plan = compile_only(raw, data_root, resolver=events.resolve)
     points = points_of(plan)
     check_plan(plan, out)
-    from causalab.engine.bundles import check_plan_bundles  # NaN/Inf before anything is written
     check_plan_bundles(plan, resolver=events.resolve)
     model = load_model(plan.model or points[0].model, device_map=device_map)
     events.run_start(raw, points)

@@ -25,7 +25,8 @@ The pipeline (``causalab.pipeline``, the CLI, ``run``, ``tracking``) may use onl
 ``walk.run_plan``, ``walk.prefetch``, ``walk.discard_prefetched``,
 ``cache.DocumentCache``, ``fusion.groups``, ``fusion.alike_later``, ``load.load_model``, ``load.served_dtype``,
 ``record.write_json``, ``record.write_run_record``, ``events.Events``, ``events.Chain``,
-``containment.check_plan``, ``containment.inside`` (writes stay under ``--out``) and
-``featurizers.subspace.export_basis`` (``causalab fetch --basis``).
+``containment.check_plan``, ``containment.inside`` (writes stay under ``--out``),
+``bundles.check_plan_bundles`` (no NaN or Inf in a bundle file, before anything is written)
+and ``featurizers.subspace.export_basis`` (``causalab fetch --basis``).
 Nothing is imported here, so importing the room loads no torch.
 """

@@ -30,7 +30,7 @@ def read_bundle(path: str) -> tuple[dict[str, str], dict]:
     return metadata, tensors
 
 
-def _refuse_non_finite(spec, name: str, tensor) -> None:
+def _refuse_non_finite(spec, name: str, tensor) -> None:  # R7
     import torch
 
     finite = torch.isfinite(tensor)
