@@ -255,10 +255,13 @@ def verb_run(args: argparse.Namespace) -> dict:
 
 
 def verb_render(args: argparse.Namespace) -> dict:
-    """The canonical document a Hydra composition renders to (docs/platform.md §4)."""
+    """The canonical document a Hydra composition renders to (docs/platform.md §4); one that
+    would not validate is refused at its path, as a run of it would be."""
+    from causalab.document import validate
     from causalab.render import render
 
     document = render(list(args.overrides), config_dir=args.config_dir)
+    validate(document)
     return {"text": json.dumps(document, indent=2, ensure_ascii=False), "document": document}
 
 

@@ -268,3 +268,12 @@ def test_run_refuses_a_local_store_it_cannot_make_in_seconds_and_writes_nothing(
     assert uri in one_refusal(err, "--tracking-uri")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("override, place", [("steps.fit.epochs=abc", "steps.fit.epochs"),
+                                             ("+x=1", "x")])
+def test_render_refuses_a_composition_that_is_no_valid_document(capsys, override, place):
+    # render printed these with exit 0: "epochs": "abc", and an unknown top-level key.
+    status, stdout, err = cli(capsys, "render", "experiment=das", override)
+    assert status == 1 and stdout == ""
+    one_refusal(err, place)
