@@ -304,9 +304,13 @@ def _walk(node: Any, prefix: str, flat: dict[str, str]) -> None:
         flat[_key(prefix)] = text[:MAX_PARAM_VAL_LENGTH]
 
 
+DIGEST_LENGTH = 64  # hex characters of a produced_by (the CLI checks a given one is hex)
+
+
 def list_runs(produced_by: str | None = None, tracking_uri: str | None = None,
               experiment: str | None = None) -> list[dict]:
-    """Tracked runs as plain dicts, newest first; ``produced_by`` keeps one point digest's.
+    """Tracked runs as plain dicts, newest first; ``produced_by`` keeps one point digest's,
+    or those starting with it (the 12 characters ``causalab runs`` shows).
 
     ``experiment`` (else MLFLOW_EXPERIMENT_NAME) narrows to one experiment; without either,
     every active experiment of the store is searched. A SQLite store that is not there has
@@ -327,7 +331,9 @@ def list_runs(produced_by: str | None = None, tracking_uri: str | None = None,
         ids = [e.experiment_id for e in mlflow.search_experiments()]
     if not ids:
         return []
-    query = f"tags.`{PRODUCED_BY}` = '{produced_by}'" if produced_by else ""
+    whole = produced_by is not None and len(produced_by) == DIGEST_LENGTH
+    query = (f"tags.`{PRODUCED_BY}` = '{produced_by}'" if whole else
+             f"tags.`{PRODUCED_BY}` LIKE '{produced_by}%'" if produced_by else "")
     runs = mlflow.search_runs(ids, filter_string=query, max_results=5000)
     return [_record(run) for run in runs]
 

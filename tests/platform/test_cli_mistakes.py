@@ -277,3 +277,25 @@ def test_render_refuses_a_composition_that_is_no_valid_document(capsys, override
     status, stdout, err = cli(capsys, "render", "experiment=das", override)
     assert status == 1 and stdout == ""
     one_refusal(err, place)
+
+
+def test_runs_finds_a_point_by_the_digest_start_it_shows_and_refuses_what_is_no_digest(
+        capsys, tmp_path, monkeypatch):
+    # `causalab runs` shows 12 characters of produced_by; --produced-by took only all 64.
+    from mlflow import MlflowClient
+
+    from causalab.tracking import runs as store
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow = MlflowClient(uri)
+    experiment = mlflow.create_experiment("e", artifact_location=(tmp_path / "a").as_uri())
+    digest, other = "ab" * 32, "ac" * 32
+    for produced_by in (digest, other):
+        mlflow.create_run(experiment, tags={store.PRODUCED_BY: produced_by})
+    for given in (digest, digest[:12]):
+        status, out, _ = cli(capsys, "--json", "runs", "--produced-by", given, "--tracking-uri", uri)
+        assert status == 0
+        assert [r["produced_by"] for r in json.loads(out)["runs"]] == [digest]
+    status, _, err = cli(capsys, "runs", "--produced-by", "ab' or '1", "--tracking-uri", uri)
+    assert status == 2 and "--produced-by" in err and "not a digest" in err
