@@ -14,7 +14,8 @@ from pydantic import ValidationError
 from causalab.document.references import check_references
 from causalab.document.schema import Document
 from causalab.document.step_references import check_steps
-from causalab.document.sweep import Point, authored_path, find_wrappers, lower
+from causalab.document.sweep import (Point, authored_path, find_wrappers, lower,
+                                     refuse_near_wrappers)
 from causalab.errors import DocumentError, Path
 
 _TAG_ERRORS = ("union_tag_invalid", "union_tag_not_found")
@@ -104,6 +105,7 @@ def validate_point(doc: dict) -> Document:
     for path, _ in find_wrappers(doc):
         raise DocumentError(path, "a sweep wrapper survives in a point; lower the document "
                             "(causalab.document.lower) before validating its points")
+    refuse_near_wrappers(doc)
     try:
         document = Document.model_validate(doc)
     except ValidationError as error:

@@ -61,6 +61,25 @@ def is_wrapper(value: Any) -> bool:
     return isinstance(value, dict) and "sweep" in value and set(value) <= WRAPPER_KEYS
 
 
+def refuse_near_wrappers(node: Any, path: Path = ()) -> None:
+    """V6: an object with a wrapper's ``sweep`` (values or a range) beside keys no wrapper has
+    is no wrapper (format §sweeps) and lowers as data, but its author meant one: refused here
+    rather than as the field's wrong type. (A name-keyed map with a member called ``sweep``
+    holds an object there, never values or a range.)"""
+    if isinstance(node, list):
+        for index, value in enumerate(node):
+            refuse_near_wrappers(value, path + (index,))
+    if not isinstance(node, dict):
+        return
+    spec = node.get("sweep")
+    if (isinstance(spec, list) or (isinstance(spec, dict) and set(spec) == {"range"})) \
+            and not set(node) <= WRAPPER_KEYS:
+        extra = ", ".join(sorted(map(str, set(node) - WRAPPER_KEYS)))
+        raise DocumentError(path, f'a sweep holds only "sweep" and "as"; found {extra}')
+    for key, value in node.items():
+        refuse_near_wrappers(value, path + (key,))
+
+
 def find_wrappers(node: Any, path: Path = ()) -> Iterator[tuple[Path, dict]]:
     """Every wrapper in reading order (object keys as written, list items in order)."""
     if is_wrapper(node):
@@ -102,6 +121,10 @@ def _values(path: Path, wrapper: dict) -> list | range:
                             f'"as": <axis name>; got {json.dumps(spec)[:80]}')
     if len(values) == 0:
         raise DocumentError(path, "empty sweep: it would give no point at all")
+    for index, value in enumerate(values if isinstance(values, list) else ()):
+        for inner, _ in find_wrappers(value, path + ("sweep", index)):
+            raise DocumentError(inner, "a sweep's values hold no sweep of their own; sweep "
+                                "each field where it sits (named axes sweep them together)")
     return values
 
 

@@ -150,3 +150,21 @@ def test_points_do_not_share_mutable_values():
     first.document["sites"]["target"]["units"].append(9)
     assert second.document["sites"]["target"]["units"] == [2, 3]
     assert doc["sites"]["target"]["units"] == {"sweep": [[0, 1], [2, 3]], "as": "u"}
+
+
+@pytest.mark.parametrize("extra", [{"foo": 1}, {"range": [0, 2]}], ids=["foo", "range"])
+def test_an_object_with_a_sweep_and_keys_no_wrapper_has_is_refused_as_a_bad_sweep(extra):
+    # It lowers as data (it is no wrapper), then used to be the field's wrong type:
+    # "Input should be a valid integer".
+    doc = _with(patching(), LAYER, [{"sweep": [0, 1], **extra}])
+    with pytest.raises(DocumentError) as caught:
+        validate(doc)
+    assert caught.value.path == LAYER + (0,)
+    assert caught.value.message == f'a sweep holds only "sweep" and "as"; found {next(iter(extra))}'
+
+
+def test_a_sweep_among_a_sweeps_values_is_refused_where_it_sits():
+    doc = _with(patching(), LAYER, [{"sweep": [0, {"sweep": [1, 2]}]}])
+    with pytest.raises(DocumentError) as caught:
+        lower(doc)
+    assert caught.value.path == LAYER + (0, "sweep", 1)
