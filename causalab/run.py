@@ -64,6 +64,8 @@ def tracking_events(config: Any, out: str):
     rerun = _switch(tracking, "rerun", False)
     if not _switch(tracking, "enabled", True):
         return None
+    if tracking.get("experiment") is not None and not str(tracking.get("experiment")).strip():
+        raise UsageError(("tracking", "experiment"), "must name an experiment, not be empty")
     from causalab.tracking import TrackingEvents
 
     name, params, parent = _job()

@@ -270,6 +270,8 @@ def check_bundle(spec, *, resolver: Resolver | None = None) -> dict:
     """
     at: Path = ("featurizers", spec.name, "file_path")
     path = resolve_bundle(spec.file_path, resolver, at)
+    if spec.kind not in _SAE_KINDS and os.path.isdir(path):  # only SAELens ships folders
+        raise CompileError(at, f"{path} is a folder; a {spec.kind} bundle is one .safetensors file")
     header = read_header(path, at=at)
     metadata = header.pop("__metadata__", None) or {}
     config = _saelens_config(path, spec, at) if spec.kind in _SAE_KINDS else None

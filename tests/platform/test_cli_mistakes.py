@@ -299,3 +299,16 @@ def test_runs_finds_a_point_by_the_digest_start_it_shows_and_refuses_what_is_no_
         assert [r["produced_by"] for r in json.loads(out)["runs"]] == [digest]
     status, _, err = cli(capsys, "runs", "--produced-by", "ab' or '1", "--tracking-uri", uri)
     assert status == 2 and "--produced-by" in err and "not a digest" in err
+
+
+def test_a_subspace_bundle_that_is_a_folder_is_refused_as_one_not_as_a_missing_sae_file(
+        capsys, tmp_path, monkeypatch):
+    # The message was "bundle not found: <folder>/sae_weights.safetensors", an SAE's file.
+    monkeypatch.chdir(REPO)
+    document = json.loads((CORPUS / "das_apply.json").read_text())
+    document["featurizers"]["rot"]["file_path"] = str(tmp_path)
+    (tmp_path / "doc.json").write_text(json.dumps(document))
+    status, _, err = cli(capsys, "explain", str(tmp_path / "doc.json"), "--data-root", DATA)
+    assert status == 1
+    line = one_refusal(err, "featurizers.rot.file_path")
+    assert "is a folder; a subspace bundle is one .safetensors file" in line

@@ -246,3 +246,15 @@ def test_a_tracking_switch_that_is_not_true_or_false_is_refused_naming_it(key, v
     with pytest.raises(UsageError) as refused:
         tracking_events(config, str(tmp_path))
     assert refused.value.path == ("tracking", key) and repr(value) in refused.value.message
+
+
+def test_an_empty_tracking_experiment_is_refused_not_read_as_the_default(tmp_path):
+    from omegaconf import OmegaConf
+
+    from causalab.errors import UsageError
+    from causalab.run import tracking_events
+
+    config = OmegaConf.create({"tracking": {"enabled": True, "rerun": False, "experiment": " "}})
+    with pytest.raises(UsageError) as refused:
+        tracking_events(config, str(tmp_path))
+    assert refused.value.path == ("tracking", "experiment")
