@@ -42,7 +42,10 @@ def _job() -> tuple[str | None, dict[str, str], dict | None]:
     hydra_config = HydraConfig.get()
     choices = {g: str(hydra_config.runtime.choices[g]) for g in _GROUPS
                if hydra_config.runtime.choices.get(g) is not None}
-    overrides = overrides_of(list(hydra_config.overrides.task))
+    # What names the job names its params too: not where or how it runs (run.data_root, …).
+    excluded = set(hydra_config.job.config.override_dirname.get("exclude_keys") or ())
+    overrides = {key: value for key, value in overrides_of(list(hydra_config.overrides.task)).items()
+                 if key not in excluded}
     name = hydra_config.job.override_dirname or " ".join(f"{k}={v}" for k, v in choices.items())
     parent = None
     if hydra_config.mode == RunMode.MULTIRUN:
