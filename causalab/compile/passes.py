@@ -5,6 +5,8 @@ tables; knows nothing about weights. Model anatomy comes from ``addresses``, ord
 """
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -171,7 +173,10 @@ def _metric_ops(entry: Entry, reads: dict[str, ReadOp], tables: dict[str, Table]
                     eligible.discard(row)
                     column_ids.append(-1)
                     continue
-                token = single_token(ctx.tokenizer, str(cell))
+                if not isinstance(cell, str):  # 7 read as the text "7" scored a token no one wrote
+                    raise CompileError(path, f"row {row}: {json.dumps(cell)} is not a string; "
+                                             "an answer cell is the answer's text")
+                token = single_token(ctx.tokenizer, cell)
                 if token is None:
                     raise CompileError(path, f"row {row}: {cell!r} is not exactly one token")
                 column_ids.append(token)

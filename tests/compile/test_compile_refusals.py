@@ -46,6 +46,18 @@ def test_duplicate_example_ids_are_refused(compile_doc, patching, data_root):
     assert refused(compile_doc, patching).path == ("steps", "patch", "rows", "counterfactual")
 
 
+def test_an_answer_cell_that_is_no_string_is_refused_not_read_as_its_text(compile_doc,
+                                                                          patching, data_root):
+    # An integer 7 was scored as the token " 7"'s text "7", an answer no one wrote.
+    rows = json.loads((data_root / "days.json").read_text())
+    rows[1]["cf_answer"] = 7
+    (data_root / "numbers.json").write_text(json.dumps(rows))
+    patching["steps"]["patch"]["rows"] = {"base": "numbers#train", "counterfactual": "numbers#train"}
+    error = refused(compile_doc, patching)
+    assert error.path == ("interventions", "patch", "metrics", "iia", "expected")
+    assert error.message.startswith("row 1: 7 is not a string")
+
+
 @pytest.mark.parametrize("field", ["counterfactual_inputs[3]", "nothing", "counterfactual_inputs"])
 def test_a_role_field_that_is_absent_or_not_a_string_is_refused(compile_doc, patching, field):
     patching["roles"]["counterfactual"]["field"] = field
