@@ -36,8 +36,9 @@ class Table:
 @functools.lru_cache(maxsize=32)
 def _parsed(file: str, stamp: tuple | None) -> Any:
     """A data file's JSON, parsed once while it is unchanged: every pass and every sweep point
-    of a document reads the same tables. Callers never mutate rows."""
-    return json.loads(Path(file).read_text())
+    of a document reads the same tables. Callers never mutate rows. A leading byte-order
+    mark is dropped, as a document's is."""
+    return json.loads(Path(file).read_text(encoding="utf-8-sig"))
 
 
 def load_rows(ref: str, data_root: str, path: tuple) -> Table:

@@ -181,3 +181,9 @@ def test_a_table_refusal_names_the_split_or_the_row_and_what_the_cell_is(tmp_pat
         role_values(table, "cf[0]", ("roles", "counterfactual"))
     assert caught.value.message == ("row 1 (example_id 'b'): field 'cf[0]': 'cf' is a str, "
                                     "not a list to index")
+
+
+def test_a_data_table_saved_with_a_byte_order_mark_reads_as_a_document_with_one_does(tmp_path):
+    # Windows editors write one; a document with it was read, a table with it refused.
+    (tmp_path / "pairs.json").write_bytes(b"\xef\xbb\xbf" + json.dumps([{"input": "a"}]).encode())
+    assert [r["input"] for r in load_rows("pairs", str(tmp_path), ("rows",)).rows] == ["a"]
