@@ -44,23 +44,18 @@ def placement(device_map: str) -> str:
 @functools.lru_cache(maxsize=4)
 def _load(path: str, dtype: str, attn_implementation: str | None, device_map: str):
     from nnterp import StandardizedTransformer
-    from transformers.utils import logging as hf_logging
 
-    from causalab.models import load_config, load_tokenizer
+    from causalab.models import bars, load_config, load_tokenizer
 
     tokenizer = load_tokenizer(path)
     kwargs = _attention_kwargs(load_config(path), attn_implementation)
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
     try:
-        model = StandardizedTransformer(
-            path, tokenizer=tokenizer, device_map=device_map, dtype=DTYPES[dtype],
-            dispatch=True, **kwargs)
+        with bars.quiet():
+            model = StandardizedTransformer(
+                path, tokenizer=tokenizer, device_map=device_map, dtype=DTYPES[dtype],
+                dispatch=True, **kwargs)
     except (OSError, ValueError, RuntimeError) as error:
         raise ModelError(("model", "key"), f"cannot load {path}: {error}") from None
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
     model._model.eval()
     model._model.requires_grad_(False)
     return model

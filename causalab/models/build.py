@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from causalab.models import gemma2, gpt2, llama, qwen2
+from causalab.models import bars, gemma2, gpt2, llama, qwen2
 from causalab.models.tokenizer import build_tokenizer
 
 FAMILIES = {"llama": llama, "gpt2": gpt2, "gemma2": gemma2, "qwen2": qwen2}
@@ -45,7 +45,8 @@ def build_model(entry: dict):
 
 def write_directory(model, tokenizer, directory: str | Path) -> None:
     """Save config, safetensors weights and tokenizer files into ``directory``."""
-    model.save_pretrained(str(directory))
+    with bars.quiet():
+        model.save_pretrained(str(directory))
     tokenizer.save_pretrained(str(directory))
 
 

@@ -19,6 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from causalab.errors import ModelError
+from causalab.models import bars
 from causalab.models.staging import publish
 
 _KEY = ("model", "key")
@@ -94,9 +95,10 @@ def dequantize(path: str | Path, directory: str | Path) -> None:
     is why callers write into a temporary directory.
     """
     source = Path(path)
-    model, tokenizer = _read(source)
-    plain = _unquantized(model)
-    plain.save_pretrained(str(directory))
+    with bars.quiet():
+        model, tokenizer = _read(source)
+        plain = _unquantized(model)
+        plain.save_pretrained(str(directory))
     tokenizer.save_pretrained(str(directory))
 
 

@@ -39,3 +39,22 @@ def test_a_shipped_built_in_is_hashed_once_per_process_until_its_weights_change(
     with pytest.raises(ModelError) as caught:
         resolve(str(copy), first.revision)
     assert caught.value.path == ("model", "revision")
+
+
+def test_writing_a_built_in_draws_no_transformers_bar_and_leaves_bars_as_they_were(
+        tmp_path, capfd):
+    # "Writing model shards: 100%|…" reached stderr on every first use and rebuild, in logs
+    # and under CAUSALAB_QUIET alike; loading was already quiet.
+    from transformers.utils import logging as hf_logging
+
+    from causalab.models.build import build
+
+    entry = BUILTINS["tiny-llama"]
+    before = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()  # as a user's process has them
+    try:
+        build(entry, tmp_path)
+        assert "model shards" not in capfd.readouterr().err
+        assert (tmp_path / "model.safetensors").is_file() and hf_logging.is_progress_bar_enabled()
+    finally:
+        (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
