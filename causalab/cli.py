@@ -20,7 +20,6 @@ import json
 import os
 import re
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -278,18 +277,15 @@ def _basis_of(uri: str) -> Callable[[str, str], None]:
     """``fetch --basis``'s rewrite of the downloaded file, refused at ``--basis`` naming the
     URI (not the temporary file) when it is no subspace bundle."""
     def convert(source: str, target: str) -> None:
-        from safetensors import SafetensorError, safe_open
+        from safetensors import SafetensorError
 
         from causalab.engine.featurizers.subspace import export_basis
 
         try:
-            with safe_open(source, framework="pt", device="cpu"):
-                pass
+            export_basis(source, target)
         except (SafetensorError, OSError):
             raise UsageError(("--basis",), f"{uri} is not a safetensors bundle, so it has no "
                                            "basis to write") from None
-        try:
-            export_basis(source, target)
         except UsageError as error:
             raise UsageError(error.path, error.message.replace(source, uri)) from None
     return convert
@@ -298,12 +294,14 @@ def _basis_of(uri: str) -> Callable[[str, str], None]:
 def verb_runs(args: argparse.Namespace) -> dict:
     """Tracked runs, newest first, optionally only those of one point digest."""
     from causalab.tracking import list_runs
-    from causalab.tracking.runs import resolve_uri, store_exists
 
-    uri = resolve_uri(args.tracking_uri)
-    if not store_exists(uri):  # listing must not create the SQLite file it would open
-        return {"text": f"(no runs: there is no tracking store at {uri})", "runs": []}
     runs = list_runs(produced_by=args.produced_by, tracking_uri=args.tracking_uri)
+    if not runs:
+        from causalab.tracking.runs import resolve_uri, store_exists
+
+        uri = resolve_uri(args.tracking_uri)  # list_runs creates no store that is not there
+        if not store_exists(uri):
+            return {"text": f"(no runs: there is no tracking store at {uri})", "runs": []}
     lines = [f"{r['run_id']}  {r['status']:<9} {(r.get('model') or '-'):<24} "
              f"{(r.get('job') or '-'):<32} {(r.get('name') or ''):<20} "
              f"{(r.get('produced_by') or '')[:12]}"
@@ -460,43 +458,11 @@ def _check_flags(args: argparse.Namespace) -> None:
     if getattr(args, "config_dir", None) is not None:
         flags.check_directory(args.config_dir, ("--config-dir",))
     if hasattr(args, "out"):
-        _check_output(args.out, ("--out",))
+        flags.check_writable(args.out, ("--out",))
     if getattr(args, "output", None) is not None:
-        _check_output(args.output, ("-o/--output",), file_ok=True)
+        flags.check_writable(args.output, ("-o/--output",), file_ok=True)
     if hasattr(args, "device_map"):
         flags.check_device(args.device_map, ("--device-map",))
-
-
-def _check_output(value: str, where: tuple, *, file_ok: bool = False) -> None:
-    """An output place that can really be written, tried now and left as it was.
-
-    Permission bits say nothing for root or for /sys and /proc, so the missing folders are
-    made, a file is written in the deepest, and both are removed again; an empty value would
-    silently mean the working directory.
-    """
-    if not value:
-        raise UsageError(where, "is empty; name a file or a directory" if file_ok else
-                         "is empty; name a directory")
-    flags.check_writable(value, where, file_ok=file_ok)
-    target = Path(value)
-    folder = target if target.is_dir() or not file_ok else target.parent
-    missing = []
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    made = []
-    try:
-        for part in reversed(missing):
-            part.mkdir()
-            made.append(part)
-        with tempfile.TemporaryFile(dir=made[-1] if made else folder):
-            pass
-    except OSError as err:
-        raise UsageError(where, f"cannot write under {value!r}: {err.strerror or err}") from None
-    finally:
-        for part in reversed(made):
-            with contextlib.suppress(OSError):
-                part.rmdir()
 
 
 # --- the one error boundary ---------------------------------------------------------------

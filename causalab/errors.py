@@ -26,6 +26,15 @@ def format_path(path: Iterable[PathPart]) -> str:
     return ".".join(parts) if parts else "<root>"
 
 
+def reason(error: BaseException) -> str:
+    """A library error's own sentence, without its class name: the innermost cause's first line
+    (transformers wraps a config's complaint in a dataclass validation error)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
 def fault_line(error: BaseException, hint: str) -> str:
     """A fault that is not a refusal, still one line on stderr, with the way to see more."""
     return f"error: {type(error).__name__}: {' '.join(str(error).split())} ({hint})"

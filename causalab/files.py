@@ -1,6 +1,9 @@
-"""Artifact file names that more than one module writes or reads: constants, one place; and
-the stamp by which the process keeps what it read from a file (``stamp``)."""
+"""Artifact file names that more than one module writes or reads: constants, one place; the
+stamp by which the process keeps what it read from a file (``stamp``); and where a path that
+is not there yet would be written (``nearest_folder``, ``cannot_write_in``)."""
 import os
+import tempfile
+from pathlib import Path
 
 DOCUMENT = "document.json"
 RUN_RECORD = "run.json"
@@ -25,3 +28,26 @@ def stamp(path: "str | os.PathLike") -> tuple | None:
     except OSError:
         return None
     return found.st_mtime_ns, found.st_size, found.st_ino
+
+
+def nearest_folder(path: "str | os.PathLike") -> Path:
+    """``path`` itself or its nearest ancestor that exists: what making it would write in."""
+    found = Path(path)
+    while not found.exists():
+        found = found.parent
+    return found
+
+
+def cannot_write_in(folder: Path) -> str | None:
+    """Why nothing can be made in ``folder``, found by making (and removing) a file, not by
+    asking: permission bits let root through where the kernel still refuses (``/sys``,
+    ``/proc``). None when it can."""
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
+    try:
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".causalab-probe-")
+    except OSError as error:
+        return f"cannot write in {folder} ({error.strerror or error})"
+    os.close(handle)
+    os.unlink(probe)
+    return None

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import re
 from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlparse
 
+from causalab import files
 from causalab.errors import CausalabError, Path as JsonPath, UsageError
 
 # accelerate's placement strategies; anything else must name a device.
@@ -92,15 +92,18 @@ def check_directory(value: str, where: JsonPath) -> None:
 
 
 def check_writable(value: str, where: JsonPath, *, file_ok: bool = False) -> None:
-    """An output place that can be made: not a file (unless ``file_ok``), under a writable dir."""
+    """An output place that can be made: named (an empty value would silently mean the working
+    directory), not a file (unless ``file_ok``), under a folder that can really be written in
+    (``files.cannot_write_in``); nothing is left behind."""
+    if not value:
+        raise UsageError(where, "is empty; name a file or a directory" if file_ok else
+                         "is empty; name a directory")
     target = Path(value)
     if target.exists() and not target.is_dir() and not file_ok:
         raise UsageError(where, f"{value!r} is a file, not a directory")
-    parent = target if target.is_dir() else target.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(where, f"cannot write under {str(parent)!r}")
+    why = files.cannot_write_in(files.nearest_folder(target if target.is_dir() else target.parent))
+    if why is not None:
+        raise UsageError(where, f"cannot write under {value!r}: {why}")
 
 
 @contextlib.contextmanager

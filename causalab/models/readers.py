@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from causalab.errors import ModelError
+from causalab.errors import ModelError, reason
 from causalab.files import stamp
 
 # Keys a family's config class would otherwise fill from a class default that differs from
@@ -175,8 +175,6 @@ def _file_tokenizer(path: str) -> FileTokenizer | None:
     try:
         core = Tokenizer.from_file(str(folder / "tokenizer.json"))
     except Exception as error:  # the tokenizers library raises plain Exception
-        from causalab.models.resolve import reason
-
         raise ModelError(_KEY, f"{folder / 'tokenizer.json'} is not a tokenizer file: "
                                f"{reason(error)}") from None
     added = _added_tokens(core)

@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from causalab.errors import ModelError
+from causalab.errors import ModelError, reason
 from causalab.models.staging import publish
 from causalab.models.digest import directory_digest, looks_like_digest
 from causalab.models.registry import BUILTINS, SCHEME
@@ -175,15 +175,6 @@ def _hub(key: str, revision: str | None) -> Resolved:
                                f"cache ({type(error).__name__}); use causalab:tiny-llama or "
                                f"causalab:weekday-llama") from None
     return Resolved(key=key, path=path, revision=Path(path).name, builtin=False)
-
-
-def reason(error: BaseException) -> str:
-    """A library error's own sentence, without its class name: the innermost cause's first line
-    (transformers wraps a config's complaint in a dataclass validation error)."""
-    while error.__cause__ is not None:
-        error = error.__cause__
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
 
 
 def load_tokenizer(path: str):

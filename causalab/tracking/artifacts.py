@@ -16,7 +16,7 @@ from typing import Callable
 
 from causalab.document.names import runs_uri_parts
 from causalab.engine.containment import inside
-from causalab.errors import TrackingError
+from causalab.errors import TrackingError, reason
 from causalab.tracking.reach import FETCH_ADVICE, reach, source_of
 from causalab.tracking.runs import artifact_location_of, client, resolve_uri, store_exists
 
@@ -29,8 +29,10 @@ def artifact_home() -> Path:
     return Path(root) / "artifacts"
 
 
-def _download(uri: str, destination: Path, tracking_uri: str | None, at: tuple) -> Path:
-    """Download ``uri`` into ``destination``; every way it can fail is one refusal at ``at``.
+def _download(uri: str, parts: tuple[str, str], destination: Path, tracking_uri: str | None,
+              at: tuple) -> Path:
+    """Download ``uri`` (its checked ``(run id, path)`` ``parts``) into ``destination``; every
+    way it can fail is one refusal at ``at``.
 
     The store is reached first (an unreachable server is refused in seconds, not after
     MLflow's minutes of retries) and a SQLite store that does not exist is never created.
@@ -44,7 +46,7 @@ def _download(uri: str, destination: Path, tracking_uri: str | None, at: tuple) 
     if not store_exists(store):
         raise TrackingError(at, f"there is no tracking store at {store}, so no run to download "
                                 f"{uri} from (give --tracking-uri or set MLFLOW_TRACKING_URI)")
-    run_id, path = runs_uri_parts(uri, whole_run=True)
+    run_id, path = parts
     destination.mkdir(parents=True, exist_ok=True)
     try:
         with mlflow_bars():  # MLflow takes a whole run only as runs:/<id>/
@@ -52,23 +54,17 @@ def _download(uri: str, destination: Path, tracking_uri: str | None, at: tuple) 
                 artifact_uri=f"runs:/{run_id}/{path}", dst_path=str(destination),
                 tracking_uri=store)
     except Exception as error:
-        raise TrackingError(at, _missing(uri, store)
-                            or f"cannot download {uri} from {store}: {_reason(error)}") from None
+        raise TrackingError(at, _missing(parts, store)
+                            or f"cannot download {uri} from {store}: {reason(error)}") from None
     return Path(local)
 
 
-def _reason(error: BaseException) -> str:
-    """A library error's first line, without its class name."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
-
-
-def _missing(uri: str, store: str) -> str | None:
-    """What the store lacks for ``uri`` in plain words (the run, or the file in it); None
-    when both are there and the download failed for another reason."""
+def _missing(parts: tuple[str, str], store: str) -> str | None:
+    """What the store lacks for ``(run id, path)`` in plain words (the run, or the file in
+    it); None when both are there and the download failed for another reason."""
     from mlflow.exceptions import MlflowException
 
-    run_id, path = runs_uri_parts(uri, whole_run=True)
+    run_id, path = parts
     mlflow = client(store)
     try:
         mlflow.get_run(run_id)
@@ -112,7 +108,7 @@ def fetch(uri: str, out_path: str | None = None, tracking_uri: str | None = None
     """
     run_id, path = _run_parts(uri, _URI)
     with tempfile.TemporaryDirectory(prefix="causalab-fetch-") as staging:
-        local = _download(uri, Path(staging) / "download", tracking_uri, _URI)
+        local = _download(uri, (run_id, path), Path(staging) / "download", tracking_uri, _URI)
         name = Path(path).name or run_id
         target = Path(out_path) if out_path else Path(name)
         if target.is_dir():
@@ -163,7 +159,7 @@ def resolve_artifact(uri: str, tracking_uri: str | None = None) -> str:
     home = artifact_home()
     destination = home / run_id / Path(path).parent
     inside(home, destination, _WHERE)
-    local = _download(uri, destination, tracking_uri, _WHERE)
+    local = _download(uri, (run_id, path), destination, tracking_uri, _WHERE)
     return str(inside(home, local, _WHERE))
 
 

@@ -12,12 +12,12 @@ MLflow's retry settings.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path as FilePath
 
+from causalab import files
 from causalab.errors import Path, TrackingError
 
 TRIES = 3
@@ -46,7 +46,7 @@ def reach(uri: str, at: Path = ("--tracking-uri",), tries: int = TRIES,
     if uri.startswith("file:"):
         raise TrackingError(at, f"{uri} is MLflow's file store, which MLflow 3 no longer writes; "
                                 "give a folder (its mlflow.db) or sqlite:///<folder>/mlflow.db")
-    if writes and uri.startswith("sqlite:///"):
+    if writes:
         _writable_database(uri, at)
     if not uri.startswith(("http://", "https://")):
         return
@@ -65,26 +65,24 @@ def reach(uri: str, at: Path = ("--tracking-uri",), tries: int = TRIES,
                             f"{time.monotonic() - started:.1f} s: {last}); {advice}")
 
 
-def _writable_database(uri: str, at: Path) -> None:
-    """Refuse at ``at`` a SQLite file that cannot be made: a folder in its place, a file where
-    a folder should be, or a folder nothing can be written in (tried, not asked: root is
-    let through by ``os.access`` where the kernel still refuses, as in ``/proc``)."""
+def sqlite_file(uri: str) -> FilePath | None:
+    """The database file of a ``sqlite:///`` URI (None for any other store, or in memory)."""
+    if not uri.startswith("sqlite:///"):
+        return None
     name = uri[len("sqlite:///"):].split("?", 1)[0]
-    if name in ("", ":memory:"):
+    return None if name in ("", ":memory:") else FilePath(name)
+
+
+def _writable_database(uri: str, at: Path) -> None:
+    """Refuse at ``at`` a SQLite file that cannot be made: a folder in its place, or no folder
+    it could be made in (``files.cannot_write_in``)."""
+    database = sqlite_file(uri)
+    if database is None:
         return
-    database = FilePath(name)
     if database.exists():
         if not database.is_file():
             raise TrackingError(at, f"{uri}: {database} is not a file")
         return
-    folder = database.parent
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise TrackingError(at, f"{uri}: {folder} is a file, so no folder can hold the store")
-    try:
-        handle, probe = tempfile.mkstemp(dir=folder, prefix=".causalab-probe-")
-    except OSError as error:
-        raise TrackingError(at, f"{uri}: cannot write in {folder} ({error.strerror})") from None
-    os.close(handle)
-    os.unlink(probe)
+    why = files.cannot_write_in(files.nearest_folder(database.parent))
+    if why is not None:
+        raise TrackingError(at, f"{uri}: {why}")

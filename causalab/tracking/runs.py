@@ -25,7 +25,7 @@ from mlflow.utils.validation import (
 )
 
 from causalab.errors import TrackingError
-from causalab.tracking.reach import reach, source_of
+from causalab.tracking.reach import reach, source_of, sqlite_file
 
 DEFAULT_EXPERIMENT = "causalab"
 DATABASE = "mlflow.db"
@@ -65,14 +65,6 @@ def resolve_uri(configured: str | None = None, cwd: str | None = None) -> str:
         return uri
     folder = Path(cwd or os.getcwd()) / (uri or "")
     return f"sqlite:///{folder.resolve() / DATABASE}"
-
-
-def sqlite_file(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI (None for any other store, or in memory)."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    name = uri[len("sqlite:///"):].split("?", 1)[0]
-    return None if name in ("", ":memory:") else Path(name)
 
 
 def store_exists(uri: str) -> bool:

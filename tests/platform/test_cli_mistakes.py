@@ -122,9 +122,9 @@ def test_fetch_refuses_an_output_it_cannot_write_and_creates_no_store(capsys, tm
 
 
 def test_an_output_folder_that_can_be_made_is_left_as_it_was(tmp_path):
-    from causalab.cli import _check_output
+    from causalab.flags import check_writable
 
-    _check_output(str(tmp_path / "a" / "b"), ("--out",))
+    check_writable(str(tmp_path / "a" / "b"), ("--out",))
     assert list(tmp_path.iterdir()) == []
 
 
