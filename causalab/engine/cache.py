@@ -115,22 +115,34 @@ class DocumentCache:
         return max(self.resume_budget - self.resume_bytes, 0) // size if size else 2 ** 62
 
     def whole_key(self, pass_: Pass, forward: Forward, read: ReadOp,
-                  pending: frozenset | set = frozenset()) -> tuple | None:
-        """The key of ``read``'s whole address tensor (a new one, not already ``pending`` in
-        this trace, is charged to the budget), or None: only plain prompt reads of known
-        width (not vocabulary, not keys) are kept whole."""
-        address, batch = read.address, pass_.inputs[forward.input]
-        if (read.view != "raw" or not address.full_width or address.key_axis
-                or read.pos.frame != "prompt" or address.component in vocab.FROM_LOGITS):
+                  pending: frozenset | set = frozenset(), batch: Any = None) -> tuple | None:
+        """The key of ``read``'s whole address tensor over ``batch`` (default: the forward's
+        input; a new one, not already ``pending`` in this trace, is charged to the budget),
+        or None: only plain prompt reads of known width (not vocabulary, not keys) are kept
+        whole."""
+        batch = pass_.inputs[forward.input] if batch is None else batch
+        if not keeps_whole(read):
             return None
-        key = ("whole", batch_key(batch), address.component, address.layer)
+        key = ("whole", batch_key(batch), read.address.component, read.address.layer)
         if key in self.wholes or key in pending:
             return key
-        size = pass_.rows * len(batch.input_ids[0] if pass_.rows else ()) * address.full_width * 4
+        size = _whole_bytes(batch, read)
         if size > WHOLE_BYTES or self.whole_bytes + size > WHOLE_BUDGET:
             return None
         self.whole_bytes += size
         return key
+
+    def wholes_fit(self, batch: Any, reads: list) -> bool:
+        """Whether every one of ``reads`` can be kept whole over ``batch`` (nothing charged)."""
+        new = {}
+        for read in reads:
+            key = ("whole", batch_key(batch), read.address.component, read.address.layer)
+            if not keeps_whole(read):
+                return False
+            if key not in self.wholes:
+                new[key] = _whole_bytes(batch, read)
+        return (all(size <= WHOLE_BYTES for size in new.values())
+                and self.whole_bytes + sum(new.values()) <= WHOLE_BUDGET)
 
     def keep_prefetched(self, pass_: Pass, result: Any) -> None:
         self.prefetched[id(pass_)] = (pass_, result)
@@ -142,6 +154,18 @@ class DocumentCache:
 
     def drop_prefetched(self, pass_: Pass) -> None:
         self.prefetched.pop(id(pass_), None)
+
+
+def keeps_whole(read: ReadOp) -> bool:
+    """Whether ``read``'s address may be kept whole: a plain prompt read of known width
+    (not vocabulary, not keys)."""
+    address = read.address
+    return (read.view == "raw" and bool(address.full_width) and not address.key_axis
+            and read.pos.frame == "prompt" and address.component not in vocab.FROM_LOGITS)
+
+
+def _whole_bytes(batch: Any, read: ReadOp) -> int:
+    return len(batch.input_ids) * batch.tokens * read.address.full_width * 4
 
 
 def _residual_bytes(batch: Any, width: int) -> int:

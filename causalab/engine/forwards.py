@@ -8,7 +8,7 @@ from the kept tensor.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -28,6 +28,44 @@ def tap_ops(forward: Forward) -> dict[tuple[str, str], Any]:
 def batch_key(batch: PromptBatch) -> tuple:
     """What makes two prompt batches the same model input: their ids and masks."""
     return (batch.input_ids, batch.attention_mask)
+
+
+class Host(NamedTuple):
+    """Another input batch of a pass whose un-intervened forward also serves a forward's
+    rows: the batch, and per row of the forward's own batch the host row with its ids."""
+
+    batch: PromptBatch
+    rows: tuple[int, ...]
+
+
+def host_of(pass_: Pass, forward: Forward) -> Host | None:
+    """The batch an un-intervened prompt forward runs on when it is not its own: another
+    input of the pass, as wide and as long, holding every row of the forward's batch (a
+    counterfactual drawn from the same prompts as the base, say). An intervened forward's
+    input is preferred, since its un-intervened values (prefix resume) come from the same
+    trace; then the role name, so two batches holding each other's rows pick one host.
+    None when the forward's own batch is its host. Rows are computed in a batch of the same
+    size either way; only their order differs.
+    """
+    own = pass_.inputs[forward.input]
+    if forward.writes or forward.decode or not own.input_ids:
+        return None
+    intervened = {other.input for other in pass_.forwards if other.writes}
+    found = []
+    for role, batch in pass_.inputs.items():
+        if (len(batch.input_ids) != len(own.input_ids) or batch.tokens != own.tokens
+                or batch_key(batch) == batch_key(own)):
+            continue
+        where = {row: index for index, row in reversed(list(enumerate(
+            zip(batch.input_ids, batch.attention_mask))))}
+        rows = [where.get(row) for row in zip(own.input_ids, own.attention_mask)]
+        if None not in rows:
+            found.append(((role not in intervened, role), Host(batch, tuple(rows))))
+    if not found:
+        return None
+    ours = (forward.input not in intervened, forward.input)
+    best_key, best = min(found, key=lambda item: item[0])
+    return best if best_key < ours else None
 
 
 def read_key(batch: PromptBatch, read: ReadOp, decode: int = 0) -> tuple:

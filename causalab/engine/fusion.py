@@ -124,15 +124,14 @@ def lockstep(model: Any, passes: list, states: list, *, trace: Callable, fill: C
         for index, forward in enumerate(passes[0].forwards):
             each = [pass_.forwards[index] for pass_ in passes]
             if forward.writes:
-                # As the later runs will group them, or alone if a run boundary splits them.
-                others = [pass_.forwards[index] for pass_ in later]
-                wanted_later = _needs(_entries(others)) | _needs(map(resume_point, others))
+                wanted_later = _later_needs([pass_.forwards[index] for pass_ in later])
                 raws = _run_fused(model, passes, each, states, rows, resolved, values, trace,
                                   prefixes, wanted_later)
             else:
                 fill(model, list(zip(passes, each, states, resolved))
                      + list(zip(later, [p.forwards[index] for p in later], later_states,
-                                later_resolved)))
+                                later_resolved)),
+                     keep=_next_prefix(passes, states, later, index))
                 raws = [reads(model, passes[i], each[i], states[i], rows, resolved[i], values[i])
                         for i in range(len(passes))]
             for own, raw, known, state in zip(each, raws, values, states):
@@ -140,6 +139,24 @@ def lockstep(model: Any, passes: list, states: list, *, trace: Callable, fill: C
                     known[read.name] = featurized(raw[read.name], read, state)
         return [result_of(pass_, rows, found, known)
                 for pass_, found, known in zip(passes, resolved, values)]
+
+
+def _later_needs(others: list) -> set:
+    """What later points' forwards will enter with: as the later runs will group them, or
+    alone if a run boundary splits them."""
+    return _needs(_entries(others)) | _needs(map(resume_point, others))
+
+
+def _next_prefix(passes: list, states: list, later: list, index: int) -> tuple | None:
+    """The kept prefix the next intervened forward after forward ``index`` will enter
+    from, ``(pass, forward, state, needs, later needs)``: an un-intervened fill before it
+    on the same rows keeps it in its own trace, one forward instead of two."""
+    for step in range(index + 1, len(passes[0].forwards)):
+        if passes[0].forwards[step].writes:
+            each = [pass_.forwards[step] for pass_ in passes]
+            return (passes[0], each[0], states[0], _needs(_entries(each)),
+                    _later_needs([pass_.forwards[step] for pass_ in later]))
+    return None
 
 
 def _entries(each: list) -> list:

@@ -28,6 +28,7 @@ _DONE_AT = {"attention": vocab.COMPONENTS["attention_output"]["order"][1],
 # nnterp's envoy of each part at a layer.
 PART_MODULES = {"attention": "attentions", "mlp": "mlps"}
 _BLOCK_OUTPUT = vocab.COMPONENTS["block_output"]["accessor"]
+_BLOCK_OUTPUT_ORDER = vocab.COMPONENTS["block_output"]["order"][1]
 
 
 class Resume(NamedTuple):
@@ -83,6 +84,14 @@ def map_tensors(value: Any, change: Any) -> Any:
 def need_order(need: Any) -> tuple:
     """Forward order of a cached value: block L's attention, then its MLP, then its output."""
     return (need, len(PARTS)) if isinstance(need, int) else (need[0], PARTS.index(need[1]))
+
+
+def need_place(need: Any) -> tuple:
+    """A cached value's place in address order (``Address.order``): where its module's
+    output is complete (a sandwich norm behind the part sorts at the same place, later)."""
+    if isinstance(need, int):
+        return (need, _BLOCK_OUTPUT_ORDER)
+    return (need[0], _DONE_AT[need[1]])
 
 
 def hidden_width(model: Any) -> int:

@@ -25,7 +25,7 @@ from causalab.compile.plan import Featurizers, Fit, Forward, Observe, Pass, Plan
 from causalab.document import vocab
 from causalab.engine import containment, decoding, forwards, fusion, generate, record, steps, tail
 from causalab.engine.resume import (PART_MODULES, Resume, deepest, hidden_width, kv_width,
-                                    map_tensors, need_order, resume_point)
+                                    map_tensors, need_order, need_place, resume_point)
 from causalab.engine import outputs as output_rules
 from causalab.engine import windows as window_rules
 from causalab.engine.cache import DocumentCache, Prefix
@@ -228,20 +228,32 @@ def _forward_reads(model: Any, pass_: Pass, forward: Forward, state: WalkState,
     return {name: cache.reads[key].slice_rows(run_rows) for name, key in keys.items()}
 
 
-def _fill_unintervened(model: Any, units: list) -> None:
+def _fill_unintervened(model: Any, units: list, keep: tuple | None = None) -> None:
     """Put every read the un-intervened prompt forwards of ``units`` (``(pass, forward,
     state, resolved)`` over the same rows) still lack into the document cache, from one
     trace per window of rows: each small address is tapped whole once and serves every
-    position read there, now and for any later point; others are gathered in the trace."""
+    position read there, now and for any later point; others are gathered in the trace.
+
+    Forwards whose rows another input batch of the pass holds (``forwards.host_of``) run on
+    that batch instead, every read kept whole there and cut back to their own rows. ``keep``
+    (``(pass, forward, state, needs, ahead)`` of a later intervened forward) asks the same
+    trace to keep that forward's prefix (``prefixes``) when it runs on the trace's batch."""
     cache = units[0][2].cache
+    pass0, forward0 = units[0][0], units[0][1]
+    host = forwards.host_of(pass0, forward0)
+    fresh = [read for pass_, forward, _, _ in units for read in forward.reads
+             if forwards.read_key(pass_.inputs[forward.input], read) not in cache.reads]
+    if host is not None and not cache.wholes_fit(host.batch, fresh):
+        host = None
+    batch = pass0.inputs[forward0.input] if host is None else host.batch
     wanted, taps, pending = {}, [], set()
     for unit, (pass_, forward, _, _) in enumerate(units):
-        batch = pass_.inputs[forward.input]
+        own = pass_.inputs[forward.input]
         for index, read in enumerate(forward.reads):
-            key = forwards.read_key(batch, read)
+            key = forwards.read_key(own, read)
             if key in cache.reads or key in wanted:
                 continue
-            whole = cache.whole_key(pass_, forward, read, pending)
+            whole = cache.whole_key(pass_, forward, read, pending, batch)
             wanted[key] = (unit, read, whole)
             if whole is not None and (whole in cache.wholes or whole in pending):
                 continue
@@ -250,38 +262,57 @@ def _fill_unintervened(model: Any, units: list) -> None:
             taps.append(((tuple(read.address.order), unit, index), out, unit, read))
     if not wanted:
         return
+    needs = []
+    if keep is not None and taps:
+        pass_k, forward_k, state_k, wanted_needs, ahead = keep
+        if forwards.batch_key(pass_k.inputs[forward_k.input]) == forwards.batch_key(batch):
+            needs = _missing_prefixes(model, pass_k.inputs[forward_k.input], state_k,
+                                      wanted_needs, ahead=ahead)
     ordered = [tap[1:] for tap in sorted(taps, key=lambda tap: tap[0])]
-    got = _trace_unintervened(model, units, ordered) if ordered else {}
+    got = _trace_unintervened(model, units, ordered, batch, needs) if ordered else {}
     for whole in pending:
         cache.wholes[whole] = got[whole].detach()
-    rows = units[0][0].rows
+    windows = tuple(forwards.chunks(tuple(range(len(batch.input_ids))), units[0][2].batch_size))
+    for need in needs:
+        cache.prefixes[(forwards.batch_key(batch), need)] = Prefix(got[("keep", need)], windows)
+    rows = pass0.rows
+    order = None if host is None else torch.tensor(host.rows, dtype=torch.long)
     for key, (unit, read, whole) in wanted.items():
         pass_, forward, _, resolved = units[unit]
         if whole is not None:
-            found = forwards.from_whole(cache.wholes[whole], pass_, forward, read, resolved)
+            tensor = cache.wholes[whole]
+            tensor = tensor if order is None else tensor.index_select(0, order.to(tensor.device))
+            found = forwards.from_whole(tensor, pass_, forward, read, resolved)
         else:
             found = got[(unit, read.name)]
         cache.reads[key] = output_rules.Published(found.value.detach(), found.counts, rows, "none")
 
 
-def _trace_unintervened(model: Any, units: list, taps: list) -> dict:
-    """``taps`` (``(out, unit, read)`` in forward order) over every row, one trace per
-    window of rows: a whole tensor, or a read gathered with its counts, per ``out``."""
+def _trace_unintervened(model: Any, units: list, taps: list, batch: Any,
+                        needs: list = ()) -> dict:
+    """``taps`` (``(out, unit, read)`` in forward order) over every row of ``batch``, one
+    trace per window of rows: a whole tensor, or a read gathered with its counts, per
+    ``out``; and per prefix need of ``needs``, under ``("keep", need)``, its value per
+    window."""
     pass0, forward0, state0, _ = units[0]
-    every = tuple(range(pass0.rows))
+    every = tuple(range(len(batch.input_ids)))
     pieces: dict = {out: [] for out, _, _ in taps}
+    pieces.update({("keep", need): [] for need in needs})
     for chunk in forwards.chunks(every, state0.batch_size):
         prepared = {}
         for out, unit, read in taps:
-            windows, _ = units[unit][3][("read", read.name, units[unit][1].input)]
-            window = window_rules.layout(windows, chunk, read.pos.ragged)
-            prepared[out] = PreparedTap("read", read, window, out=out, whole=out[0] == "whole")
-        inputs, position_ids = forwards.prompt_inputs(
-            model, pass0.inputs[forward0.input], chunk, state0.cache.inputs)
-        got = _trace(model, inputs, position_ids, [out for out, _, _ in taps], prepared)
+            whole = out[0] == "whole"
+            window = None
+            if not whole:
+                windows, _ = units[unit][3][("read", read.name, units[unit][1].input)]
+                window = window_rules.layout(windows, chunk, read.pos.ragged)
+            prepared[out] = PreparedTap("read", read, window, out=out, whole=whole)
+        inputs, position_ids = forwards.prompt_inputs(model, batch, chunk, state0.cache.inputs)
+        got = _trace(model, inputs, position_ids, [out for out, _, _ in taps], prepared,
+                     keep=needs)
         for out in pieces:
             pieces[out].append(got[out])
-    found = {}
+    found = {("keep", need): pieces[("keep", need)] for need in needs}
     for out, unit, read in taps:
         value = torch.cat(pieces[out], 0) if len(pieces[out]) > 1 else pieces[out][0]
         windows, _ = units[unit][3][("read", read.name, units[unit][1].input)]
@@ -369,19 +400,7 @@ def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, needs:
     of them fit the budget too."""
     batch, cache = pass_.inputs[forward.input], state.cache
     key = forwards.batch_key(batch)
-    missing = [need for need in needs if (key, need) not in cache.prefixes]
-    extra = [need for need in ahead if need not in needs and (key, need) not in cache.prefixes]
-    width = hidden_width(model)
-    if not (fill and missing):
-        missing = []
-    elif extra and cache.prefix_room(batch, len(missing) + len(extra), width):
-        missing += extra
-    elif not cache.prefix_room(batch, len(missing), width):
-        # Over the budget: the deepest that fit, whose entries skip the most blocks.
-        present = {need for (batch_key, need) in cache.prefixes if batch_key == key}
-        missing = deepest(missing, cache.prefixes_left(batch, width), present)
-        missing = missing if missing and cache.prefix_room(batch, len(missing), width) else []
-    missing.sort(key=need_order)
+    missing = _missing_prefixes(model, batch, state, needs, ahead=ahead) if fill else []
     if missing:
         every = tuple(range(pass_.rows))
         pieces: dict = {need: [] for need in missing}
@@ -390,11 +409,7 @@ def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, needs:
             with torch.no_grad(), model.trace(inputs, position_ids=position_ids,
                                               logits_to_keep=1, use_cache=False) as tracer:
                 for need in missing:
-                    if isinstance(need, int):
-                        pieces[need].append(_copy(model.layers_output[need]))
-                    else:
-                        module = getattr(model, PART_MODULES[need[1]])[need[0]]
-                        pieces[need].append(map_tensors(module.output, _copy))
+                    pieces[need].append(kept_value(model, need))
                 tracer.stop()  # the blocks above the deepest need are not run
         windows = tuple(forwards.chunks(every, state.batch_size))
         for need in missing:
@@ -402,11 +417,43 @@ def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, needs:
     return {need: cache.prefixes[(key, need)] for need in needs if (key, need) in cache.prefixes}
 
 
+def _missing_prefixes(model: Any, batch: Any, state: WalkState, needs: set, *,
+                      ahead: set = frozenset()) -> list:
+    """Of ``needs`` (and ``ahead``, when all of them fit too), the un-intervened values of
+    ``batch`` not kept yet that the resume budget takes, in forward order; they are
+    charged to it (past it, the deepest that fit)."""
+    cache = state.cache
+    key = forwards.batch_key(batch)
+    missing = [need for need in needs if (key, need) not in cache.prefixes]
+    extra = [need for need in ahead if need not in needs and (key, need) not in cache.prefixes]
+    width = hidden_width(model)
+    if not missing:
+        return []
+    if extra and cache.prefix_room(batch, len(missing) + len(extra), width):
+        missing += extra
+    elif not cache.prefix_room(batch, len(missing), width):
+        # Over the budget: the deepest that fit, whose entries skip the most blocks.
+        present = {need for (batch_key, need) in cache.prefixes if batch_key == key}
+        missing = deepest(missing, cache.prefixes_left(batch, width), present)
+        missing = missing if missing and cache.prefix_room(batch, len(missing), width) else []
+    return sorted(missing, key=need_order)
+
+
+def kept_value(model: Any, need: Any) -> Any:
+    """A copy of the value a prefix need names, inside a running trace: the residual
+    leaving block ``need``, or the raw output of a block's part ``(layer, part)``."""
+    if isinstance(need, int):
+        return _copy(model.layers_output[need])
+    return map_tensors(getattr(model, PART_MODULES[need[1]])[need[0]].output, _copy)
+
+
 def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any, prepared: dict,
-           cache: Any = None, resume: tuple | None = None, next_token: bool = False) -> dict:
+           cache: Any = None, resume: tuple | None = None, next_token: bool = False,
+           keep: Any = ()) -> dict:
     """One nnterp trace: the taps in order, over ``cache`` (a KV cache) when given; with
     ``next_token`` (a decode step) also the greedy next token, under
-    ``generate.GENERATED``. ``resume = (entry, values)`` (a
+    ``generate.GENERATED``; per prefix need of ``keep`` (an un-intervened forward), its
+    value under ``("keep", need)``. ``resume = (entry, values)`` (a
     ``Resume`` and its needs' cached values) skips blocks ``0 … R−1``, block ``R−1`` handing
     on the cached residual, and serves block ``R``'s cached parts from their outputs."""
     nested = frozenset(entry.op.address.layer for entry in prepared.values()
@@ -431,7 +478,7 @@ def _trace(model: Any, inputs: dict, position_ids: torch.Tensor, taps: Any, prep
     with model.trace(inputs, position_ids=position_ids, **kwargs) as tracer:
         if resume is not None:
             _skip(model, *resume)
-        _issue(places, taps, prepared, got)
+        _issue(places, taps, prepared, got, keep)
         if next_token:
             # A write at ``logits`` chooses the next token; the model's own output lacks it.
             logits = places.written_logits
@@ -480,14 +527,19 @@ def _skip(model: Any, entry: Resume, values: dict) -> None:
         getattr(model, PART_MODULES[part])[entry.layer].skip(values[(entry.layer, part)])
 
 
-def _issue(places: Places, taps: Any, prepared: dict, got: dict) -> None:
+def _issue(places: Places, taps: Any, prepared: dict, got: dict, keep: Any = ()) -> None:
     """The taps, in the plan's forward order; writes at an address before its reads.
 
     A tap is a key of ``prepared``; its value lands in ``got`` under the entry's ``key``.
+    A prefix need of ``keep`` is taken before the taps at its place or later.
     """
+    waiting = sorted(keep, key=need_order)
     for tap in taps:
         entry = prepared[tap]
         op, address = entry.op, entry.op.address
+        while waiting and need_place(waiting[0]) <= tuple(address.order):
+            need = waiting.pop(0)
+            got[("keep", need)] = kept_value(places.model, need)
         places.settle(address.order)
         activation = places.get(address)
         if entry.kind == "write":
@@ -503,4 +555,6 @@ def _issue(places: Places, taps: Any, prepared: dict, got: dict) -> None:
         if op.view == "logits":
             value = project_to_vocabulary(places.model, value)
         got[entry.key] = value
+    for need in waiting:
+        got[("keep", need)] = kept_value(places.model, need)
     places.settle()

@@ -159,6 +159,90 @@ def test_a_sweep_cut_into_several_fused_runs_computes_its_shared_values_once(
     _same(got, want)
 
 
+def _drawn_pairs(kit) -> list[dict]:
+    """Pairs whose counterfactual is another row's base, as in a table of ordered pairs of
+    one set of prompts: the counterfactual batch holds no prompt the base batch lacks."""
+    prompts = [(base, answer) for base, _, answer, _ in kit.PAIRS]
+    return [{"input": prompts[a][0], "counterfactual_inputs": [prompts[b][0]],
+             "base_answer": prompts[a][1], "cf_answer": prompts[b][1], "example_id": f"pair-{i}"}
+            for i, (a, b) in enumerate([(0, 1), (1, 2), (2, 0), (0, 2)])]
+
+
+def _hooked_logit_diffs(model, tokenizer, rows, kit, layer: int) -> list[float]:
+    """The oracle: block ``layer``'s output at the last token of each counterfactual,
+    captured by a torch hook on its own forward, swapped into the base forward by another."""
+    blocks = model.model.layers if hasattr(model, "model") else model.transformer.h
+    captured = {}
+
+    def grab(module, args, output):
+        captured["v"] = (output[0] if isinstance(output, tuple) else output)[:, -1].clone()
+
+    def swap(module, args, output):
+        tensor = (output[0] if isinstance(output, tuple) else output).clone()
+        tensor[:, -1] = captured["v"]
+        return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
+
+    logits = []
+    for prompts, hook in (([r["counterfactual_inputs"][0] for r in rows], grab),
+                          ([r["input"] for r in rows], swap)):
+        handle = blocks[layer].register_forward_hook(hook)
+        try:
+            with torch.no_grad():
+                logits.append(model(**kit.encode(tokenizer, prompts)).logits[:, -1])
+        finally:
+            handle.remove()
+    first = [tokenizer(r[key], add_special_tokens=False)["input_ids"][0]
+             for key in ("cf_answer", "base_answer") for r in rows]
+    a, b = torch.tensor(first[:len(rows)]), torch.tensor(first[len(rows):])
+    patched = logits[1]
+    return (patched.gather(1, a[:, None]) - patched.gather(1, b[:, None]))[:, 0].tolist()
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"])
+def test_a_counterfactual_drawn_from_the_base_prompts_is_read_from_the_base_forward(
+        family, tiny, kit, oracle, tmp_path, monkeypatch, resumed):
+    """The counterfactual's reads come from the base rows' un-intervened forward, the one
+    that also keeps the prefix the resumed traces enter from: one un-intervened trace, none
+    over the counterfactual's own rows, and the numbers a hand-written hook loop gets."""
+    from causalab.engine.load import load_model
+    from causalab.pipeline import compile_only
+
+    rows = _drawn_pairs(kit)
+    data_root = kit.write_table(tmp_path / "data", "pairs", rows)
+    resolved = tiny(family)
+    document = _sweep(resolved)
+    embeddings = load_model(compile_only(copy.deepcopy(document), data_root).model)._model \
+        .get_input_embeddings()
+    monkeypatch.chdir(REPO)
+    seen: dict = {"resumed": [], "full": []}
+    for kind in seen:
+        if kind == "full":
+            monkeypatch.setattr(cache_module, "RESUME_BUDGET", 0)
+        handle = embeddings.register_forward_pre_hook(
+            lambda module, args, kind=kind: seen[kind].append(args[0]))
+        try:
+            run_document(copy.deepcopy(document), out=str(tmp_path / kind), data_root=data_root)
+        finally:
+            handle.remove()
+    got, want = _files(tmp_path / "resumed"), _files(tmp_path / "full")
+    hooked, tokenizer = oracle(resolved.path)
+    cf = kit.encode(tokenizer, [r["counterfactual_inputs"][0] for r in rows])["input_ids"]
+    assert not torch.equal(cf, kit.encode(tokenizer, [r["input"] for r in rows])["input_ids"])
+    assert not any(ids.shape == cf.shape and torch.equal(ids, cf)
+                   for ids in seen["resumed"] + seen["full"])
+    # Resumed: the one un-intervened trace, then the four resumed ones (a counterfactual
+    # forward and a prefix forward used to be two). Full: that trace and one fused trace.
+    assert (resumed["resumed"], len(seen["resumed"]), len(seen["full"])) == (4, 5, 2)
+    _same(got, want)
+    table = next(key for key in got if '"block_output"' in key and '[0]' in key
+                 and key.endswith("logit_diff.json"))
+    values = [row["value"] for row in json.loads(got[table])]
+    # Hosting reorders rows in a batch of the same size; a BLAS that sums each row in an
+    # order that follows its place could move a logit (about 10 here) by a few ulps.
+    assert values == pytest.approx(_hooked_logit_diffs(hooked, tokenizer, rows, kit, 0),
+                                   abs=1e-5)
+
+
 def _fitted_alike(got: dict, want: dict) -> None:
     """The same fit up to float rounding: an update runs the last column alone over kept keys
     and values (engine/tail.py), which sums in another order than the whole forward, and
