@@ -6,7 +6,10 @@ seed, the built-in weekday tokenizer) over 42 weekday pairs, 8 points (block_inp
 folder, ``rerun`` so no point is skipped) alternate in this process after a warm-up of each;
 the printed ``ratio`` is the median tracked time over the median untracked time (target
 ≤ 1.10), with every sample shown. Tracked time includes waiting for the background uploads.
-Then the same at a real size: SmolLM2's 30-layer END residual sweep over 120 IOI rows
+Beside it, the floor no tracker built on MLflow's client can go under: the least a tracked
+sweep writes (a parent run, then per point a run created, one ``log_batch`` of its params and
+metrics, its end), sent by a bare ``MlflowClient`` to a store of its own, no files, no plots,
+no causalab, timed in the same process and printed as a ratio to the untracked sweep. Then the same at a real size: SmolLM2's 30-layer END residual sweep over 120 IOI rows
 (``scripts/bench/smollm2.py``'s document), where a point computes for seconds, not
 milliseconds (``--smollm2-samples``, 0 leaves it out).
 
@@ -98,20 +101,55 @@ def _once(document: dict, out: str, uri: str | None, data_root: str) -> float:
     return time.perf_counter() - start
 
 
-def _ratio(label: str, document: dict, data_root: str, samples: int, tmp: str) -> None:
-    """Untracked and tracked runs alternated after a warm-up of each; medians printed."""
+def _bare_store(client, experiment_id: str, points: int) -> float:
+    """What a bare MLflow client takes to write the least a tracked sweep of ``points``
+    writes: a parent, then per point a run, one ``log_batch`` (8 params, 4 metrics), its
+    end; then the parent's end."""
+    from mlflow.entities import Metric, Param
+
+    start = time.perf_counter()
+    parent = client.create_run(experiment_id, tags={"causalab.kind": "sweep"}).info.run_id
+    for point in range(points):
+        run = client.create_run(experiment_id, tags={"mlflow.parentRunId": parent,
+                                                     "causalab.point": str(point)}).info.run_id
+        now = int(time.time() * 1000)
+        client.log_batch(run, metrics=[Metric(f"m{k}", 0.5, now, 0) for k in range(4)],
+                         params=[Param(f"p{k}", "v") for k in range(8)])
+        client.set_terminated(run, "FINISHED")
+    client.set_terminated(parent, "FINISHED")
+    return time.perf_counter() - start
+
+
+def _ratio(label: str, document: dict, data_root: str, samples: int, tmp: str,
+           points: int | None = None) -> None:
+    """Untracked and tracked runs alternated after a warm-up of each; medians printed.
+    With ``points``, the bare client's floor for that many points too."""
     uri = f"sqlite:///{tmp}/mlflow.db"
+    bare = None
+    if points:
+        from mlflow import MlflowClient
+
+        bare = MlflowClient(f"sqlite:///{tmp}/bare.db")
+        bare_id = bare.create_experiment("bare", artifact_location=f"file://{tmp}/bare")
+        _bare_store(bare, bare_id, points)
     _once(document, f"{tmp}/{label}-warm-u", None, data_root)
     _once(document, f"{tmp}/{label}-warm-t", uri, data_root)
-    untracked, tracked = [], []
+    untracked, tracked, floor = [], [], []
     for index in range(samples):
         untracked.append(_once(document, f"{tmp}/{label}-u{index}", None, data_root))
         tracked.append(_once(document, f"{tmp}/{label}-t{index}", uri, data_root))
+        if bare is not None:
+            floor.append(_bare_store(bare, bare_id, points))
     print(label)
     for name, samples in (("untracked", untracked), ("tracked  ", tracked)):
         shown = " ".join(f"{value:.3f}" for value in samples)
         print(f"{name} s: {shown}  median {statistics.median(samples):.3f}")
     print(f"tracked/untracked ratio {statistics.median(tracked) / statistics.median(untracked):.2f}")
+    if floor:
+        print(f"floor: a bare MlflowClient writing {points + 1} runs (create, one log_batch, "
+              f"end) takes {statistics.median(floor):.3f} s = "
+              f"{statistics.median(floor) / statistics.median(untracked):.2f}x the untracked "
+              f"sweep, with no files, plots or causalab")
 
 
 def _smollm2_sweep(tmp: str) -> tuple[dict, str]:
@@ -137,7 +175,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="causalab-bench-tracking-") as tmp:
         document = _document(_medium_model(Path(tmp) / "medium"))
         _ratio("medium patching sweep: 8 points, 42 rows, d=256, 4 layers (target <= 1.10)",
-               document, str(ROOT / "documents" / "data"), args.samples, tmp)
+               document, str(ROOT / "documents" / "data"), args.samples, tmp, points=8)
         if args.smollm2_samples:
             document, data_root = _smollm2_sweep(tmp)
             _ratio("SmolLM2 30-layer END sweep: 30 points, 120 rows", document, data_root,
