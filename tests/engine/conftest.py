@@ -112,6 +112,34 @@ def encode(tokenizer, prompts: list[str]) -> dict:
             "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}
 
 
+def patched_forward(model, tokenizer, rows: list[dict], layer: int = 0) -> tuple:
+    """The hook oracle: block ``layer``'s output at the last column captured from the
+    counterfactual's own forward by one torch hook and swapped into the base forward by
+    another. Returns the logits ``(rows, columns, vocab)``, the head over every column, and
+    the block's patched output ``(rows, columns, d)``."""
+    base = encode(tokenizer, [r["input"] for r in rows])
+    cf = encode(tokenizer, [r["counterfactual_inputs"][0] for r in rows])
+    blocks = model.transformer.h if hasattr(model, "transformer") else model.model.layers
+    store = {}
+
+    def grab(module, args, output):
+        store["v"] = (output[0] if isinstance(output, tuple) else output)[:, -1].clone()
+
+    def put(module, args, output):
+        tensor = (output[0] if isinstance(output, tuple) else output).clone()
+        tensor[:, -1] = store["v"]
+        store["out"] = tensor
+        return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
+    with torch.no_grad():
+        for hook, enc in ((grab, cf), (put, base)):
+            handle = blocks[layer].register_forward_hook(hook)
+            try:
+                logits = model(**enc).logits
+            finally:
+                handle.remove()
+    return logits, store["out"]
+
+
 def run_compiled(document: dict, data_root: str, out, *, batch_size=None):
     """Compile and walk ``document``; returns the plan, its results filled."""
     import causalab.compile
@@ -146,6 +174,7 @@ def step(plan, name: str):
 def kit():
     """The helpers above, for test modules (conftest is not importable under importlib mode)."""
     return SimpleNamespace(pair_rows=pair_rows, write_table=write_table, encode=encode,
+                           patched_forward=patched_forward,
                            patching_document=patching_document, with_rows=with_rows,
                            run_compiled=run_compiled, step=step, PAIRS=PAIRS, FAMILIES=FAMILIES,
                            unplaceable_write=unplaceable_write)

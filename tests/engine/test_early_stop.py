@@ -52,31 +52,6 @@ def _loaded(document: dict) -> None:
                         resolve(model["key"]).path))
 
 
-def _oracle(model, tokenizer, kit, rows) -> torch.Tensor:
-    """block_output[0] of the base run with its last column swapped from the counterfactual."""
-    base = kit.encode(tokenizer, [r["input"] for r in rows])
-    cf = kit.encode(tokenizer, [r["counterfactual_inputs"][0] for r in rows])
-    block = model.transformer.h[0] if hasattr(model, "transformer") else model.model.layers[0]
-    store = {}
-
-    def grab(module, args, output):
-        store["v"] = (output[0] if isinstance(output, tuple) else output)[:, -1].clone()
-
-    def put(module, args, output):
-        tensor = (output[0] if isinstance(output, tuple) else output).clone()
-        tensor[:, -1] = store["v"]
-        store["out"] = tensor
-        return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
-    with torch.no_grad():
-        for hook, enc in ((grab, cf), (put, base)):
-            handle = block.register_forward_hook(hook)
-            try:
-                model(**enc)
-            finally:
-                handle.remove()
-    return store["out"]
-
-
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"])
 def test_a_trace_runs_no_block_above_its_last_tap(family, tiny, oracle, kit, tmp_path,
                                                    blocks_run, monkeypatch):
@@ -90,7 +65,7 @@ def test_a_trace_runs_no_block_above_its_last_tap(family, tiny, oracle, kit, tmp
     # Two traces (the counterfactual's, the patched base's), block 0 of 2 in each.
     assert len(blocks_run) == 2, blocks_run
     reads = kit.step(plan, "patch").results["reads"]
-    want = _oracle(*oracle(resolved.path), kit, rows)
+    want = kit.patched_forward(*oracle(resolved.path), rows)[1]
     assert torch.allclose(reads["own"][:, 0], want[:, -1], **TOL)
     assert torch.allclose(reads["mid"][:, 0], want[:, -2], **TOL)
 

@@ -48,30 +48,6 @@ def _all_columns(monkeypatch) -> None:
     monkeypatch.setattr(walk, "_last_column_head", lambda prepared, ids: None)
 
 
-def _patched_logits(model, tokenizer, kit, rows) -> torch.Tensor:
-    """The oracle, ``(rows, columns, vocab)``: block_output[0]'s last column swapped in from
-    the counterfactual, the head over every column."""
-    base = kit.encode(tokenizer, [r["input"] for r in rows])
-    cf = kit.encode(tokenizer, [r["counterfactual_inputs"][0] for r in rows])
-    block, store = model.model.layers[0], {}
-
-    def grab(module, args, output):
-        store["v"] = (output[0] if isinstance(output, tuple) else output)[:, -1].clone()
-
-    def put(module, args, output):
-        tensor = (output[0] if isinstance(output, tuple) else output).clone()
-        tensor[:, -1] = store["v"]
-        return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
-    with torch.no_grad():
-        for hook, enc in ((grab, cf), (put, base)):
-            handle = block.register_forward_hook(hook)
-            try:
-                logits = model(**enc).logits
-            finally:
-                handle.remove()
-    return logits
-
-
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-gemma2", "tiny-qwen2"])
 def test_last_column_logits_are_the_hook_oracles(family, tiny, oracle, kit, tmp_path, padded,
                                                  monkeypatch):
@@ -83,7 +59,7 @@ def test_last_column_logits_are_the_hook_oracles(family, tiny, oracle, kit, tmp_
     plan = kit.run_compiled(document, data_root, tmp_path / "out")
     got = kit.step(plan, "patch").results["reads"]["logits"][:, 0]
     model, tokenizer = oracle(resolved.path)
-    want = _patched_logits(model, tokenizer, kit, rows)[:, -1]
+    want = kit.patched_forward(model, tokenizer, rows)[0][:, -1]
     width = model.config.hidden_size
     assert (((ROWS, 1, width), (sites.HEAD_ROWS, 1, width)) in padded), padded
     assert got.shape == want.shape
@@ -142,7 +118,7 @@ def test_a_head_read_at_another_column_keeps_every_column(tiny, oracle, kit, tmp
     document = kit.patching_document(resolved, extra_reads={"earlier": earlier})
     plan = kit.run_compiled(document, data_root, tmp_path / "out")
     reads = kit.step(plan, "patch").results["reads"]
-    logits = _patched_logits(*oracle(resolved.path), kit, rows)
+    logits = kit.patched_forward(*oracle(resolved.path), rows)[0]
     # The patched forward's head read at -2 keeps it over every column: nothing padded there.
     assert all(shape_in[0] != ROWS for shape_in, _ in padded), padded
     assert torch.allclose(reads["logits"][:, 0], logits[:, -1], **TOL)

@@ -168,36 +168,6 @@ def _drawn_pairs(kit) -> list[dict]:
             for i, (a, b) in enumerate([(0, 1), (1, 2), (2, 0), (0, 2)])]
 
 
-def _hooked_logit_diffs(model, tokenizer, rows, kit, layer: int) -> list[float]:
-    """The oracle: block ``layer``'s output at the last token of each counterfactual,
-    captured by a torch hook on its own forward, swapped into the base forward by another."""
-    blocks = model.model.layers if hasattr(model, "model") else model.transformer.h
-    captured = {}
-
-    def grab(module, args, output):
-        captured["v"] = (output[0] if isinstance(output, tuple) else output)[:, -1].clone()
-
-    def swap(module, args, output):
-        tensor = (output[0] if isinstance(output, tuple) else output).clone()
-        tensor[:, -1] = captured["v"]
-        return (tensor, *output[1:]) if isinstance(output, tuple) else tensor
-
-    logits = []
-    for prompts, hook in (([r["counterfactual_inputs"][0] for r in rows], grab),
-                          ([r["input"] for r in rows], swap)):
-        handle = blocks[layer].register_forward_hook(hook)
-        try:
-            with torch.no_grad():
-                logits.append(model(**kit.encode(tokenizer, prompts)).logits[:, -1])
-        finally:
-            handle.remove()
-    first = [tokenizer(r[key], add_special_tokens=False)["input_ids"][0]
-             for key in ("cf_answer", "base_answer") for r in rows]
-    a, b = torch.tensor(first[:len(rows)]), torch.tensor(first[len(rows):])
-    patched = logits[1]
-    return (patched.gather(1, a[:, None]) - patched.gather(1, b[:, None]))[:, 0].tolist()
-
-
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"])
 def test_a_counterfactual_drawn_from_the_base_prompts_is_read_from_the_base_forward(
         family, tiny, kit, oracle, tmp_path, monkeypatch, resumed):
@@ -239,7 +209,10 @@ def test_a_counterfactual_drawn_from_the_base_prompts_is_read_from_the_base_forw
     values = [row["value"] for row in json.loads(got[table])]
     # Hosting reorders rows in a batch of the same size; a BLAS that sums each row in an
     # order that follows its place could move a logit (about 10 here) by a few ulps.
-    assert values == pytest.approx(_hooked_logit_diffs(hooked, tokenizer, rows, kit, 0),
+    logits = kit.patched_forward(hooked, tokenizer, rows)[0][:, -1]
+    a, b = (torch.tensor([tokenizer(r[key], add_special_tokens=False)["input_ids"][0]
+                          for r in rows])[:, None] for key in ("cf_answer", "base_answer"))
+    assert values == pytest.approx((logits.gather(1, a) - logits.gather(1, b))[:, 0].tolist(),
                                    abs=1e-5)
 
 
