@@ -168,6 +168,22 @@ def _drawn_pairs(kit) -> list[dict]:
             for i, (a, b) in enumerate([(0, 1), (1, 2), (2, 0), (0, 2)])]
 
 
+def _block0_diffs(files: dict) -> list[float]:
+    """The logit differences the block_output[0] point of ``_sweep`` wrote."""
+    table = next(key for key in files if '"block_output"' in key and '[0]' in key
+                 and key.endswith("logit_diff.json"))
+    return [row["value"] for row in json.loads(files[table])]
+
+
+def _hooked_diffs(kit, oracle, resolved, rows) -> list[float]:
+    """The same numbers from the hook oracle: block_output[0]'s last column swapped in."""
+    model, tokenizer = oracle(resolved.path)
+    logits = kit.patched_forward(model, tokenizer, rows)[0][:, -1]
+    a, b = (torch.tensor([tokenizer(r[key], add_special_tokens=False)["input_ids"][0]
+                          for r in rows])[:, None] for key in ("cf_answer", "base_answer"))
+    return (logits.gather(1, a) - logits.gather(1, b))[:, 0].tolist()
+
+
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"])
 def test_a_counterfactual_drawn_from_the_base_prompts_is_read_from_the_base_forward(
         family, tiny, kit, oracle, tmp_path, monkeypatch, resumed):
@@ -195,7 +211,7 @@ def test_a_counterfactual_drawn_from_the_base_prompts_is_read_from_the_base_forw
         finally:
             handle.remove()
     got, want = _files(tmp_path / "resumed"), _files(tmp_path / "full")
-    hooked, tokenizer = oracle(resolved.path)
+    tokenizer = oracle(resolved.path)[1]
     cf = kit.encode(tokenizer, [r["counterfactual_inputs"][0] for r in rows])["input_ids"]
     assert not torch.equal(cf, kit.encode(tokenizer, [r["input"] for r in rows])["input_ids"])
     assert not any(ids.shape == cf.shape and torch.equal(ids, cf)
@@ -204,16 +220,49 @@ def test_a_counterfactual_drawn_from_the_base_prompts_is_read_from_the_base_forw
     # forward and a prefix forward used to be two). Full: that trace and one fused trace.
     assert (resumed["resumed"], len(seen["resumed"]), len(seen["full"])) == (4, 5, 2)
     _same(got, want)
-    table = next(key for key in got if '"block_output"' in key and '[0]' in key
-                 and key.endswith("logit_diff.json"))
-    values = [row["value"] for row in json.loads(got[table])]
     # Hosting reorders rows in a batch of the same size; a BLAS that sums each row in an
     # order that follows its place could move a logit (about 10 here) by a few ulps.
-    logits = kit.patched_forward(hooked, tokenizer, rows)[0][:, -1]
-    a, b = (torch.tensor([tokenizer(r[key], add_special_tokens=False)["input_ids"][0]
-                          for r in rows])[:, None] for key in ("cf_answer", "base_answer"))
-    assert values == pytest.approx((logits.gather(1, a) - logits.gather(1, b))[:, 0].tolist(),
-                                   abs=1e-5)
+    assert _block0_diffs(got) == pytest.approx(_hooked_diffs(kit, oracle, resolved, rows),
+                                               abs=1e-5)
+
+
+def test_drawn_counterfactuals_in_windows_and_split_fused_runs_write_the_full_forwards_tables(
+        tiny, kit, oracle, tmp_path, monkeypatch):
+    """Windows of 3 rows, two points to a fused run: the base rows' one un-intervened trace
+    per window still serves the counterfactual and every run's prefix, and the tables are
+    the unresumed ones and the hook loop's."""
+    from causalab.engine import fusion
+    from causalab.engine.load import load_model
+    from causalab.pipeline import compile_only
+
+    rows = _drawn_pairs(kit)
+    data_root = kit.write_table(tmp_path / "data", "pairs", rows)
+    resolved = tiny("tiny-llama")
+    document = _sweep(resolved)
+    monkeypatch.setattr(fusion, "_capacity", lambda point, batch_size: 2)
+    unintervened: list = []
+    monkeypatch.setattr(walk, "_trace_unintervened",
+                        _counted(walk._trace_unintervened, unintervened))
+    seen: list = []
+    embeddings = load_model(compile_only(copy.deepcopy(document), data_root).model)._model \
+        .get_input_embeddings()
+    handle = embeddings.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    try:
+        got, want = _both(document, tmp_path, monkeypatch, data_root, batch_size=3)
+    finally:
+        handle.remove()
+    # One un-intervened fill per run of the document, resumed and not (each two windows of
+    # the base rows), and no trace over the counterfactual's own rows in either.
+    assert len(unintervened) == 2
+    tokenizer = oracle(resolved.path)[1]
+    cf = kit.encode(tokenizer, [r["counterfactual_inputs"][0] for r in rows])["input_ids"]
+    assert seen and not any(torch.equal(ids, cf[:len(ids)]) or torch.equal(ids, cf[3:])
+                            for ids in seen if ids.shape[1] == cf.shape[1])
+    _same(got, want)
+    # Windows of 3 rows sum in another order than the hook loop's 4-row batch (README,
+    # "What repeats"): 1e-5 on logits of about 10.
+    assert _block0_diffs(got) == pytest.approx(_hooked_diffs(kit, oracle, resolved, rows),
+                                               abs=1e-5)
 
 
 def _fitted_alike(got: dict, want: dict) -> None:
