@@ -2,11 +2,14 @@
 
 Only on a terminal, never with ``CAUSALAB_QUIET=1``, and only when there is more than one
 point (a fit draws its own bar). It listens to engine events and never touches results.
-MLflow's artifact download bar follows the same rule (:func:`mlflow_bars`).
+MLflow's artifact download bar follows the same rule (:func:`mlflow_bars`), and under
+``CAUSALAB_QUIET=1`` MLflow's notes on making a SQLite store's tables are left out too
+(:func:`mlflow_notes`).
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 from typing import Any, Iterator
@@ -41,6 +44,27 @@ def mlflow_bars() -> Iterator[None]:
             os.environ.pop(_MLFLOW_BAR, None)
         else:
             os.environ[_MLFLOW_BAR] = before
+
+
+# The logger MLflow writes "Creating initial MLflow database tables..." to.
+_MLFLOW_STORE_LOGGER = "mlflow.store.db.utils"
+
+
+@contextlib.contextmanager
+def mlflow_notes() -> Iterator[None]:
+    """Under ``CAUSALAB_QUIET=1``, MLflow's INFO lines while it opens a store (a new SQLite
+    store's tables) are dropped: that one logger of MLflow's own is raised to WARNING for the
+    block alone and put back as it was; everything else a user logs is left alone."""
+    if os.environ.get("CAUSALAB_QUIET") != "1":
+        yield
+        return
+    logger = logging.getLogger(_MLFLOW_STORE_LOGGER)
+    before = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
 
 
 class PointProgress(Events):

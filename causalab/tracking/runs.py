@@ -125,7 +125,12 @@ def code_version() -> str:
 
 
 def client(uri: str) -> MlflowClient:
-    return MlflowClient(tracking_uri=uri)
+    """A client of the store at ``uri``; MLflow opens the store here (and makes a new SQLite
+    store's tables, saying so unless ``CAUSALAB_QUIET=1``)."""
+    from causalab.progress import mlflow_notes
+
+    with mlflow_notes():
+        return MlflowClient(tracking_uri=uri)
 
 
 def experiment_id(mlflow: MlflowClient, name: str, uri: str) -> str:

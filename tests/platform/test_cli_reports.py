@@ -45,3 +45,28 @@ def test_a_tracking_listener_without_out_refuses_to_start():
         TrackingEvents(tracking_uri="sqlite:////nonexistent/never-created.db")
     assert refused.value.path == ("out",)
     assert not Path("/nonexistent/never-created.db").exists()
+
+
+def test_quiet_leaves_out_mlflows_notes_on_making_a_new_store(tmp_path):
+    """Under CAUSALAB_QUIET=1 a tracked run into a new SQLite store prints none of MLflow's
+    INFO lines on making its tables, and the store is still made; without it MLflow says so."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(HF_HUB_OFFLINE="1", CAUSALAB_QUIET="1")
+    database = tmp_path / "quiet" / "mlflow.db"
+    done = subprocess.run(
+        [sys.executable, "-m", "causalab", "run", str(REPO / "documents" / "v2" / "patching.json"),
+         "--out", str(tmp_path / "out"), "--data-root", str(REPO / "documents" / "data"),
+         "--tracking-uri", f"sqlite:///{database}"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "database tables" not in done.stderr and database.is_file()
+    assert "logit_diff.json" in done.stdout
+    env.pop("CAUSALAB_QUIET")
+    told = subprocess.run(
+        [sys.executable, "-c", "import sys; from causalab.tracking import runs; "
+                               "runs.client(sys.argv[1])", f"sqlite:///{tmp_path / 'told.db'}"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert told.returncode == 0, told.stderr
+    assert "Creating initial MLflow database tables" in told.stderr
