@@ -239,13 +239,7 @@ def _fill_unintervened(model: Any, units: list, keep: tuple | None = None) -> No
     (``(pass, forward, state, needs, ahead)`` of a later intervened forward) asks the same
     trace to keep that forward's prefix (``prefixes``) when it runs on the trace's batch."""
     cache = units[0][2].cache
-    pass0, forward0 = units[0][0], units[0][1]
-    host = forwards.host_of(pass0, forward0)
-    fresh = [read for pass_, forward, _, _ in units for read in forward.reads
-             if forwards.read_key(pass_.inputs[forward.input], read) not in cache.reads]
-    if host is not None and not cache.wholes_fit(host.batch, fresh):
-        host = None
-    batch = pass0.inputs[forward0.input] if host is None else host.batch
+    batch, order = _fill_batch(units)
     wanted, taps, pending = {}, [], set()
     for unit, (pass_, forward, _, _) in enumerate(units):
         own = pass_.inputs[forward.input]
@@ -262,12 +256,7 @@ def _fill_unintervened(model: Any, units: list, keep: tuple | None = None) -> No
             taps.append(((tuple(read.address.order), unit, index), out, unit, read))
     if not wanted:
         return
-    needs = []
-    if keep is not None and taps:
-        pass_k, forward_k, state_k, wanted_needs, ahead = keep
-        if forwards.batch_key(pass_k.inputs[forward_k.input]) == forwards.batch_key(batch):
-            needs = _missing_prefixes(model, pass_k.inputs[forward_k.input], state_k,
-                                      wanted_needs, ahead=ahead)
+    needs = _kept_alongside(model, keep, batch) if taps else []
     ordered = [tap[1:] for tap in sorted(taps, key=lambda tap: tap[0])]
     got = _trace_unintervened(model, units, ordered, batch, needs) if ordered else {}
     for whole in pending:
@@ -275,8 +264,7 @@ def _fill_unintervened(model: Any, units: list, keep: tuple | None = None) -> No
     windows = tuple(forwards.chunks(tuple(range(len(batch.input_ids))), units[0][2].batch_size))
     for need in needs:
         cache.prefixes[(forwards.batch_key(batch), need)] = Prefix(got[("keep", need)], windows)
-    rows = pass0.rows
-    order = None if host is None else torch.tensor(host.rows, dtype=torch.long)
+    rows = units[0][0].rows
     for key, (unit, read, whole) in wanted.items():
         pass_, forward, _, resolved = units[unit]
         if whole is not None:
@@ -286,6 +274,32 @@ def _fill_unintervened(model: Any, units: list, keep: tuple | None = None) -> No
         else:
             found = got[(unit, read.name)]
         cache.reads[key] = output_rules.Published(found.value.detach(), found.counts, rows, "none")
+
+
+def _fill_batch(units: list) -> tuple[Any, torch.Tensor | None]:
+    """The batch a fill of ``units`` runs on, and per row of their own batch its row there
+    (None when it is their own): the host batch (``forwards.host_of``) when every read the
+    fill still lacks can be kept whole over it."""
+    pass_, forward, state, _ = units[0]
+    host = forwards.host_of(pass_, forward)
+    fresh = [read for each, own, _, _ in units for read in own.reads
+             if forwards.read_key(each.inputs[own.input], read) not in state.cache.reads]
+    if host is None or not state.cache.wholes_fit(host.batch, fresh):
+        return pass_.inputs[forward.input], None
+    return host.batch, torch.tensor(host.rows, dtype=torch.long)
+
+
+def _kept_alongside(model: Any, keep: tuple | None, batch: Any) -> list:
+    """The prefix needs of ``keep`` (``(pass, forward, state, needs, ahead)`` of a later
+    intervened forward) a fill over ``batch`` keeps too: those not kept yet that the resume
+    budget takes, when that forward runs on the same rows."""
+    if keep is None:
+        return []
+    pass_, forward, state, needs, ahead = keep
+    own = pass_.inputs[forward.input]
+    if forwards.batch_key(own) != forwards.batch_key(batch):
+        return []
+    return _missing_prefixes(model, own, state, needs, ahead=ahead)
 
 
 def _trace_unintervened(model: Any, units: list, taps: list, batch: Any,
