@@ -115,10 +115,24 @@ def write_json(path: str | Path, value: Any, *, root: str | Path | None = None) 
 def write_safetensors(path: str | Path, tensors: dict[str, Any],
                       metadata_: dict[str, str] | None = None, *,
                       root: str | Path | None = None) -> str:
-    """Named tensors (already on the CPU, contiguous) as one safetensors file."""
+    """Named tensors (already on the CPU, contiguous) as one safetensors file, the same
+    bytes for the same tensors and metadata (``canonical_safetensors``)."""
     from safetensors.torch import save
 
-    return atomic(path, save(tensors, metadata=metadata_), root=root)
+    return atomic(path, canonical_safetensors(save(tensors, metadata=metadata_)), root=root)
+
+
+def canonical_safetensors(data: bytes) -> bytes:
+    """``data`` (a safetensors file) with its header's keys sorted. The library writes the
+    metadata from a hash map whose order changes from one save to the next, so the same
+    tensors and metadata came out as other bytes each time; the tensor data is untouched
+    (its offsets count from the header's end) and the header is padded to 8 bytes, as the
+    library pads it."""
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + data[8 + size:]
 
 
 def json_text(value: Any) -> str:

@@ -75,3 +75,11 @@ def test_a_fit_under_another_batch_size_agrees_on_its_first_update_and_its_shape
     rot_whole = load_file(str(whole / "rot.safetensors"))["weight"]
     rot_ones = load_file(str(ones / "rot.safetensors"))["weight"]
     assert rot_whole.shape == rot_ones.shape == (16, 8)
+
+
+def test_a_fit_run_twice_writes_the_same_bytes_its_featurizer_file_included(tmp_path):
+    """The fitted rotation's safetensors file too: its metadata (model, site, digest) used to
+    come out in another key order at every save."""
+    first, second = (_files(_run("das", tmp_path / name)) for name in ("first", "second"))
+    assert any(name.endswith(".safetensors") for name in first) and first.keys() == second.keys()
+    assert [name for name in first if first[name] != second[name]] == []
