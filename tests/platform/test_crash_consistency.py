@@ -2,13 +2,15 @@
 
 A real SQLite tracking store in a temporary folder, the real CLI (in this process where the
 test needs no process of its own, a subprocess where it kills one) and the DBM sweep of the
-corpus: four points of about a second each on the tiny Llama, long enough to stop mid-point.
+corpus made to fit 200 epochs a point (``_sweep``): four points of one to two seconds each on
+the tiny Llama, long enough to stop mid-point.
 What the store holds is read back through MlflowClient and, while a run is alive, with plain
 sqlite3 so the test never takes MLflow's own locks.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sqlite3
@@ -28,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 DATA = str(REPO / "documents" / "data")
 SWEEP = str(REPO / "documents" / "v2" / "dbm.json")
 POINTS = 4
-# A point runs about a second: stop it once its run is open and its numbers are being made,
+# A point runs one to two seconds: stop it once its run is open and its numbers are being made,
 # not in the middle of the store write that opened it.
 SETTLE_S = 0.3
 
@@ -62,6 +64,15 @@ def _mid_point(database: Path) -> bool:
             and any(name != "sweep" and status == "FINISHED" for name, status in found))
 
 
+def _inside_a_point(out: Path) -> bool:
+    """The run's own thread is inside a point after an earlier one ended: a point's folder
+    gets its document.json when the point starts and its mask (the last save) when it ends.
+    The store lags behind it (tracking writes in the background)."""
+    started = [folder for folder in out.glob("objective=*") if (folder / "document.json").is_file()]
+    ended = [folder for folder in started if (folder / "mask.safetensors").is_file()]
+    return bool(ended) and len(ended) < len(started)
+
+
 def _wait_for(condition, process: subprocess.Popen | None = None, limit: float = 300) -> None:
     deadline = time.monotonic() + limit
     while not condition():
@@ -77,9 +88,21 @@ def _store(database: Path) -> str:
     return uri
 
 
+def _sweep(folder: Path) -> str:
+    """The corpus DBM sweep written in ``folder``, each fit running 200 epochs with no early
+    stop: as shipped a point stops after about 20 and takes under 0.2 s, and a signal sent
+    once one point has ended could find every later one ended too before it lands."""
+    document = json.loads(Path(SWEEP).read_text())
+    fit = document["steps"]["fit"]
+    fit["epochs"] = fit["early_stop"]["patience"] = 200
+    path = folder / "dbm.json"
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
 def _run_args(uri: str, out: Path) -> list[str]:
-    return ["run", SWEEP, "--tracking-uri", uri, "--device-map", "cpu", "--out", str(out),
-            "--data-root", DATA]
+    return ["run", _sweep(out.parent), "--tracking-uri", uri, "--device-map", "cpu",
+            "--out", str(out), "--data-root", DATA]
 
 
 def _interrupt(command: list[str], cwd: Path, ready, signum: int) -> tuple[int, list[str]]:
@@ -144,7 +167,8 @@ def test_sigterm_ends_every_open_run_killed_and_exits_143_with_one_line(tmp_path
     # A later point open while an earlier one is done: tracking writes in the background,
     # so the first point's run can appear only once its numbers are already made.
     status, lines = _interrupt([sys.executable, "-m", "causalab", *_run_args(uri, tmp_path / "out")],
-                               tmp_path, lambda: _mid_point(database), signal.SIGTERM)
+                               tmp_path, lambda: _mid_point(database)
+                               and _inside_a_point(tmp_path / "out"), signal.SIGTERM)
     assert (status, lines) == (143, ["error: interrupted (SIGTERM)"])
     runs = _runs(uri)
     assert [r for r in runs if r.info.status == "RUNNING"] == []
