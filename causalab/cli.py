@@ -282,12 +282,10 @@ def _basis_of(uri: str) -> Callable[[str, str], None]:
         from causalab.engine.featurizers.subspace import export_basis
 
         try:
-            export_basis(source, target)
+            export_basis(source, target, named=uri)
         except (SafetensorError, OSError):
             raise UsageError(("--basis",), f"{uri} is not a safetensors bundle, so it has no "
                                            "basis to write") from None
-        except UsageError as error:
-            raise UsageError(error.path, error.message.replace(source, uri)) from None
     return convert
 
 

@@ -17,9 +17,14 @@ from typing import Any, Iterator
 from causalab.engine.events import Events
 
 
+def quiet() -> bool:
+    """``CAUSALAB_QUIET=1``: no bar and no library chatter, terminal or not."""
+    return os.environ.get("CAUSALAB_QUIET") == "1"
+
+
 def wanted() -> bool:
     """Draw bars only for a person watching a terminal."""
-    return os.environ.get("CAUSALAB_QUIET") != "1" and sys.stderr.isatty()
+    return not quiet() and sys.stderr.isatty()
 
 
 _MLFLOW_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
@@ -55,7 +60,7 @@ def mlflow_notes() -> Iterator[None]:
     """Under ``CAUSALAB_QUIET=1``, MLflow's INFO lines while it opens a store (a new SQLite
     store's tables) are dropped: that one logger of MLflow's own is raised to WARNING for the
     block alone and put back as it was; everything else a user logs is left alone."""
-    if os.environ.get("CAUSALAB_QUIET") != "1":
+    if not quiet():
         yield
         return
     logger = logging.getLogger(_MLFLOW_STORE_LOGGER)

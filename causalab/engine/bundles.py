@@ -2,8 +2,9 @@
 
 A bundle causalab writes is a safetensors file with one tensor under ``weight`` and a
 ``__metadata__`` stamp of strings (docs/format.md §8.3); the stamp check itself lives in
-compile/bundles.py and runs again here before loading. Never compares bytes: header order
-is not reproducible, so bundles are compared by content. :func:`check_plan_bundles` reads
+compile/bundles.py and runs again here before loading. Never compares bytes: a file another
+tool wrote may order its header otherwise (causalab's own sort theirs, ``record``), so bundles
+are compared by content. :func:`check_plan_bundles` reads
 every bundle file a plan loads for NaN and Inf before the run writes anything.
 """
 from __future__ import annotations

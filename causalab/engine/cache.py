@@ -123,7 +123,7 @@ class DocumentCache:
         batch = pass_.inputs[forward.input] if batch is None else batch
         if not keeps_whole(read):
             return None
-        key = ("whole", batch_key(batch), read.address.component, read.address.layer)
+        key = _whole_id(batch, read)
         if key in self.wholes or key in pending:
             return key
         size = _whole_bytes(batch, read)
@@ -136,11 +136,10 @@ class DocumentCache:
         """Whether every one of ``reads`` can be kept whole over ``batch`` (nothing charged)."""
         new = {}
         for read in reads:
-            key = ("whole", batch_key(batch), read.address.component, read.address.layer)
             if not keeps_whole(read):
                 return False
-            if key not in self.wholes:
-                new[key] = _whole_bytes(batch, read)
+            if _whole_id(batch, read) not in self.wholes:
+                new[_whole_id(batch, read)] = _whole_bytes(batch, read)
         return (all(size <= WHOLE_BYTES for size in new.values())
                 and self.whole_bytes + sum(new.values()) <= WHOLE_BUDGET)
 
@@ -164,8 +163,13 @@ def keeps_whole(read: ReadOp) -> bool:
             and read.pos.frame == "prompt" and address.component not in vocab.FROM_LOGITS)
 
 
+def _whole_id(batch: Any, read: ReadOp) -> tuple:
+    """The key of ``read``'s address kept whole over ``batch``."""
+    return ("whole", batch_key(batch), read.address.component, read.address.layer)
+
+
 def _whole_bytes(batch: Any, read: ReadOp) -> int:
-    return len(batch.input_ids) * batch.tokens * read.address.full_width * 4
+    return _residual_bytes(batch, read.address.full_width)
 
 
 def _residual_bytes(batch: Any, width: int) -> int:

@@ -12,7 +12,7 @@ rows, the same inputs and the same forwards. Anything else runs one point at a t
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -147,15 +147,26 @@ def _later_needs(others: list) -> set:
     return _needs(_entries(others)) | _needs(map(resume_point, others))
 
 
-def _next_prefix(passes: list, states: list, later: list, index: int) -> tuple | None:
-    """The kept prefix the next intervened forward after forward ``index`` will enter
-    from, ``(pass, forward, state, needs, later needs)``: an un-intervened fill before it
-    on the same rows keeps it in its own trace, one forward instead of two."""
+class NextPrefix(NamedTuple):
+    """The kept values a later intervened forward will enter with: its input ``batch``, the
+    walk ``state`` holding the cache, its ``needs`` and what later points' forwards need
+    (``ahead``). An un-intervened fill on the same rows keeps them in its own trace."""
+
+    batch: Any
+    state: Any
+    needs: set
+    ahead: set
+
+
+def _next_prefix(passes: list, states: list, later: list, index: int) -> NextPrefix | None:
+    """What the next intervened forward after forward ``index`` will enter with: the fill
+    before it keeps that too, one forward instead of two."""
     for step in range(index + 1, len(passes[0].forwards)):
-        if passes[0].forwards[step].writes:
+        forward = passes[0].forwards[step]
+        if forward.writes:
             each = [pass_.forwards[step] for pass_ in passes]
-            return (passes[0], each[0], states[0], _needs(_entries(each)),
-                    _later_needs([pass_.forwards[step] for pass_ in later]))
+            return NextPrefix(passes[0].inputs[forward.input], states[0], _needs(_entries(each)),
+                              _later_needs([pass_.forwards[step] for pass_ in later]))
     return None
 
 

@@ -228,7 +228,7 @@ def _forward_reads(model: Any, pass_: Pass, forward: Forward, state: WalkState,
     return {name: cache.reads[key].slice_rows(run_rows) for name, key in keys.items()}
 
 
-def _fill_unintervened(model: Any, units: list, keep: tuple | None = None) -> None:
+def _fill_unintervened(model: Any, units: list, keep: fusion.NextPrefix | None = None) -> None:
     """Put every read the un-intervened prompt forwards of ``units`` (``(pass, forward,
     state, resolved)`` over the same rows) still lack into the document cache, from one
     trace per window of rows: each small address is tapped whole once and serves every
@@ -236,8 +236,8 @@ def _fill_unintervened(model: Any, units: list, keep: tuple | None = None) -> No
 
     Forwards whose rows another input batch of the pass holds (``forwards.host_of``) run on
     that batch instead, every read kept whole there and cut back to their own rows. ``keep``
-    (``(pass, forward, state, needs, ahead)`` of a later intervened forward) asks the same
-    trace to keep that forward's prefix (``prefixes``) when it runs on the trace's batch."""
+    (what a later intervened forward enters with) asks the same trace to keep that forward's
+    prefix (``prefixes``) when it runs on the trace's batch."""
     cache = units[0][2].cache
     batch, order = _fill_batch(units)
     wanted, taps, pending = {}, [], set()
@@ -261,9 +261,8 @@ def _fill_unintervened(model: Any, units: list, keep: tuple | None = None) -> No
     got = _trace_unintervened(model, units, ordered, batch, needs) if ordered else {}
     for whole in pending:
         cache.wholes[whole] = got[whole].detach()
-    windows = tuple(forwards.chunks(tuple(range(len(batch.input_ids))), units[0][2].batch_size))
     for need in needs:
-        cache.prefixes[(forwards.batch_key(batch), need)] = Prefix(got[("keep", need)], windows)
+        cache.prefixes[(forwards.batch_key(batch), need)] = got[("keep", need)]
     rows = units[0][0].rows
     for key, (unit, read, whole) in wanted.items():
         pass_, forward, _, resolved = units[unit]
@@ -289,25 +288,19 @@ def _fill_batch(units: list) -> tuple[Any, torch.Tensor | None]:
     return host.batch, torch.tensor(host.rows, dtype=torch.long)
 
 
-def _kept_alongside(model: Any, keep: tuple | None, batch: Any) -> list:
-    """The prefix needs of ``keep`` (``(pass, forward, state, needs, ahead)`` of a later
-    intervened forward) a fill over ``batch`` keeps too: those not kept yet that the resume
-    budget takes, when that forward runs on the same rows."""
-    if keep is None:
+def _kept_alongside(model: Any, keep: fusion.NextPrefix | None, batch: Any) -> list:
+    """The prefix needs of ``keep`` a fill over ``batch`` keeps too: those not kept yet that
+    the resume budget takes, when the forward that enters with them runs on the same rows."""
+    if keep is None or forwards.batch_key(keep.batch) != forwards.batch_key(batch):
         return []
-    pass_, forward, state, needs, ahead = keep
-    own = pass_.inputs[forward.input]
-    if forwards.batch_key(own) != forwards.batch_key(batch):
-        return []
-    return _missing_prefixes(model, own, state, needs, ahead=ahead)
+    return _missing_prefixes(model, batch, keep.state, keep.needs, ahead=keep.ahead)
 
 
 def _trace_unintervened(model: Any, units: list, taps: list, batch: Any,
                         needs: list = ()) -> dict:
     """``taps`` (``(out, unit, read)`` in forward order) over every row of ``batch``, one
     trace per window of rows: a whole tensor, or a read gathered with its counts, per
-    ``out``; and per prefix need of ``needs``, under ``("keep", need)``, its value per
-    window."""
+    ``out``; and per prefix need of ``needs``, under ``("keep", need)``, its ``Prefix``."""
     pass0, forward0, state0, _ = units[0]
     every = tuple(range(len(batch.input_ids)))
     pieces: dict = {out: [] for out, _, _ in taps}
@@ -326,7 +319,8 @@ def _trace_unintervened(model: Any, units: list, taps: list, batch: Any,
                      keep=needs)
         for out in pieces:
             pieces[out].append(got[out])
-    found = {("keep", need): pieces[("keep", need)] for need in needs}
+    windows = tuple(forwards.chunks(every, state0.batch_size))
+    found = {("keep", need): Prefix(pieces[("keep", need)], windows) for need in needs}
     for out, unit, read in taps:
         value = torch.cat(pieces[out], 0) if len(pieces[out]) > 1 else pieces[out][0]
         windows, _ = units[unit][3][("read", read.name, units[unit][1].input)]
@@ -420,11 +414,10 @@ def prefixes(model: Any, pass_: Pass, forward: Forward, state: WalkState, needs:
         pieces: dict = {need: [] for need in missing}
         for chunk in forwards.chunks(every, state.batch_size):
             inputs, position_ids = forwards.prompt_inputs(model, batch, chunk, cache.inputs)
-            with torch.no_grad(), model.trace(inputs, position_ids=position_ids,
-                                              logits_to_keep=1, use_cache=False) as tracer:
-                for need in missing:
-                    pieces[need].append(kept_value(model, need))
-                tracer.stop()  # the blocks above the deepest need are not run
+            with torch.no_grad():  # no tap: stops after the deepest need (``_trace``)
+                got = _trace(model, inputs, position_ids, (), {}, keep=missing)
+            for need in missing:
+                pieces[need].append(got[("keep", need)])
         windows = tuple(forwards.chunks(every, state.batch_size))
         for need in missing:
             cache.prefixes[(key, need)] = Prefix(pieces[need], windows)
@@ -453,7 +446,7 @@ def _missing_prefixes(model: Any, batch: Any, state: WalkState, needs: set, *,
     return sorted(missing, key=need_order)
 
 
-def kept_value(model: Any, need: Any) -> Any:
+def _kept_value(model: Any, need: Any) -> Any:
     """A copy of the value a prefix need names, inside a running trace: the residual
     leaving block ``need``, or the raw output of a block's part ``(layer, part)``."""
     if isinstance(need, int):
@@ -553,7 +546,7 @@ def _issue(places: Places, taps: Any, prepared: dict, got: dict, keep: Any = ())
         op, address = entry.op, entry.op.address
         while waiting and need_place(waiting[0]) <= tuple(address.order):
             need = waiting.pop(0)
-            got[("keep", need)] = kept_value(places.model, need)
+            got[("keep", need)] = _kept_value(places.model, need)
         places.settle(address.order)
         activation = places.get(address)
         if entry.kind == "write":
@@ -570,5 +563,5 @@ def _issue(places: Places, taps: Any, prepared: dict, got: dict, keep: Any = ())
             value = project_to_vocabulary(places.model, value)
         got[entry.key] = value
     for need in waiting:
-        got[("keep", need)] = kept_value(places.model, need)
+        got[("keep", need)] = _kept_value(places.model, need)
     places.settle()

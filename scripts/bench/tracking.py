@@ -9,7 +9,8 @@ the printed ``ratio`` is the median tracked time over the median untracked time 
 Beside it, the floor no tracker built on MLflow's client can go under: the least a tracked
 sweep writes (a parent run, then per point a run created, one ``log_batch`` of its params and
 metrics, its end), sent by a bare ``MlflowClient`` to a store of its own, no files, no plots,
-no causalab, timed in the same process and printed as a ratio to the untracked sweep. Then the same at a real size: SmolLM2's 30-layer END residual sweep over 120 IOI rows
+no causalab, timed in the same process and printed as a ratio to the untracked sweep. Then
+the same at a real size: SmolLM2's 30-layer END residual sweep over 120 IOI rows
 (``scripts/bench/smollm2.py``'s document), where a point computes for seconds, not
 milliseconds (``--smollm2-samples``, 0 leaves it out).
 

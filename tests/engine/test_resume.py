@@ -9,6 +9,7 @@ minibatches, runs every update and eval at the last column alone over kept keys 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from pathlib import Path
@@ -178,6 +179,37 @@ def _drawn_ioi(count: int) -> list[dict]:
              "example_id": row["example_id"]} for i, row in enumerate(found)]
 
 
+@contextlib.contextmanager
+def _traced_ids(document: dict, data_root: str):
+    """The ids every trace of the document's model runs on while inside, in order (a hook
+    on the loaded model's embeddings, which every trace calls)."""
+    from causalab.engine.load import load_model
+    from causalab.pipeline import compile_only
+
+    plan = compile_only(copy.deepcopy(document), data_root)
+    seen: list = []
+    handle = load_model(plan.model)._model.get_input_embeddings().register_forward_pre_hook(
+        lambda module, args: seen.append(args[0]))
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def _ran_on(seen: list, ids: torch.Tensor, window: int | None = None) -> bool:
+    """Whether some trace ran on ``ids``, or on one of its windows of ``window`` rows."""
+    pieces = [ids] if window is None else list(ids.split(window))
+    return any(found.shape == piece.shape and torch.equal(found, piece)
+               for found in seen for piece in pieces)
+
+
+def _counterfactual_ids(kit, oracle, resolved, rows) -> torch.Tensor:
+    tokenizer = oracle(resolved.path)[1]
+    cf = kit.encode(tokenizer, [r["counterfactual_inputs"][0] for r in rows])["input_ids"]
+    assert not torch.equal(cf, kit.encode(tokenizer, [r["input"] for r in rows])["input_ids"])
+    return cf
+
+
 def _block0_diffs(files: dict) -> list[float]:
     """The logit differences the block_output[0] point of ``_sweep`` wrote."""
     table = next(key for key in files if '"block_output"' in key and '[0]' in key
@@ -200,32 +232,20 @@ def test_a_counterfactual_drawn_from_the_base_prompts_is_read_from_the_base_forw
     """The counterfactual's reads come from the base rows' un-intervened forward, the one
     that also keeps the prefix the resumed traces enter from: one un-intervened trace, none
     over the counterfactual's own rows, and the numbers a hand-written hook loop gets."""
-    from causalab.engine.load import load_model
-    from causalab.pipeline import compile_only
-
     rows = _drawn_pairs(kit) if family != SMOLLM2 else _drawn_ioi(24)
     data_root = kit.write_table(tmp_path / "data", "pairs", rows)
     resolved = _resolved(family, tiny, request)
     document = _sweep(resolved)
-    embeddings = load_model(compile_only(copy.deepcopy(document), data_root).model)._model \
-        .get_input_embeddings()
     monkeypatch.chdir(REPO)
-    seen: dict = {"resumed": [], "full": []}
-    for kind in seen:
+    seen: dict = {}
+    for kind in ("resumed", "full"):
         if kind == "full":
             monkeypatch.setattr(cache_module, "RESUME_BUDGET", 0)
-        handle = embeddings.register_forward_pre_hook(
-            lambda module, args, kind=kind: seen[kind].append(args[0]))
-        try:
+        with _traced_ids(document, data_root) as seen[kind]:
             run_document(copy.deepcopy(document), out=str(tmp_path / kind), data_root=data_root)
-        finally:
-            handle.remove()
     got, want = _files(tmp_path / "resumed"), _files(tmp_path / "full")
-    tokenizer = oracle(resolved.path)[1]
-    cf = kit.encode(tokenizer, [r["counterfactual_inputs"][0] for r in rows])["input_ids"]
-    assert not torch.equal(cf, kit.encode(tokenizer, [r["input"] for r in rows])["input_ids"])
-    assert not any(ids.shape == cf.shape and torch.equal(ids, cf)
-                   for ids in seen["resumed"] + seen["full"])
+    cf = _counterfactual_ids(kit, oracle, resolved, rows)
+    assert not _ran_on(seen["resumed"] + seen["full"], cf)
     # Resumed: the one un-intervened trace, then the four resumed ones (a counterfactual
     # forward and a prefix forward used to be two). Full: that trace and one fused trace.
     assert (resumed["resumed"], len(seen["resumed"]), len(seen["full"])) == (4, 5, 2)
@@ -242,8 +262,6 @@ def test_drawn_counterfactuals_in_windows_and_split_fused_runs_write_the_full_fo
     per window still serves the counterfactual and every run's prefix, and the tables are
     the unresumed ones and the hook loop's."""
     from causalab.engine import fusion
-    from causalab.engine.load import load_model
-    from causalab.pipeline import compile_only
 
     rows = _drawn_pairs(kit)
     data_root = kit.write_table(tmp_path / "data", "pairs", rows)
@@ -253,21 +271,12 @@ def test_drawn_counterfactuals_in_windows_and_split_fused_runs_write_the_full_fo
     unintervened: list = []
     monkeypatch.setattr(walk, "_trace_unintervened",
                         _counted(walk._trace_unintervened, unintervened))
-    seen: list = []
-    embeddings = load_model(compile_only(copy.deepcopy(document), data_root).model)._model \
-        .get_input_embeddings()
-    handle = embeddings.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
-    try:
+    with _traced_ids(document, data_root) as seen:
         got, want = _both(document, tmp_path, monkeypatch, data_root, batch_size=3)
-    finally:
-        handle.remove()
     # One un-intervened fill per run of the document, resumed and not (each two windows of
     # the base rows), and no trace over the counterfactual's own rows in either.
     assert len(unintervened) == 2
-    tokenizer = oracle(resolved.path)[1]
-    cf = kit.encode(tokenizer, [r["counterfactual_inputs"][0] for r in rows])["input_ids"]
-    assert seen and not any(torch.equal(ids, cf[:len(ids)]) or torch.equal(ids, cf[3:])
-                            for ids in seen if ids.shape[1] == cf.shape[1])
+    assert seen and not _ran_on(seen, _counterfactual_ids(kit, oracle, resolved, rows), 3)
     _same(got, want)
     # Windows of 3 rows sum in another order than the hook loop's 4-row batch (README,
     # "What repeats"): 1e-5 on logits of about 10.

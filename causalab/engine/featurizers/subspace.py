@@ -104,12 +104,13 @@ class Subspace(WeightedFeaturizer):
         return unproject(f, x, self.basis)
 
 
-def export_basis(bundle: str, out: str) -> str:
+def export_basis(bundle: str, out: str, named: str | None = None) -> str:
     """Write a subspace bundle's basis Q alone: safetensors ``{"basis": (d, k)}``, x @ Q = f.
 
     Q is the bundle's own ``basis`` when it has one, else the Cayley map of its ``weight``
     (bundles written before the basis was stored). The stamp is kept as metadata. This is
     the matrix a hook (x + Q (f′ − Qᵀx)) or pyvene's low-rank rotation takes as it is.
+    ``named``: what a refusal calls the bundle (a download's URI), else its path.
     """
     from safetensors import safe_open
 
@@ -121,7 +122,7 @@ def export_basis(bundle: str, out: str) -> str:
         names = set(handle.keys())
         if TENSOR_KEY not in names or not names <= {TENSOR_KEY, BASIS_KEY} or \
                 metadata.get("kind", "subspace") != "subspace":
-            raise UsageError(("--basis",), f"{bundle} is not a subspace bundle "
+            raise UsageError(("--basis",), f"{named or bundle} is not a subspace bundle "
                                            f"(holds {', '.join(sorted(names))})")
         basis = handle.get_tensor(BASIS_KEY) if BASIS_KEY in names else \
             cayley_basis(handle.get_tensor(TENSOR_KEY).float().clone())
