@@ -19,10 +19,11 @@ import types
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 
 from causalab.cli import process_settings
@@ -136,10 +137,17 @@ def _run(config) -> None:
     _report(out, written, events, summary, _job_line(document))
 
 
+class JobFailed(CompactHydraException):
+    """A multirun job that was refused or failed, its one line already printed: raised (not
+    ``SystemExit``) so Hydra marks the job FAILED and runs the next one; once the batch has
+    run, Hydra raises the first such job's and the multirun exits 1 with this one line."""
+
+
 def job(config) -> None:
     """One job: a refused document is one line on stderr and exit status 1, no traceback (a
     fault is one line too; ``HYDRA_FULL_ERROR=1`` shows its traceback); SIGINT or SIGTERM
-    ends the open runs KILLED and is one line and exit status 130 or 143.
+    ends the open runs KILLED and is one line and exit status 130 or 143. In a multirun a
+    refused or failed job ends only itself: the other jobs still run.
 
     A module-level function of an importable module: cluster launchers pickle it by reference
     and import it again on the node.
@@ -149,7 +157,7 @@ def job(config) -> None:
             _run(config)
     except CausalabError as error:
         print(f"error: {_which_job()}{error}", file=sys.stderr)
-        raise SystemExit(1) from None
+        _fail()
     except KeyboardInterrupt as stop:
         print(one_line(stop), file=sys.stderr)
         raise SystemExit(exit_status(stop)) from None
@@ -157,12 +165,23 @@ def job(config) -> None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         print(fault_line(error, "set HYDRA_FULL_ERROR=1 for the traceback"), file=sys.stderr)
-        raise SystemExit(1) from None
+        _fail()
+
+
+def _fail() -> NoReturn:
+    if _multirun():
+        raise JobFailed(f"causalab: {_which_job().rstrip(': ')} failed, as its line above says; "
+                        f"the multirun ran its other jobs") from None
+    raise SystemExit(1) from None
+
+
+def _multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def _which_job() -> str:
     """``job 1 (site.layer=99): ``: in a multirun, the job a refusal is about; else nothing."""
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+    if not _multirun():
         return ""
     job = HydraConfig.get().job
     return f"job {job.get('num')} ({job.override_dirname or 'no overrides'}): "

@@ -7,9 +7,11 @@ the sweep directory, and hands it to the jobs inside their config (``causalab.tr
 which reaches them on any host whichever launcher ran them. At ``on_multirun_end`` runs left
 RUNNING by a job that died are ended KILLED; the parent ends FINISHED when every child did,
 FAILED otherwise, and is deleted if no job ran anything (a repeated sweep whose points were
-all done). If the sweep raises before its end, an exit handler does the same reaping and
-ends the parent FAILED (an interrupt: KILLED, through :func:`end_open_parents`), or deletes it
-when no job got as far as a run (a mistyped override). The parent carries its launching process as owner
+all done). If the sweep raises before its end (a job failed, which Hydra raises once every
+job of the batch has run), an exit handler does the same, plots included, and ends the parent
+FAILED with the failed jobs in its error tag (an interrupt: KILLED at once, through
+:func:`end_open_parents`), or deletes it when no job got as far as a run (a mistyped
+override). The parent carries its launching process as owner
 (``causalab.tracking.owners``): if that process is killed, the next multirun in the
 experiment ends the old parent KILLED, with the runs below it whose owner died too.
 """
@@ -61,6 +63,8 @@ class MultirunParent(Callback):
 
     def __init__(self) -> None:
         self._parent: dict | None = None
+        self._title = "multirun"
+        self._failed: list[str] = []  # jobs that failed, where they ran in this process
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         tracking = config.get("tracking") or {}
@@ -71,6 +75,7 @@ class MultirunParent(Callback):
         mlflow = store.client(uri)
         experiment = store.experiment_id(mlflow, name, uri)
         sweep = _naming(config)
+        self._title = " ".join(sweep) or "multirun"
         overrides = json.dumps(overrides_of(sweep), sort_keys=True)
         # What a killed launch left RUNNING in the experiment ends KILLED first.
         owners.reap_multiruns(mlflow, experiment)
@@ -88,7 +93,23 @@ class MultirunParent(Callback):
         (folder / PARENT_FILE).write_text(json.dumps(self._parent))
         jobs.hand_to_jobs(config, self._parent)
 
+    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
+        """Note a failed job, for the parent's error tag: here only when the job ran in this
+        process (the basic launcher); a pool or a cluster runs it on a copy of this callback."""
+        from hydra.core.utils import JobStatus
+
+        if self._parent is not None and job_return.status == JobStatus.FAILED:
+            job = config.hydra.job
+            self._failed.append(f"job {job.num} ({job.override_dirname or 'no overrides'})")
+
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        self._end(None)
+
+    def _end(self, reason: str | None, status: str = "FAILED") -> None:
+        """Reap what died, draw the children's plots, end the parent: FINISHED when every
+        child did and nothing went wrong (``reason``), else ``status`` with ``reason`` as its
+        error tag; deleted if no job ran anything. An interrupt (KILLED) draws nothing: the
+        process is leaving."""
         if self._parent is None:
             return
         parent = self._parent  # still open: an interrupt from here on ends it KILLED
@@ -99,16 +120,18 @@ class MultirunParent(Callback):
             self._close()
             mlflow.delete_run(parent["run_id"])
             return
-        points = [(_coordinates(run), dict(run.data.metrics)) for run in children]
-        title = " ".join(_naming(config)) or "multirun"
-        for name, png in plots.sweep_plots(points, title=title).items():
-            artifacts.log_bytes(mlflow, parent["run_id"], png, name)
-        ranking = plots.ranking_chart(points)
-        if ranking is not None:
-            artifacts.log_bytes(mlflow, parent["run_id"], ranking, RANKING)
-        good = all(run.info.status == "FINISHED" for run in children)
+        if status != "KILLED":
+            points = [(_coordinates(run), dict(run.data.metrics)) for run in children]
+            for name, png in plots.sweep_plots(points, title=self._title).items():
+                artifacts.log_bytes(mlflow, parent["run_id"], png, name)
+            ranking = plots.ranking_chart(points)
+            if ranking is not None:
+                artifacts.log_bytes(mlflow, parent["run_id"], ranking, RANKING)
+        good = reason is None and all(run.info.status == "FINISHED" for run in children)
         self._close()
-        store.terminate(mlflow, parent["run_id"], "FINISHED" if good else "FAILED")
+        if reason is not None:
+            store.log_batch(mlflow, parent["run_id"], tags={store.ERROR: reason})
+        store.terminate(mlflow, parent["run_id"], "FINISHED" if good else status)
 
     def _close(self) -> None:
         """This parent is being ended: no exit handler or interrupt ends it again."""
@@ -116,21 +139,14 @@ class MultirunParent(Callback):
         _OPEN.remove(self)
         atexit.unregister(self._abandon)
 
-    def _abandon(self, status: str = "FAILED",
-                 reason: str = "the multirun stopped before its end") -> None:
-        """At exit: a parent still open means the sweep raised before its end (or, from
-        :func:`end_open_parents`, was interrupted)."""
-        if self._parent is None:
-            return
-        parent = self._parent
-        self._close()
-        mlflow = store.client(parent["tracking_uri"])
-        jobs.reap(parent)
-        if not store.children(mlflow, parent["experiment_id"], parent["run_id"]):
-            mlflow.delete_run(parent["run_id"])  # no job got as far as a run: nothing to show
-            return
-        store.log_batch(mlflow, parent["run_id"], tags={store.ERROR: reason})
-        store.terminate(mlflow, parent["run_id"], status)
+    def _abandon(self, status: str = "FAILED", reason: str | None = None) -> None:
+        """At exit: a parent still open means the sweep raised before its end (a job failed:
+        Hydra raises its error once every job of the batch has run), or, from
+        :func:`end_open_parents`, was interrupted."""
+        if reason is None:
+            reason = (f"failed: {', '.join(self._failed)}" if self._failed else
+                      "a job failed or the multirun stopped before its end")
+        self._end(reason, status)
 
 
 def _naming(config: Any) -> list[str]:

@@ -161,20 +161,30 @@ def test_a_multirun_ends_killed_what_a_killed_launch_left_running(experiment_nam
     assert owner["host"] == socket.gethostname() and isinstance(owner["pid"], int)
 
 
-def test_a_refused_job_of_a_multirun_is_named_by_its_number_and_overrides(tmp_path):
+def test_a_refused_job_of_a_multirun_is_named_and_the_other_jobs_still_run(tmp_path):
     # A multirun's refusal used to be the bare JSON path: which of the swept values was it?
-    env = dict(os.environ, HF_HUB_OFFLINE="1", CAUSALAB_QUIET="1",
+    # And its SystemExit ended the multirun: the jobs after a refused one never ran.
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", CAUSALAB_QUIET="1", MLFLOW_TRACKING_URI=uri,
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    env.pop("MLFLOW_TRACKING_URI", None)
     command = [sys.executable, "-m", "causalab.run", "-m", "experiment=patching",
-               "model=tiny_llama", "site.layer=0,99", "tracking.enabled=false",
+               "model=tiny_llama", "site.layer=99,0",
                f"run.data_root={REPO / 'documents' / 'data'}", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert done.returncode == 1
-    assert errors == ["error: job 1 (experiment=patching,model=tiny_llama,site.layer=99): "
+    assert errors == ["error: job 0 (experiment=patching,model=tiny_llama,site.layer=99): "
                       "sites.target.layers: layer 99 is out of range: the model has 2 layers"]
+    assert "Traceback" not in done.stderr
+    assert (tmp_path / "multirun" / "1" / "iia.json").is_file()  # job 1 ran after the refusal
+    runs = _experiment_runs(uri, store.DEFAULT_EXPERIMENT)
+    (parent,) = [r for r in runs if store.PARENT not in r.data.tags]
+    (child,) = [r for r in runs if r.data.tags.get(store.PARENT) == parent.info.run_id]
+    assert child.info.status == "FINISHED" and child.data.params["site.layer"] == "0"
+    assert parent.info.status == "FAILED"
+    assert parent.data.tags[store.ERROR] == ("failed: job 0 "
+                                             "(experiment=patching,model=tiny_llama,site.layer=99)")
 
 
 def test_a_multirun_with_a_job_that_does_not_compose_leaves_no_parent_run(tmp_path):
