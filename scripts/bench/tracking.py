@@ -10,11 +10,14 @@ Beside it, the floor no tracker built on MLflow's client can go under: the least
 sweep writes (a parent run, then per point a run created, one ``log_batch`` of its params and
 metrics, its end), sent by a bare ``MlflowClient`` to a store of its own, no files, no plots,
 no causalab, timed in the same process and printed as a ratio to the untracked sweep. Then
-the same at a real size: SmolLM2's 30-layer END residual sweep over 120 IOI rows
+what a user waits for: the same sweep as fresh ``causalab run`` processes, tracked and not,
+beside a fresh process that only imports MLflow and opens the store (``--cli-samples``, 0
+leaves it out). Then the same at a real size: SmolLM2's 30-layer END residual sweep over 120 IOI rows
 (``scripts/bench/smollm2.py``'s document), where a point computes for seconds, not
 milliseconds (``--smollm2-samples``, 0 leaves it out).
 
-    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench/tracking.py [--samples 5] [--smollm2-samples 2]
+    HF_HUB_OFFLINE=1 .venv/bin/python scripts/bench/tracking.py [--samples 5] [--cli-samples 3]
+        [--smollm2-samples 2]
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -153,6 +157,43 @@ def _ratio(label: str, document: dict, data_root: str, samples: int, tmp: str,
               f"sweep, with no files, plots or causalab")
 
 
+def _cli_once(command: list[str]) -> float:
+    env = {key: value for key, value in os.environ.items() if key != "MLFLOW_TRACKING_URI"}
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:4])} failed: {done.stderr[-2000:]}")
+    return time.perf_counter() - start
+
+
+def _fresh_processes(document: dict, data_root: str, samples: int, tmp: str) -> None:
+    """Fresh ``causalab run`` processes of the sweep, untracked and tracked alternated after a
+    warm-up of each, and a fresh process that imports MLflow and opens the same store."""
+    import json
+
+    path = Path(tmp, "sweep.json")
+    path.write_text(json.dumps(document))
+    uri = f"sqlite:///{tmp}/cli.db"
+    run = [sys.executable, "-m", "causalab", "run", str(path), "--data-root", data_root]
+    ways = {"untracked": run + ["--no-track"],
+            "tracked": run + ["--tracking-uri", uri, "--rerun"],
+            "mlflow only": [sys.executable, "-c", "from mlflow import MlflowClient; "
+                            f"MlflowClient({uri!r}).search_experiments()"]}
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for index in range(samples + 1):
+        for name, command in ways.items():
+            out = ["--out", f"{tmp}/cli-{name[0]}{index}"] if command[1] == "-m" else []
+            spent = _cli_once(command + out)
+            if index:  # the first round warms the page cache and creates the store
+                times[name].append(spent)
+    medians = {name: statistics.median(spent) for name, spent in times.items()}
+    print(f"fresh processes (medians of {samples}): "
+          + ", ".join(f"{name} {value:.2f} s" for name, value in medians.items())
+          + f"; tracked - untracked {medians['tracked'] - medians['untracked']:+.2f} s, of "
+          f"which importing MLflow and opening its store take {medians['mlflow only']:.2f} s "
+          f"in a process of their own")
+
+
 def _smollm2_sweep(tmp: str) -> tuple[dict, str]:
     """SmolLM2's 30-layer END residual sweep over the 120 IOI rows, and its data root."""
     import json
@@ -171,12 +212,15 @@ def _smollm2_sweep(tmp: str) -> tuple[dict, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--cli-samples", type=int, default=3)
     parser.add_argument("--smollm2-samples", type=int, default=2)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="causalab-bench-tracking-") as tmp:
         document = _document(_medium_model(Path(tmp) / "medium"))
         _ratio("medium patching sweep: 8 points, 42 rows, d=256, 4 layers (target <= 1.10)",
                document, str(ROOT / "documents" / "data"), args.samples, tmp, points=8)
+        if args.cli_samples:
+            _fresh_processes(document, str(ROOT / "documents" / "data"), args.cli_samples, tmp)
         if args.smollm2_samples:
             document, data_root = _smollm2_sweep(tmp)
             _ratio("SmolLM2 30-layer END sweep: 30 points, 120 rows", document, data_root,

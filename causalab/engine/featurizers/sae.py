@@ -26,7 +26,14 @@ SAELENS_FORMAT = "6.0.0"
 
 
 def _float(value: Tensor | None, size: int) -> Tensor:
-    return torch.zeros(size) if value is None else value.detach().float()
+    return torch.zeros(size) if value is None else _dense(value)
+
+
+def _dense(value: Tensor) -> Tensor:
+    """fp32, row-major: a dictionary harvested in this run (``W_enc`` made as a transposed
+    view) and the same one read back from its file must multiply alike, and a BLAS may sum a
+    column-major operand in another order (last bits, seen on an AMD EPYC)."""
+    return value.detach().float().contiguous()
 
 
 class SAE:
@@ -45,8 +52,8 @@ class SAE:
     def __init__(self, W_enc: Tensor, W_dec: Tensor | None = None, b_enc: Tensor | None = None,
                  b_dec: Tensor | None = None, apply_b_dec_to_input: bool = True):
         d, d_sae = W_enc.shape
-        self.W_enc = W_enc.detach().float()
-        self.W_dec = None if W_dec is None else W_dec.detach().float()
+        self.W_enc = _dense(W_enc)
+        self.W_dec = None if W_dec is None else _dense(W_dec)
         self.b_enc = _float(b_enc, d_sae)
         self.b_dec = _float(b_dec, d)
         self.apply_b_dec_to_input = apply_b_dec_to_input
@@ -147,7 +154,7 @@ class JumpReLUSAE(SAE):
                  b_dec: Tensor | None = None, apply_b_dec_to_input: bool = True, *,
                  threshold: Tensor):
         super().__init__(W_enc, W_dec, b_enc, b_dec, apply_b_dec_to_input)
-        self.threshold = threshold.detach().float()
+        self.threshold = _dense(threshold)
 
     def encode(self, x: Tensor) -> Tensor:
         pre = self.pre(x)
@@ -166,7 +173,7 @@ class GatedSAE(SAE):
                  r_mag: Tensor):
         super().__init__(W_enc, W_dec, None, b_dec, apply_b_dec_to_input)
         del self.b_enc
-        self.b_gate, self.b_mag, self.r_mag = (t.detach().float() for t in (b_gate, b_mag, r_mag))
+        self.b_gate, self.b_mag, self.r_mag = (_dense(t) for t in (b_gate, b_mag, r_mag))
 
     def encode(self, x: Tensor) -> Tensor:
         sae_in, w_enc = self.sae_in(x), self.W_enc.to(x.device)

@@ -15,7 +15,9 @@ class WeightedFeaturizer:
     trainable = True
 
     def __init__(self, weight: Tensor):
-        self.weight = weight if self.trainable else weight.detach()
+        # A fixed weight is kept row-major: a basis harvested in this run (often a transposed
+        # view) and the same one read back from its file then multiply alike on every BLAS.
+        self.weight = weight if self.trainable else weight.detach().contiguous()
         self.training = False
 
     def parameters(self) -> list[Tensor]:
