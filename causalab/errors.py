@@ -50,6 +50,11 @@ class CausalabError(Exception):
         self.message = message
         super().__init__(f"{format_path(self.path)}: {message}")
 
+    def __reduce__(self):
+        """Pickled as its path and message (a refusal raised in the MLflow worker process
+        crosses back whole)."""
+        return type(self), (self.path, self.message)
+
 
 class DocumentError(CausalabError):
     """Refused offline: schema, sweeps, names and references (docs/format.md §14.1)."""

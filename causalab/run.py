@@ -98,9 +98,10 @@ def _report(out: str, written: list[str], events, summary, job: str) -> None:
     if events is None:
         return
     from causalab.tracking import naming, ui_command
+    from causalab.tracking import runs as store
 
     for label, run_id in events.skipped.items():
-        metrics = events.client.get_run(run_id).data.metrics
+        metrics = events.call(store.metrics_of, run_id)
         shown = " ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items()) if naming.is_score(k))
         link = events.linked.get(label)
         linked = f", linked here as run {link}" if link else ""

@@ -199,3 +199,20 @@ def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> None:
         local.write_bytes(data)
         log_files(mlflow, run_id, [(str(local), artifact)])
 
+
+
+def log_sweep_plots(mlflow, run_id: str, points: list, *, title: str) -> None:
+    """Draw a sweep's pictures (:func:`causalab.tracking.plots.sweep_plots`) and log them."""
+    from causalab.tracking import plots
+
+    for name, png in plots.sweep_plots(points, title=title).items():
+        log_bytes(mlflow, run_id, png, name)
+
+
+def log_loss_curve(mlflow, run_id: str, artifact: str, losses: list, evals: list, *,
+                   title: str, eval_name: str) -> None:
+    """Draw a fit's loss curve (:func:`causalab.tracking.plots.loss_curve`) and log it."""
+    from causalab.tracking import plots
+
+    png = plots.loss_curve(losses, evals, title=title, eval_name=eval_name)
+    log_bytes(mlflow, run_id, png, artifact)

@@ -4,9 +4,11 @@ A swept document gets a parent run and one child per point (``mlflow.parentRunId
 a Hydra multirun the job's runs nest under the multirun's parent instead of standing alone.
 A point whose digest already has a FINISHED run in the experiment is skipped (resume) unless
 ``rerun``; under a parent it is linked there (:mod:`causalab.tracking.links`), so the parent
-shows every point it asked for. Everything but that lookup is sent to one background lane
-(:mod:`causalab.tracking.background`) and awaited at the run's end: numbers buffered per
-point and sent with ``log_batch``, files uploaded once per point, plots drawn there. A point
+shows every point it asked for. Every MLflow call runs in the tracking worker, a process of
+its own (:mod:`causalab.tracking.worker`): this process never imports MLflow or matplotlib.
+Everything but that lookup is sent to one background lane (:mod:`causalab.tracking.background`)
+and awaited at the run's end: numbers buffered per point and sent with ``log_batch``, files
+uploaded once per point, plots drawn in the worker. A point
 that raises ends FAILED with the error as the ``causalab.error`` tag; an interrupt ends it
 KILLED, after what it wrote is uploaded; a run is FINISHED only after its files are logged.
 Never touches MLflow's fluent active-run stack.
@@ -27,6 +29,7 @@ from causalab.tracking import artifacts, links, naming, owners, plots
 from causalab.tracking import runs as store
 from causalab.tracking.background import Lane
 from causalab.tracking.reach import reach, source_of
+from causalab.tracking.worker import worker
 
 
 
@@ -79,10 +82,10 @@ class _PointRun:
     def add(self, key: str, value: float, step: int) -> None:
         self.metrics.append(store.metric(key, value, step, int(time.time() * 1000)))
 
-    def flush(self, client: Any) -> None:
+    def flush(self, call: Any) -> None:
         """The point's params and every number it buffered, in one request when they fit."""
         if (self.metrics or self.params) and self.run_id is not None:
-            store.log_batch(client, self.run_id, metrics=self.metrics, params=self.params)
+            call(store.log_batch, self.run_id, metrics=self.metrics, params=self.params)
             self.metrics, self.params = [], {}
 
 
@@ -122,7 +125,6 @@ class TrackingEvents(Events):
         self.skipped: dict[str, str] = {}
         self.linked: dict[str, str] = {}
         self.failed: list[str] = []
-        self._client = None
         self._experiment_id: str | None = None
         self._lane: Lane | None = None
         self._open: dict[int, _PointRun] = {}
@@ -136,16 +138,15 @@ class TrackingEvents(Events):
 
     # --- connection -------------------------------------------------------------------------
 
-    @property
-    def client(self):
-        if self._client is None:
-            self._client = store.client(self.uri)
-            self._experiment_id = store.experiment_id(self._client, self.experiment, self.uri)
-        return self._client
+    def call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
+        """``function(client, *args, **kwargs)`` with this run's store, in the MLflow worker
+        process (:mod:`causalab.tracking.worker`)."""
+        return worker().call(self.uri, function, *args, **kwargs)
 
     @property
     def experiment_id(self) -> str:
-        self.client
+        if self._experiment_id is None:
+            self._experiment_id = self.call(store.experiment_id, self.experiment, self.uri)
         return self._experiment_id
 
     @property
@@ -181,36 +182,36 @@ class TrackingEvents(Events):
     def run_start(self, document: dict, points: list[Any]) -> None:
         from causalab.document.digest import digest
 
-        self.client
+        self.experiment_id
         first = points[0] if points else None
         varied = plots.varied([getattr(p, "coordinates", None) or {} for p in points])
         self._title = plots.title_of(getattr(first, "document", None) or document, varied)
-        self.lane.send(plots.warm)
+        self.lane.send(worker().call, None, plots.warm)
         swept = len(points) > 1 or any(getattr(p, "coordinates", None) for p in points)
         sweep = digest(document) if swept else None
         # What a killed earlier run of this document left RUNNING ends KILLED first.
-        owners.reap(self.client, self.experiment_id,
-                    [p.digest for p in points if getattr(p, "digest", None)], sweep)
+        self.call(owners.reap, self.experiment_id,
+                  [p.digest for p in points if getattr(p, "digest", None)], sweep)
         if not swept:
             return
-        reattach = None if self.rerun or self.parent_run_id else owners.resumable_sweep(
-            self.client, self.experiment_id, sweep)
+        reattach = None if self.rerun or self.parent_run_id else self.call(
+            owners.resumable_sweep, self.experiment_id, sweep)
         if reattach:  # the remaining points join the parent of the sweep they belong to
-            owners.reopen(self.client, reattach)
+            self.call(owners.reopen, reattach, owners.owner_tags())
             self.sweep_run_id, self._reattached = reattach, True
             return
         tags = self._tags("sweep", first)
         tags[store.SWEEP] = sweep
-        self.sweep_run_id = store.create_run(self.client, self.experiment_id,
-                                             self.run_name or "sweep", tags, self.parent_run_id)
-        self.lane.send(store.log_batch, self.client, self.sweep_run_id,
+        self.sweep_run_id = self.call(store.create_run, self.experiment_id,
+                                      self.run_name or "sweep", tags, self.parent_run_id)
+        self.lane.send(self.call, store.log_batch, self.sweep_run_id,
                        params=_shared_params(points, self.job_params))
         self.lane.send(self._log_config, self.sweep_run_id)
 
     def point_start(self, point: Any) -> bool:
         label = self._label(point)
         if not self.rerun:
-            found = store.finished_run(self.client, self.experiment_id, point.digest)
+            found = self.call(store.finished_run, self.experiment_id, point.digest)
             if found:
                 self.skipped[label] = found
                 self._reuse(point, label, found)
@@ -229,20 +230,20 @@ class TrackingEvents(Events):
         return True
 
     def _create(self, run: _PointRun, name: str, tags: dict) -> None:
-        run.run_id = store.create_run(self.client, self.experiment_id, name, tags,
-                                      self.sweep_run_id or self.parent_run_id)
+        run.run_id = self.call(store.create_run, self.experiment_id, name, tags,
+                               self.sweep_run_id or self.parent_run_id)
         self.point_runs[run.label] = run.run_id
         # Params go with the run's creation, so a run whose process dies still says what it
         # was; a point already finished by now sends them with its numbers, in one request.
         if run.params and not run.finished:
-            store.log_batch(self.client, run.run_id, params=run.params)
+            self.call(store.log_batch, run.run_id, params=run.params)
             run.params = {}
 
     def _reuse(self, point: Any, label: str, found: str) -> None:
         """Link a done point into this parent now (a multirun job), or at the sweep's end; a
         point already under this parent (a sweep reattached after a kill) needs no link."""
         parent = self.sweep_run_id or self.parent_run_id
-        if parent is None or self.client.get_run(found).data.tags.get(store.PARENT) == parent:
+        if parent is None or self.call(store.parent_of, found) == parent:
             return
         if self.parent_run_id is not None:
             self.lane.send(self._link, point, label, found)
@@ -252,8 +253,8 @@ class TrackingEvents(Events):
     def _link(self, point: Any, label: str, found: str) -> None:
         parent = self.sweep_run_id or self.parent_run_id
         name = label if self.sweep_run_id else (self.run_name or label or "point")
-        self.linked[label] = links.link(self.client, self.experiment_id, found, parent, name,
-                                        self._tags("point", point))
+        self.linked[label] = self.call(links.link, self.experiment_id, found, parent, name,
+                                       self._tags("point", point))
 
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
         run = self._open.get(id(point))
@@ -301,24 +302,23 @@ class TrackingEvents(Events):
 
     def _upload(self, run: _PointRun, files: list) -> None:
         """Send a point's buffered numbers, its files, its config and its loss plots."""
-        run.flush(self.client)
-        artifacts.log_files(self.client, run.run_id, [f for f in files if Path(f[0]).is_file()])
+        run.flush(self.call)
+        self.call(artifacts.log_files, run.run_id, [f for f in files if Path(f[0]).is_file()])
         self._log_config(run.run_id)
         for step, losses in run.losses.items():
             watched = f"eval/{run.fits.get(step, 'eval')}"
-            png = plots.loss_curve(losses, run.evals.get(step, []), title=f"{run.title} · {step}",
-                                   eval_name=watched)
-            artifacts.log_bytes(self.client, run.run_id, png, f"plots/{step}_loss.png")
+            self.call(artifacts.log_loss_curve, run.run_id, f"plots/{step}_loss.png", losses,
+                      run.evals.get(step, []), title=f"{run.title} · {step}", eval_name=watched)
 
     def run_end(self, written: list[str]) -> None:
         record = [(p, RUN_RECORD) for p in written if Path(p).name == RUN_RECORD][:1]
         record = [f for f in record if Path(f[0]).is_file()]
         for run in self._ended:
-            self.lane.send(lambda run=run: artifacts.log_files(self.client, run.run_id, record))
+            self.lane.send(lambda run=run: self.call(artifacts.log_files, run.run_id, record))
         self._ended = []
         if self._deferred is not None:
             run, self._deferred = self._deferred, None
-            self.lane.send(lambda: artifacts.log_files(self.client, run.run_id, record))
+            self.lane.send(lambda: self.call(artifacts.log_files, run.run_id, record))
             self.lane.send(self._end_point, run, None)
         if self.sweep_run_id:
             self.lane.send(self._finish_sweep, written, record)
@@ -326,22 +326,21 @@ class TrackingEvents(Events):
 
     def _finish_sweep(self, written: list[str], record: list) -> None:
         if not self.point_runs and self.parent_run_id is None and not self._reattached:
-            self.client.delete_run(self.sweep_run_id)
+            self.call(store.delete, self.sweep_run_id)
             return
         for point, label, found in self._reused:
             self._link(point, label, found)
         roots = [p for p in written if Path(p).name == DOCUMENT]
         files = [(p, DOCUMENT) for p in sorted(roots, key=len)[:1]] + record
-        artifacts.log_files(self.client, self.sweep_run_id,
-                            [f for f in files if Path(f[0]).is_file()])
-        done = self._done + links.means_of(self.client, self.linked.values())
-        for name, png in plots.sweep_plots(done, title=self._title).items():
-            artifacts.log_bytes(self.client, self.sweep_run_id, png, name)
+        self.call(artifacts.log_files, self.sweep_run_id,
+                  [f for f in files if Path(f[0]).is_file()])
+        done = self._done + self.call(links.means_of, list(self.linked.values()))
+        self.call(artifacts.log_sweep_plots, self.sweep_run_id, done, title=self._title)
         self._end(self.sweep_run_id, RuntimeError("a point failed") if self.failed else None)
 
     def resolve(self, uri: str) -> str:
         """A ``runs:/<run_id>/<path>`` bundle downloaded from this listener's tracking URI."""
-        return artifacts.resolve_artifact(uri, self.uri)
+        return worker().call(None, artifacts.resolve_artifact, uri, self.uri)
 
     def close(self, error: BaseException | None = None) -> None:
         """End whatever is still open: KILLED on an interrupt, FAILED on any other error.
@@ -367,6 +366,7 @@ class TrackingEvents(Events):
         """Reach the store now, in seconds, before the run compiles or loads a model."""
         flag = ("--tracking-uri",) if self.argv is not None else ("tracking", "uri")
         reach(self.uri, source_of(flag), writes=True)
+        worker().open(self.uri)  # MLflow loads and opens the store while the run compiles
         return self
 
     def __exit__(self, kind, error, traceback) -> None:
@@ -388,7 +388,7 @@ class TrackingEvents(Events):
             if not isinstance(config, DictConfig):
                 config = OmegaConf.create(config)
             self._config_text = OmegaConf.to_yaml(config, resolve=True)
-        artifacts.log_bytes(self.client, run_id, self._config_text.encode(), HYDRA_CONFIG)
+        self.call(artifacts.log_bytes, run_id, self._config_text.encode(), HYDRA_CONFIG)
 
     def _end_point(self, run: _PointRun, error: BaseException | None) -> None:
         if run.run_id is None:
@@ -398,17 +398,17 @@ class TrackingEvents(Events):
         self._end(run.run_id, error)
 
     def _end_if_running(self, run_id: str, error: BaseException) -> None:
-        if self.client.get_run(run_id).info.status == "RUNNING":
+        if self.call(store.status, run_id) == "RUNNING":
             self._end(run_id, error)
 
     def _end(self, run_id: str, error: BaseException | None) -> None:
         if error is None:
-            store.terminate(self.client, run_id, "FINISHED")
+            self.call(store.terminate, run_id, "FINISHED")
             return
         message = f"{type(error).__name__}: {error}".strip()
-        store.log_batch(self.client, run_id, tags={store.ERROR: message})
+        self.call(store.log_batch, run_id, tags={store.ERROR: message})
         status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
-        store.terminate(self.client, run_id, status)
+        self.call(store.terminate, run_id, status)
 
 
 def _shared_params(points: list[Any], job: Mapping[str, str]) -> dict[str, str]:

@@ -12,8 +12,6 @@ import json
 import time
 from typing import Iterable, Mapping
 
-from mlflow.entities import Metric
-
 from causalab.tracking import runs as store
 
 _COPIED_TAGS = (store.PRODUCED_BY, store.POINT, store.COORDINATES, store.MODEL_KEY,
@@ -28,7 +26,7 @@ def link(mlflow, experiment: str, origin: str, parent: str, name: str,
     run_id = store.create_run(mlflow, experiment, name, {**tags, **copied,
                                                          store.REUSED_FROM: origin}, parent)
     now = int(time.time() * 1000)
-    metrics = [Metric(k, v, now, 0) for k, v in source.data.metrics.items()]
+    metrics = [store.Point(k, v, now, 0) for k, v in source.data.metrics.items()]
     store.log_batch(mlflow, run_id, metrics=metrics, params=dict(source.data.params))
     store.terminate(mlflow, run_id, "FINISHED")
     return run_id

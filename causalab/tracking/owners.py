@@ -116,9 +116,10 @@ def resumable_sweep(mlflow, experiment_id: str, sweep: str) -> str | None:
     return latest[0].info.run_id
 
 
-def reopen(mlflow, run_id: str) -> None:
-    """Make an ended sweep parent this process's own again: RUNNING, new owner, no error."""
+def reopen(mlflow, run_id: str, owner: dict[str, str]) -> None:
+    """Make an ended sweep parent the caller's own again: RUNNING, ``owner`` (the caller's
+    :func:`owner_tags`, taken where the run is, not in the MLflow worker), no error."""
     mlflow.update_run(run_id, status="RUNNING")
-    store.log_batch(mlflow, run_id, tags=owner_tags())
+    store.log_batch(mlflow, run_id, tags=owner)
     if store.ERROR in mlflow.get_run(run_id).data.tags:
         mlflow.delete_tag(run_id, store.ERROR)

@@ -17,15 +17,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlparse
 
-from mlflow import MlflowClient
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.utils.validation import (
-    MAX_ENTITY_KEY_LENGTH, MAX_METRICS_PER_BATCH, MAX_PARAM_VAL_LENGTH,
-    MAX_PARAMS_TAGS_PER_BATCH, MAX_TAG_VAL_LENGTH,
-)
+from typing import TYPE_CHECKING, NamedTuple
 
 from causalab.errors import TrackingError
 from causalab.tracking.reach import reach, source_of, sqlite_file
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 DEFAULT_EXPERIMENT = "causalab"
 DATABASE = "mlflow.db"
@@ -46,6 +44,22 @@ JOB = "causalab.job"
 # MLflow 3 opens an experiment on its GenAI pages unless this tag names a training-style kind.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 _UNSAFE_KEY = re.compile(r"[^\w\-. /:]")
+# MLflow's limits (mlflow.utils.validation, checked against it in the tests), here so that a
+# run's main process names params and keys without importing MLflow (tracking/worker.py).
+MAX_ENTITY_KEY_LENGTH = 250
+MAX_PARAM_VAL_LENGTH = 6000
+MAX_TAG_VAL_LENGTH = 8000
+MAX_METRICS_PER_BATCH = 1000
+MAX_PARAMS_TAGS_PER_BATCH = 100
+
+
+class Point(NamedTuple):
+    """One metric value as a run buffers it: plain data, made an MLflow ``Metric`` when sent."""
+
+    key: str
+    value: float
+    timestamp: int
+    step: int
 
 
 def resolve_uri(configured: str | None = None, cwd: str | None = None) -> str:
@@ -127,6 +141,8 @@ def code_version() -> str:
 def client(uri: str) -> MlflowClient:
     """A client of the store at ``uri``; MLflow opens the store here (and makes a new SQLite
     store's tables, saying so unless ``CAUSALAB_QUIET=1``)."""
+    from mlflow import MlflowClient
+
     from causalab.progress import mlflow_notes
 
     with mlflow_notes():
@@ -185,6 +201,22 @@ def terminate(mlflow: MlflowClient, run_id: str, status: str) -> None:
         mlflow.set_terminated(run_id, status)
 
 
+def status(mlflow: MlflowClient, run_id: str) -> str:
+    return mlflow.get_run(run_id).info.status
+
+
+def parent_of(mlflow: MlflowClient, run_id: str) -> str | None:
+    return mlflow.get_run(run_id).data.tags.get(PARENT)
+
+
+def metrics_of(mlflow: MlflowClient, run_id: str) -> dict[str, float]:
+    return dict(mlflow.get_run(run_id).data.metrics)
+
+
+def delete(mlflow: MlflowClient, run_id: str) -> None:
+    mlflow.delete_run(run_id)
+
+
 def kill(mlflow: MlflowClient, run_id: str, reason: str) -> None:
     """End a run KILLED with ``reason`` as its ``causalab.error`` tag."""
     log_batch(mlflow, run_id, tags={ERROR: reason})
@@ -229,10 +261,12 @@ def descendants(mlflow: MlflowClient, experiment: str, parent: str) -> list:
     return found
 
 
-def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Metric] = (),
+def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Point] = (),
               params: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None):
     """Log in as few requests as MLflow's batch limits allow: one, when everything fits."""
-    metrics = list(metrics)
+    from mlflow.entities import Metric, Param, RunTag
+
+    metrics = [Metric(*point) for point in metrics]
     params_, tags_ = _param_values(params or {}), _tag_values(tags or {})
     if len(metrics) <= MAX_METRICS_PER_BATCH and len(params_) + len(tags_) <= MAX_PARAMS_TAGS_PER_BATCH:
         if metrics or params_ or tags_:
@@ -250,8 +284,8 @@ def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Metric] = 
         mlflow.log_batch(run_id, tags=tag_items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
 
 
-def metric(key: str, value: float, step: int, timestamp: int) -> Metric:
-    return Metric(_key(key), float(value), timestamp, int(step))
+def metric(key: str, value: float, step: int, timestamp: int) -> Point:
+    return Point(_key(key), float(value), timestamp, int(step))
 
 
 def _key(key: str) -> str:

@@ -189,9 +189,9 @@ def _fresh_processes(document: dict, data_root: str, samples: int, tmp: str) -> 
     medians = {name: statistics.median(spent) for name, spent in times.items()}
     print(f"fresh processes (medians of {samples}): "
           + ", ".join(f"{name} {value:.2f} s" for name, value in medians.items())
-          + f"; tracked - untracked {medians['tracked'] - medians['untracked']:+.2f} s, of "
-          f"which importing MLflow and opening its store take {medians['mlflow only']:.2f} s "
-          f"in a process of their own")
+          + f"; tracked - untracked {medians['tracked'] - medians['untracked']:+.2f} s "
+          f"(importing MLflow and opening its store, {medians['mlflow only']:.2f} s, happen in "
+          f"the tracking worker beside the run's compile and model load)")
 
 
 def _smollm2_sweep(tmp: str) -> tuple[dict, str]:
