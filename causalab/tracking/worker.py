@@ -8,7 +8,7 @@ tracking modules by name, given the ``MlflowClient`` of a URI as its first argum
 result (plain data: ids, dicts, bytes) or its exception sent back. One worker per process,
 shared by every run of it (a notebook, an in-process multirun). It ignores SIGINT and
 SIGTERM, so what an interrupted run still sends (its runs' KILLED ends) reaches the store,
-and ends when its main process does (the pipe closes).
+and ends the moment its main process does (a lifeline pipe closes), mid-call or not.
 """
 from __future__ import annotations
 
@@ -41,15 +41,19 @@ class Worker:
 
     def __init__(self) -> None:
         ours, theirs = socket.socketpair()
+        # The lifeline: only this process holds its write end, so the worker sees it close
+        # the moment this process ends (or drops it), even in the middle of a call.
+        lifeline, self._lifeline = os.pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p]))
         self.process = subprocess.Popen(
             [sys.executable, "-c", f"from causalab.tracking.worker import main; "
-                                   f"main({theirs.fileno()})"],
-            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
+                                   f"main({theirs.fileno()}, {lifeline})"],
+            pass_fds=[theirs.fileno(), lifeline], env=env, stdin=subprocess.DEVNULL,
             stdout=2,  # a stray print never joins the run's stdout, its list of files
             preexec_fn=_ignore_interrupts)  # from its first instruction: a Ctrl-C is the run's
         theirs.close()
+        os.close(lifeline)
         self._connection = Connection(ours.detach())
         self._lock = threading.Lock()
         self._unread = 0
@@ -87,6 +91,7 @@ class Worker:
         except BaseException as error:
             self.broken = True
             self._connection.close()
+            os.close(self._lifeline)  # the dropped worker ends now, whatever it is doing
             if isinstance(error, (EOFError, OSError)):
                 raise WorkerGone("the MLflow worker process ended before it answered") from None
             raise
@@ -188,8 +193,17 @@ def _ignore_interrupts() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
-def main(fd: int) -> None:
+def _watch(lifeline: int) -> None:
+    """End this process at once when the process that started it is gone: a call still
+    running (a store that stopped answering) must not hold the run's stderr open."""
+    while os.read(lifeline, 1):
+        pass
+    os._exit(0)
+
+
+def main(fd: int, lifeline: int) -> None:
     _ignore_interrupts()
+    threading.Thread(target=_watch, args=(lifeline,), name="lifeline", daemon=True).start()
     connection = Connection(fd)
     import mlflow  # noqa: F401  (now, while the main process compiles and loads its model)
 

@@ -89,23 +89,29 @@ def test_a_call_cut_short_by_an_interrupt_drops_the_worker_and_the_next_call_get
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     with pytest.raises(KeyboardInterrupt):
-        first.call(None, time.sleep, 5)  # the worker itself ignores the SIGINT
+        first.call(None, time.sleep, 60)  # the worker itself ignores the SIGINT
     timer.join()
     assert first.broken
     second = workers.worker()
     assert second is not first and second.call(None, os.getpid) == second.process.pid
-    assert first.process.wait(timeout=30) == 0  # the dropped one ends on its own
+    assert first.process.wait(timeout=15) == 0  # dropped: it ends mid-sleep, at once
 
 
 _STARTS_A_WORKER = """
+import os, threading, time
 from causalab.tracking import worker
-print(worker.worker().call(None, __import__("os").getpid), flush=True)
+print(worker.worker().call(None, os.getpid), flush=True)
+threading.Thread(target=worker.worker().call, args=(None, time.sleep, 120), daemon=True).start()
+time.sleep(1)
+os._exit(0)  # as an interrupted run leaves: no exit handler, a call still running
 """
 
 
-def test_the_worker_ends_when_the_process_that_started_it_ends():
+def test_the_worker_ends_when_the_process_that_started_it_ends_even_mid_call():
     done = subprocess.run([sys.executable, "-c", _STARTS_A_WORKER], env=_env(),
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=100)
+    # The worker shares the stderr pipe: had it outlived its process by the 120 s call,
+    # reading the pipe to its end would have timed out above.
     assert done.returncode == 0, done.stderr[-2000:]
     pid = int(done.stdout.split()[-1])
     deadline = time.monotonic() + 30
