@@ -14,10 +14,8 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 from urllib.parse import urlparse
-
-from typing import TYPE_CHECKING, NamedTuple
 
 from causalab.errors import TrackingError
 from causalab.tracking.reach import reach, source_of, sqlite_file
