@@ -6,9 +6,10 @@ GIL with. The worker is started when a run's tracking is set up (before compile 
 model load, which it overlaps) and serves calls in the order they come: a function of the
 tracking modules by name, given the ``MlflowClient`` of a URI as its first argument, its
 result (plain data: ids, dicts, bytes) or its exception sent back. One worker per process,
-shared by every run of it (a notebook, an in-process multirun). It ignores SIGINT and
-SIGTERM, so what an interrupted run still sends (its runs' KILLED ends) reaches the store,
-and ends the moment its main process does (a lifeline pipe closes), mid-call or not.
+shared by every run of it (a notebook, an in-process multirun). It runs in a session of its
+own and ignores SIGINT and SIGTERM, so what an interrupted run still sends (its runs' KILLED
+ends) reaches the store, and it ends the moment its main process does (a lifeline pipe
+closes), mid-call or not.
 """
 from __future__ import annotations
 
@@ -51,7 +52,9 @@ class Worker:
                                    f"main({theirs.fileno()}, {lifeline})"],
             pass_fds=[theirs.fileno(), lifeline], env=env, stdin=subprocess.DEVNULL,
             stdout=2,  # a stray print never joins the run's stdout, its list of files
-            preexec_fn=_ignore_interrupts)  # from its first instruction: a Ctrl-C is the run's
+            # A session of its own: a Ctrl-C at the terminal, or a signal to the run's process
+            # group, is the run's to handle; the lifeline ends the worker with the run.
+            start_new_session=True)
         theirs.close()
         os.close(lifeline)
         self._connection = Connection(ours.detach())
@@ -188,7 +191,7 @@ def _portable(error: BaseException) -> BaseException:
 
 
 def _ignore_interrupts() -> None:
-    """SIGINT and SIGTERM ignored; an ignored signal stays ignored across ``exec``."""
+    """SIGINT and SIGTERM sent to this process alone are ignored too."""
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
 
