@@ -200,7 +200,6 @@ def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> None:
         log_files(mlflow, run_id, [(str(local), artifact)])
 
 
-
 def log_sweep_plots(mlflow, run_id: str, points: list, *, title: str) -> None:
     """Draw a sweep's pictures (:func:`causalab.tracking.plots.sweep_plots`) and log them."""
     from causalab.tracking import plots

@@ -122,8 +122,7 @@ class MultirunParent(Callback):
             return
         if status != "KILLED":
             points = [(_coordinates(run), dict(run.data.metrics)) for run in children]
-            for name, png in plots.sweep_plots(points, title=self._title).items():
-                artifacts.log_bytes(mlflow, parent["run_id"], png, name)
+            artifacts.log_sweep_plots(mlflow, parent["run_id"], points, title=self._title)
             ranking = plots.ranking_chart(points)
             if ranking is not None:
                 artifacts.log_bytes(mlflow, parent["run_id"], ranking, RANKING)

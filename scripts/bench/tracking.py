@@ -182,7 +182,7 @@ def _fresh_processes(document: dict, data_root: str, samples: int, tmp: str) -> 
     times: dict[str, list[float]] = {name: [] for name in ways}
     for index in range(samples + 1):
         for name, command in ways.items():
-            out = ["--out", f"{tmp}/cli-{name[0]}{index}"] if command[1] == "-m" else []
+            out = [] if name == "mlflow only" else ["--out", f"{tmp}/cli-{name}{index}"]
             spent = _cli_once(command + out)
             if index:  # the first round warms the page cache and creates the store
                 times[name].append(spent)
