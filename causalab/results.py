@@ -111,6 +111,8 @@ def run(document: Mapping[str, Any] | str | Path, *, out: str | None = None,
     try:
         written = run_document(raw, out=out, batch_size=batch_size, device_map=device_map,
                                data_root=data_root, events=Chain(tracker, collect))
+        if tracker is not None:
+            tracker.wait()  # Result.runs names the stored runs
     except BaseException as error:
         if tracker is not None:
             tracker.close(error)

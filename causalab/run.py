@@ -90,11 +90,15 @@ def _job_line(document: dict) -> str:
     return f"job {number if number is not None else 0}: {name} · {model}"
 
 
-def _report(out: str, written: list[str], events, summary, job: str) -> None:
+def _report(out: str, written: list[str], summary, job: str) -> None:
     print(job)
     if summary.lines:
         print(summary.render())
     print(f"causalab: {len(written)} files in {Path(out).resolve()}")
+
+
+def _report_tracking(events) -> None:
+    """What was logged where, once the tracking worker has stored it."""
     if events is None:
         return
     from causalab.tracking import naming, ui_command
@@ -135,7 +139,9 @@ def _run(config) -> None:
                                data_root=options.get("data_root") or DEFAULT_DATA_ROOT,
                                events=Chain(events, PointProgress(), summary),
                                resume_mib=options.get("resume_mib"))
-    _report(out, written, events, summary, _job_line(document))
+        # The numbers are shown now; leaving the block waits for MLflow to store them.
+        _report(out, written, summary, _job_line(document))
+    _report_tracking(events)
 
 
 class JobFailed(CompactHydraException):

@@ -12,6 +12,13 @@ uploaded once per point, plots drawn in the worker. A point
 that raises ends FAILED with the error as the ``causalab.error`` tag; an interrupt ends it
 KILLED, after what it wrote is uploaded; a run is FINISHED only after its files are logged.
 Never touches MLflow's fluent active-run stack.
+
+The run's own process waits for none of it: ``run_end`` returns once the run's files are
+written, and the MLflow side completes in the background. ``wait`` (or leaving a ``with``
+block) blocks until it is stored and raises what failed; the CLI, a Hydra job and
+:func:`causalab.results.run` wait before they report, and an exit handler drains whatever a
+process leaves unsent. Only the resume lookup (which points are done) is waited for, in one
+request at the run's start, and only without ``rerun``.
 """
 from __future__ import annotations
 
@@ -127,6 +134,9 @@ class TrackingEvents(Events):
         self.failed: list[str] = []
         self._experiment_id: str | None = None
         self._lane: Lane | None = None
+        self._swept = False
+        self._held = False
+        self._done_runs: dict[str, str] = {}
         self._open: dict[int, _PointRun] = {}
         self._ended: list[_PointRun] = []
         self._deferred: _PointRun | None = None
@@ -156,9 +166,10 @@ class TrackingEvents(Events):
         return self._lane
 
     def wait(self) -> None:
-        """Block until every MLflow call sent so far has run (raises the first failure, the
-        lane then kept for what follows), then let the lane's thread go: a later call starts
-        a new one."""
+        """Block until everything sent to MLflow so far is stored (raises the first failure,
+        the lane then kept for what follows), then let the lane's thread go: a later call
+        starts a new one. ``run_document`` does not wait: call this (or leave a ``with``
+        block) before reading the run back from the store."""
         if self._lane is not None:
             self._lane.close()
             self._lane = None
@@ -182,18 +193,24 @@ class TrackingEvents(Events):
     def run_start(self, document: dict, points: list[Any]) -> None:
         from causalab.document.digest import digest
 
-        self.experiment_id
         first = points[0] if points else None
         varied = plots.varied([getattr(p, "coordinates", None) or {} for p in points])
         self._title = plots.title_of(getattr(first, "document", None) or document, varied)
-        self.lane.send(worker().call, None, plots.warm)
-        swept = len(points) > 1 or any(getattr(p, "coordinates", None) for p in points)
-        sweep = digest(document) if swept else None
+        digests = [p.digest for p in points if getattr(p, "digest", None)]
+        if not self._held:  # the run computes now: its bookkeeping waits (Lane.hold)
+            self.lane.hold()
+            self._held = True
+        if not self.rerun:  # which points are done decides what runs: the one wait
+            self._done_runs = self.call(store.finished_runs, self.experiment_id, digests)
+        self._swept = len(points) > 1 or any(getattr(p, "coordinates", None) for p in points)
+        sweep = digest(document) if self._swept else None
         # What a killed earlier run of this document left RUNNING ends KILLED first.
-        self.call(owners.reap, self.experiment_id,
-                  [p.digest for p in points if getattr(p, "digest", None)], sweep)
-        if not swept:
-            return
+        self.lane.send(lambda: self.call(owners.reap, self.experiment_id, digests, sweep))
+        if self._swept:
+            self.lane.send(self._open_sweep, sweep, first, _shared_params(points, self.job_params))
+
+    def _open_sweep(self, sweep: str, first: Any, params: dict[str, str]) -> None:
+        """The sweep's parent: a new run, or the killed or failed one a rerun reattaches to."""
         reattach = None if self.rerun or self.parent_run_id else self.call(
             owners.resumable_sweep, self.experiment_id, sweep)
         if reattach:  # the remaining points join the parent of the sweep they belong to
@@ -204,19 +221,17 @@ class TrackingEvents(Events):
         tags[store.SWEEP] = sweep
         self.sweep_run_id = self.call(store.create_run, self.experiment_id,
                                       self.run_name or "sweep", tags, self.parent_run_id)
-        self.lane.send(self.call, store.log_batch, self.sweep_run_id,
-                       params=_shared_params(points, self.job_params))
-        self.lane.send(self._log_config, self.sweep_run_id)
+        self.call(store.log_batch, self.sweep_run_id, params=params)
+        self._log_config(self.sweep_run_id)
 
     def point_start(self, point: Any) -> bool:
         label = self._label(point)
-        if not self.rerun:
-            found = self.call(store.finished_run, self.experiment_id, point.digest)
-            if found:
-                self.skipped[label] = found
-                self._reuse(point, label, found)
-                return False
-        name = label if self.sweep_run_id else (self.run_name or label or "point")
+        found = self._done_runs.get(getattr(point, "digest", None))
+        if found:
+            self.skipped[label] = found
+            self.lane.send(self._reuse, point, label, found)
+            return False
+        name = label if self._swept else (self.run_name or label or "point")
         tags = self._tags("point", point)
         coordinates = dict(getattr(point, "coordinates", None) or {})
         tags.update({store.PRODUCED_BY: point.digest, store.POINT: label,
@@ -246,13 +261,13 @@ class TrackingEvents(Events):
         if parent is None or self.call(store.parent_of, found) == parent:
             return
         if self.parent_run_id is not None:
-            self.lane.send(self._link, point, label, found)
+            self._link(point, label, found)
         elif self.sweep_run_id is not None:
             self._reused.append((point, label, found))
 
     def _link(self, point: Any, label: str, found: str) -> None:
         parent = self.sweep_run_id or self.parent_run_id
-        name = label if self.sweep_run_id else (self.run_name or label or "point")
+        name = label if self._swept else (self.run_name or label or "point")
         self.linked[label] = self.call(links.link, self.experiment_id, found, parent, name,
                                        self._tags("point", point))
 
@@ -282,8 +297,8 @@ class TrackingEvents(Events):
         self._done.append((dict(getattr(point, "coordinates", None) or {}), dict(run.means)))
         if error is not None:
             self.lane.send(self._end_point, run, error)
-            if self.sweep_run_id:
-                self.lane.send(self._end, self.sweep_run_id, error)
+            if self._swept:
+                self.lane.send(self._end_sweep, error)
         elif not getattr(point, "directory", ""):
             self._deferred = run
         else:
@@ -320,11 +335,13 @@ class TrackingEvents(Events):
             run, self._deferred = self._deferred, None
             self.lane.send(lambda: self.call(artifacts.log_files, run.run_id, record))
             self.lane.send(self._end_point, run, None)
-        if self.sweep_run_id:
+        if self._swept:
             self.lane.send(self._finish_sweep, written, record)
-        self.wait()
+        self._release()
 
     def _finish_sweep(self, written: list[str], record: list) -> None:
+        if self.sweep_run_id is None:
+            return
         if not self.point_runs and self.parent_run_id is None and not self._reattached:
             self.call(store.delete, self.sweep_run_id)
             return
@@ -348,6 +365,7 @@ class TrackingEvents(Events):
         What was already sent (files of points that ended) is uploaded first.
         """
         error = error or RuntimeError("the run stopped before its end")
+        self._release()
         for run in list(self._open.values()):
             self.lane.send(self._upload, run, [])
             self.lane.send(self._end_point, run, error)
@@ -355,8 +373,8 @@ class TrackingEvents(Events):
         if self._deferred is not None:
             self.lane.send(self._end_point, self._deferred, error)
             self._deferred = None
-        if self.sweep_run_id:
-            self.lane.send(self._end_if_running, self.sweep_run_id, error)
+        if self._swept:
+            self.lane.send(self._end_sweep, error, True)
         try:
             self.wait()
         except Exception:  # the run's own error is the one to report
@@ -367,16 +385,23 @@ class TrackingEvents(Events):
         flag = ("--tracking-uri",) if self.argv is not None else ("tracking", "uri")
         reach(self.uri, source_of(flag), writes=True)
         worker().open(self.uri)  # MLflow loads and opens the store while the run compiles
+        self.lane.send(worker().call, None, plots.warm)  # and matplotlib, for its plots
         return self
 
     def __exit__(self, kind, error, traceback) -> None:
         if error is not None:
             self.close(error)
+            return
+        try:
+            self.wait()
+        except BaseException as stop:  # an interrupt or a failed upload while waiting
+            self.close(stop)
+            raise
 
     # --- helpers ----------------------------------------------------------------------------
 
     def _label(self, point: Any) -> str:
-        return getattr(point, "name", "") if self.sweep_run_id else ""
+        return getattr(point, "name", "") if self._swept else ""
 
     def _log_config(self, run_id: str) -> None:
         if self.config is None:
@@ -397,9 +422,17 @@ class TrackingEvents(Events):
             self.failed.append(run.run_id)
         self._end(run.run_id, error)
 
-    def _end_if_running(self, run_id: str, error: BaseException) -> None:
-        if self.call(store.status, run_id) == "RUNNING":
-            self._end(run_id, error)
+    def _release(self) -> None:
+        if self._held:
+            self.lane.release()
+            self._held = False
+
+    def _end_sweep(self, error: BaseException, unless_ended: bool = False) -> None:
+        """End the sweep's parent (if the lane got to open it) with ``error``."""
+        run_id = self.sweep_run_id
+        if run_id is None or unless_ended and self.call(store.status, run_id) != "RUNNING":
+            return
+        self._end(run_id, error)
 
     def _end(self, run_id: str, error: BaseException | None) -> None:
         if error is None:

@@ -243,6 +243,13 @@ def finished_run(mlflow: MlflowClient, experiment: str, produced_by: str) -> str
     return runs[0].data.tags.get(REUSED_FROM) or runs[0].info.run_id
 
 
+def finished_runs(mlflow: MlflowClient, experiment: str, digests: list[str]) -> dict[str, str]:
+    """:func:`finished_run` of each digest that has one, in one call to the worker (MLflow's
+    search has no ``IN`` for tags, so one query per digest)."""
+    found = {d: finished_run(mlflow, experiment, d) for d in dict.fromkeys(digests)}
+    return {d: run_id for d, run_id in found.items() if run_id}
+
+
 def children(mlflow: MlflowClient, experiment: str, parent: str) -> list:
     """Every run nested directly under ``parent``."""
     query = f"tags.`{PARENT}` = '{parent}'"

@@ -117,6 +117,7 @@ def test_a_new_parent_asking_for_done_points_links_each_one_with_its_metrics(das
     events = TrackingEvents(tracking_uri=mlflow_server, experiment=das["experiment"],
                             out=str(tmp_path), parent_run_id=parent)
     run_document(das["document"], out=str(tmp_path), data_root=DATA, events=events)
+    events.wait()
     assert sorted(events.skipped) == ["k=1", "k=16", "k=4"]
     (sweep,) = store.children(client, das["experiment_id"], parent)
     links = store.children(client, das["experiment_id"], sweep.info.run_id)

@@ -205,6 +205,7 @@ def test_a_point_with_two_fits_logs_each_fits_numbers_under_its_step(
     events.metric(point, "test", "iia", 0.5, 4)
     events.point_end(point, [], None)
     events.run_end([])
+    events.wait()
     [run] = _runs(mlflow_server, experiment_name)
 
     def history(key):
@@ -236,8 +237,9 @@ def test_a_listener_lets_its_background_thread_go_once_its_run_has_ended(
         for point in (first, second):
             assert events.point_start(point)
             events.point_end(point, [], None)
+        events.run_end([])  # returns at once: the lane stores the runs in the background
         assert len(lanes()) == before + 1
-        events.run_end([])
+        events.wait()
         assert len(lanes()) == before
     runs = _runs(mlflow_server, experiment_name)
     assert len(runs) == 9 and {r.info.status for r in runs} == {"FINISHED"}
@@ -343,6 +345,7 @@ def test_a_sweep_parent_gets_the_picture_its_axes_call_for(axes, picture, mlflow
         events.metric(point, "s", "iia", index / len(points), 4)
         events.point_end(point, [], None)
     events.run_end([])
+    events.wait()
     client = MlflowClient(mlflow_server)
     pictures = [a.path for a in client.list_artifacts(events.sweep_run_id, "plots")]
     assert pictures == [picture]

@@ -83,7 +83,17 @@ def test_a_refusal_raised_in_the_worker_is_the_same_refusal_in_the_caller(tmp_pa
     assert type(there.value) is type(here.value) and str(there.value) == str(here.value)
 
 
-def test_a_call_cut_short_by_an_interrupt_drops_the_worker_and_the_next_call_gets_a_new_one():
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt here: Python keeps it ignored when it starts that way
+    (a test run sent to the background by a non-interactive shell)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_call_cut_short_by_an_interrupt_drops_the_worker_and_the_next_call_gets_a_new_one(
+        sigint_raises):
     first = workers.worker()
     assert first.call(None, os.getpid) == first.process.pid
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
