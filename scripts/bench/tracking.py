@@ -202,7 +202,8 @@ def _fresh_processes(document: dict, data_root: str, samples: int, tmp: str) -> 
     medians = {name: statistics.median(spent) for name, spent in times.items()}
     print(f"fresh processes (medians of {samples}): "
           + ", ".join(f"{name} {value:.2f} s" for name, value in medians.items())
-          + f"; tracked - untracked {medians['tracked'] - medians['untracked']:+.2f} s "
+          + f"; tracked - untracked {medians['tracked'] - medians['untracked']:+.2f} s, "
+          f"ratio {medians['tracked'] / medians['untracked']:.2f} with everything stored "
           f"(importing MLflow and opening its store, {medians['mlflow only']:.2f} s, happen in "
           f"the tracking worker beside the run's compile and model load)")
 
