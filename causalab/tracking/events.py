@@ -423,9 +423,10 @@ class TrackingEvents(Events):
         self._end(run.run_id, error)
 
     def _release(self) -> None:
-        if self._held:
-            self.lane.release()
-            self._held = False
+        """Let the held calls go; a lane already waited out (``wait``) is not started again."""
+        if self._held and self._lane is not None:
+            self._lane.release()
+        self._held = False
 
     def _end_sweep(self, error: BaseException, unless_ended: bool = False) -> None:
         """End the sweep's parent (if the lane got to open it) with ``error``."""
