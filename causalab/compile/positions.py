@@ -45,7 +45,7 @@ def position_spec(pos: Position | int | dict) -> PositionSpec:
         last=pos.last,
         all=bool(pos.all),
     )
-    # A generated cut other than a fixed step may keep different steps per row (§6.2).
+    # A generated cut other than a fixed step may keep different steps per row (docs/format.md §6.2).
     stepwise = pos.frame == "generated" and (pos.index is None or pos.index < 0)
     return PositionSpec(**fields, width=pos.width, ragged=pos.ragged or stepwise)
 

@@ -63,7 +63,7 @@ def is_wrapper(value: Any) -> bool:
 
 def refuse_near_wrappers(node: Any, path: Path = ()) -> None:
     """V6: an object with a wrapper's ``sweep`` (values or a range) beside keys no wrapper has
-    is no wrapper (format §sweeps) and lowers as data, but its author meant one: refused here
+    is no wrapper (docs/format.md §10) and lowers as data, but its author meant one: refused here
     rather than as the field's wrong type. (A name-keyed map with a member called ``sweep``
     holds an object there, never values or a range.)"""
     if isinstance(node, list):

@@ -115,7 +115,7 @@ def kv_cache(model: Any):
 
 def prompt_inputs(model: Any, batch: PromptBatch, chunk: tuple,
                   kept: dict) -> tuple[dict, torch.Tensor]:
-    """The rows ``chunk`` as model inputs, position ids taken from the mask (§18.7).
+    """The rows ``chunk`` as model inputs, position ids taken from the mask (docs/format.md §18).
 
     The whole batch is made into tensors once per document (a sweep point's batch is a
     new object holding equal rows, hence the value key) and kept in ``kept`` (the document

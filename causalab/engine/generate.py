@@ -79,7 +79,7 @@ def eos_ids(model: Any) -> tuple[int, ...]:
 def resolve_rows(spec: PositionSpec, batch: PromptBatch, rows: Sequence[int],
                  generated: torch.Tensor, decode_text: Callable, stops: Sequence[int],
                  where: tuple) -> list[tuple[tuple[int, ...], str]]:
-    """Per run row, the decode steps a generated read keeps and the reason (§6.5, §11).
+    """Per run row, the decode steps a generated read keeps and the reason (docs/format.md §6.4, §11).
 
     ``generated`` is ``(len(rows), decode)``; a fixed step is kept on every row, whatever
     the row generated; any other cut runs over the continuation cut after its first stop.
@@ -123,7 +123,7 @@ def cut(stacked: torch.Tensor, windows: Sequence[Sequence[int]], ragged: bool) -
 
 def provenance(found: Sequence[tuple[tuple[int, ...], str]], generated: torch.Tensor,
                decode_text: Callable) -> dict:
-    """§6.6 in the generated frame: windows are decode steps, tokens the generated ones."""
+    """docs/format.md §6.4 in the generated frame: windows are decode steps, tokens the generated ones."""
     windows = tuple(window for window, _ in found)
     tokens = tuple(tuple(decode_text([int(generated[i, s])]) for s in window)
                    for i, window in enumerate(windows))

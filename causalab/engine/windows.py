@@ -27,7 +27,7 @@ def layout(windows: tuple, rows, ragged: bool) -> Window:
     """The window of ``rows`` of a pass whose windows over ALL its rows are ``windows``.
 
     Flat when the positions are ragged or the pass's rows differ in width (a read some rows
-    cannot place), decided once over every row (§6.2): a batch window of placed rows only
+    cannot place), decided once over every row (docs/format.md §6.2): a batch window of placed rows only
     must not come back rectangular while another comes back flat.
     """
     widths = {len(window) for window in windows}
@@ -36,7 +36,7 @@ def layout(windows: tuple, rows, ragged: bool) -> Window:
 
 
 def resolve_pass(model: Any, pass_: Pass, state: Any) -> dict:
-    """Windows of every read and write over ALL rows of the pass, resolved once (§6.2, §6.5).
+    """Windows of every read and write over ALL rows of the pass, resolved once (docs/format.md §6.2, §6.4).
 
     Keyed ``(kind, name, input role) -> (windows, reasons)``, plus ``("provenance", name,
     role)`` for the reads of a dynamic pass; kept in ``state.windows`` per pass.
