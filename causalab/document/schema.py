@@ -22,7 +22,8 @@ from causalab.document.steps import (Anneal, EarlyStop, Eval, Fit, Observe, Opti
                                      Save, Step, Weights, step_interventions)
 from causalab.document.vocab import (ATTN_IMPLEMENTATIONS, COMPONENTS, DTYPES,
                                      FEATURIZER_KINDS, FEATURIZERS_NODE, PARAMETRIZATIONS,
-                                     SAE_ARCHITECTURES, declarable_featurizer_kinds)
+                                     SAE_ARCHITECTURES, SAELENS_DEFAULTS,
+                                     declarable_featurizer_kinds)
 
 __all__ = [
     "Anneal", "Document", "EarlyStop", "Eval", "Featurizer", "Fit", "Header", "Intervention",
@@ -113,7 +114,7 @@ class SaelensConfig(Node):
     apply_b_dec_to_input: StrictBool
     normalize_activations: Literal["none"]
     k: Annotated[StrictInt, Field(gt=0)] | None = None
-    rescale_acts_by_decoder_norm: StrictBool = False
+    rescale_acts_by_decoder_norm: StrictBool = SAELENS_DEFAULTS["rescale_acts_by_decoder_norm"]
     hook_name: StrictStr | None = None
 
     @model_validator(mode="after")

@@ -202,6 +202,17 @@ SAE_ARCHITECTURES = {
               "formula": "f = ((x - b_dec) W_enc + b_gate > 0) * ReLU((x - b_dec) (W_enc exp(r_mag)) + b_mag)"},
 }
 
+# What a SAELens cfg.json (and a cfg-less file's saelens block) means by leaving a field out, as
+# SAELens's own loader reads it; every causalab reader and writer of a cfg takes it from here.
+# reshape_activations is "hook_z" on an attention_z hook (SAELENS_HOOKS) and this otherwise.
+SAELENS_DEFAULTS = {
+    "architecture": "standard",
+    "apply_b_dec_to_input": True,
+    "normalize_activations": "none",
+    "rescale_acts_by_decoder_norm": False,
+    "reshape_activations": "none",
+}
+
 # SAELens (TransformerLens) hook names -> the component they read: `blocks.<L>.<hook>`.
 SAELENS_HOOKS = {
     "hook_resid_pre": "block_input",
