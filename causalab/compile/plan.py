@@ -15,6 +15,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from causalab.compile.masks import content_span
 from causalab.document.interventions import Write
 from causalab.document.positions import Position
 from causalab.document.steps import Output
@@ -102,11 +103,11 @@ class PromptBatch:
 
     @functools.cached_property
     def lengths(self) -> tuple[int, ...]:
-        """Per row, prompt tokens after the prefix (``positions.run_lengths``), counted
+        """Per row, prompt tokens after the prefix (what a prompt-frame cut sees), counted
         once: the cuts of every sweep point sharing the batch read them."""
-        from causalab.compile.positions import run_lengths
-
-        return run_lengths(self)
+        spans = (content_span(mask, (self.role, row))
+                 for row, mask in enumerate(self.attention_mask))
+        return tuple(max(end - start - self.prefix, 0) for start, end in spans)
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from typing import Callable, Sequence
 
+from causalab.compile.masks import content_span
 from causalab.compile.plan import PositionSpec, PromptBatch
 from causalab.document.positions import Position, as_position
-from causalab.errors import RunError
 
 PLACED = ""
 MISSING = "alignment_missing"
@@ -67,17 +67,6 @@ def spell(spec: PositionSpec) -> str:
     if scope:
         parts.append("scope:{" + " ".join(scope) + "}")
     return "{" + " ".join(parts) + "}"
-
-
-def content_span(mask: Sequence[int], where: tuple = ()) -> tuple[int, int]:
-    """The row's contiguous non-padding span ``[start, end)``; a gap in it is refused (R5)."""
-    ones = [i for i, m in enumerate(mask) if m]
-    if not ones:
-        return 0, 0
-    start, end = ones[0], ones[-1] + 1
-    if len(ones) != end - start:
-        raise RunError(where, "the attention mask is not contiguous on this row")
-    return start, end
 
 
 def cut(spec: PositionSpec, length: int) -> tuple[tuple[int, ...], str]:
@@ -212,12 +201,3 @@ def _resolve_generated(spec: PositionSpec, batch: PromptBatch, row: int, decode_
         return (), reason
     picked, reason = cut(spec, len(window))
     return tuple(window[i] for i in picked), reason
-
-
-def run_lengths(batch: PromptBatch) -> tuple[int, ...]:
-    """Per row, the number of prompt tokens after the prefix (what a prompt-frame cut sees)."""
-    lengths = []
-    for row, mask in enumerate(batch.attention_mask):
-        start, end = content_span(mask, (batch.role, row))
-        lengths.append(max(end - start - batch.prefix, 0))
-    return tuple(lengths)
