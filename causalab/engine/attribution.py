@@ -121,19 +121,28 @@ def _base_trace(node: Attribute, model: Any, trace: Callable, inputs: dict, posi
     heads = {r.address for r in reads}
     if len(heads) != 1:
         raise RunError((node.name, "metrics"), "attribution scores metrics of one read site")
-    sites = node.addresses + ((node.embeddings,) if node.embeddings is not None else ())
     with torch.enable_grad():
-        got = trace(model, inputs, position_ids, sites, shift=True, replace=replace,
+        got = trace(model, inputs, position_ids, _sites(node), shift=True, replace=replace,
                     head=next(iter(heads)), last_only=last_only)
         scores = _scores(node, pass_, resolved, chunk, got, last_only, model)
-        shifts = [got[("shift", i)] for i in range(len(node.addresses))]
+        first = _first(node)
+        shifts = [got[("shift", first + i)] for i in range(len(node.addresses))]
         return got, {"scores": scores, "grads": _gradients(scores, shifts)}
+
+
+def _sites(node: Attribute) -> tuple:
+    """What a trace reads, in forward order: the embeddings first when the path needs them."""
+    return ((node.embeddings,) if node.embeddings is not None else ()) + node.addresses
+
+
+def _first(node: Attribute) -> int:
+    """Where the step's own addresses start among ``_sites``."""
+    return 0 if node.embeddings is None else 1
 
 
 def _interpolated(node: Attribute, base: dict, counterfactual: dict, k: int):
     """The embeddings ``α = k/steps`` of the way from the base prompt's to the counterfactual's."""
-    where = len(node.addresses)
-    start, end = base[("value", where)], counterfactual[("value", where)]
+    start, end = base[("value", 0)], counterfactual[("value", 0)]
     return node.embeddings, start + (k / node.steps) * (end - start)
 
 
@@ -145,9 +154,8 @@ def _chunk(node: Attribute, model: Any, state: Any, trace: Callable, resolved: l
     cache = state.cache.inputs
     base_in, base_pos = forwards.prompt_inputs(model, pass_.inputs[node.base], chunk, cache)
     cf_in, cf_pos = forwards.prompt_inputs(model, pass_.inputs[node.counterfactual], chunk, cache)
-    sites = node.addresses + ((node.embeddings,) if node.embeddings is not None else ())
     with torch.no_grad():
-        counterfactual = trace(model, cf_in, cf_pos, sites)
+        counterfactual = trace(model, cf_in, cf_pos, _sites(node))
     base, found = _base_trace(node, model, trace, base_in, base_pos, pass_, resolved[0], chunk)
     grads = found["grads"]
     for k in range(1, node.steps):
@@ -174,10 +182,10 @@ def _label_effects(node: Attribute, pass_: Pass, resolved: dict, chunk: tuple, b
     if (at_base.width is None) != (at_cf.width is None) or at_base.counts != at_cf.counts:
         raise RunError(("interventions", pass_.intervention, "writes", write.name, "operand"),
                        "the operand and the write cover different positions on some row")
-    out = []
+    out, first = [], _first(node)
     for i, address in enumerate(node.addresses):
-        delta = (gather(counterfactual[("value", i)], address, at_cf)
-                 - gather(base[("value", i)], address, at_base)).float()
+        delta = (gather(counterfactual[("value", first + i)], address, at_cf)
+                 - gather(base[("value", first + i)], address, at_base)).float()
         gradient = gather(grads[i], address, at_base).float()
         out.append(_units(_per_row(delta * gradient, at_base), address, node.unit))
     return torch.cat(out, -1)
