@@ -147,6 +147,10 @@ def step_nodes(step: str, raw: Step, ctx: Context, directory: str) -> tuple:
     """One step as plan nodes: a node, or one nested Plan per entry of a list intervention."""
     if raw.kind == "weights":
         return (weights(step, raw),)
+    if raw.kind == "attribute":
+        from causalab.compile.attribution import attribute
+
+        return (attribute(step, raw, entries(ctx.document, step, raw.interventions)[0], ctx),)
     build = observe if raw.kind == "observe" else fit
     found = entries(ctx.document, step, raw.interventions)
     if not isinstance(raw.interventions, list):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from causalab.document.interventions import Intervention, Ref, Write
 from causalab.document.positions import Position
-from causalab.document.schema import Document, Fit, Observe, Weights
+from causalab.document.schema import Attribute, Document, Fit, Observe, Weights
 from causalab.document.steps import step_interventions
 from causalab.document.vocab import (COMPONENTS, IDENTITY, MECHANISMS, ORIGINAL, STEP_SOURCES,
                                      VOCABULARY_COMPONENTS, is_reserved_result)
@@ -46,10 +46,10 @@ def check_references(doc: Document) -> dict[str, list[Entry]]:
 
 
 def step_entries(doc: Document) -> dict[str, list[Entry]]:
-    """Each observe/fit step's interventions, inline ones registered (V7, V8, V9)."""
+    """Each observe/fit/attribute step's interventions, inline ones registered (V7, V8, V9)."""
     out: dict[str, list[Entry]] = {}
     for s, step in doc.steps.items():
-        if not isinstance(step, (Observe, Fit)):
+        if not isinstance(step, (Observe, Fit, Attribute)):
             continue
         at = ("steps", s)
         if step.interventions is None:

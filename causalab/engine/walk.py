@@ -120,7 +120,7 @@ def _run_node(node: Any, model: Any, state: WalkState, out: str, directory: Path
         return steps.run_fit_step(node, model, state, directory, runner)
     if isinstance(node, Weights):
         return steps.run_weights(node, state, directory)
-    raise RunError((getattr(node, "name", type(node).__name__),), "unknown plan node")
+    return steps.run_other_node(node, model, state, directory)
 
 
 def prefetch(points: list, model: Any, *, batch_size: int | None = None,
@@ -565,3 +565,34 @@ def _issue(places: Places, taps: Any, prepared: dict, got: dict, keep: Any = ())
     for need in waiting:
         got[("keep", need)] = _kept_value(places.model, need)
     places.settle()
+
+
+def run_gradient_trace(model: Any, inputs: dict, position_ids: torch.Tensor, sites: tuple, *,
+                       shift: bool = False, replace: tuple | None = None,
+                       head: Any = None, last_only: bool = False) -> dict:
+    """One trace for attribution patching (``causalab.engine.attribution``), under the
+    caller's grad mode. Each address of ``sites`` (plan ``Address``es in forward order) is
+    read, a detached copy coming back under ``("value", i)``; with ``shift`` the forward then
+    continues from the value plus a zero leaf (under ``("shift", i)``), whose gradient is the
+    metric's gradient at that site. ``replace = (address, tensor)`` puts ``tensor`` there
+    before anything (integrated gradients' interpolated embeddings). ``head``: an address
+    whose value, graph kept, comes back under ``"head"``; ``last_only`` forms the logits of
+    the last column alone. The model's weights stay frozen: only the leaves take gradients.
+    """
+    places = Places(model, frozenset())
+    kwargs = {"use_cache": False, **({"logits_to_keep": 1} if last_only else {})}
+    got: dict = {}
+    with model.trace(inputs, position_ids=position_ids, **kwargs):
+        if replace is not None:
+            places.put(replace[0], replace[1])
+        for index, address in enumerate(sites):
+            places.settle(address.order)
+            value = places.get(address)
+            got[("value", index)] = value.detach().clone()
+            if shift:
+                got[("shift", index)] = torch.zeros_like(value).requires_grad_(True)
+                places.put(address, value + got[("shift", index)])
+        places.settle()
+        if head is not None:
+            got["head"] = places.get(head)
+    return got
