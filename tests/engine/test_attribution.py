@@ -262,3 +262,15 @@ def test_the_table_keeps_the_exact_tables_columns_and_adds_coordinates_and_effec
     assert [e["coordinates"] for e in table[::len(PAIRS)]] == [
         {"layers": 1, "heads": h} for h in range(4)]
     assert all(e["eligible"] and e["unit"] == "logit" for e in table)
+
+
+@pytest.mark.parametrize("name", ["ioi_head_attribution", "ioi_layer_attribution"])
+def test_each_shipped_attribution_document_is_the_rendering_of_its_conf_twin(name):
+    from pathlib import Path
+
+    from causalab.document import digest
+    from causalab.render import render
+
+    shipped = Path(__file__).resolve().parents[2] / "documents" / "real" / f"{name}.json"
+    assert digest(render([f"experiment={name}", "model=smollm2"])) == digest(
+        json.loads(shipped.read_text()))
