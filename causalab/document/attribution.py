@@ -81,6 +81,10 @@ def attributed_metrics(step: Attribute, entry: Entry, patched: str,
             chosen[name] = at + ("metrics", j)
     if not chosen:
         raise DocumentError(entry.path + ("metrics",), "attribution needs a metric to differentiate")
+    reads = {body.metrics[name].of for name in chosen}
+    if len(reads) > 1:
+        raise DocumentError(list(chosen.values())[-1], "attribution differentiates metrics of "
+                            f"one read; these read {', '.join(sorted(reads))}")
     for name, path in chosen.items():
         metric = body.metrics[name]
         if not METRIC_KINDS[metric.kind]["differentiable"]:

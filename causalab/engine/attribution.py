@@ -80,7 +80,7 @@ def _last_only(read, windows: tuple, width: int) -> bool:
 
 def _scores(node: Attribute, pass_: Pass, resolved: dict, chunk: tuple, got: dict,
             last_only: bool, model: Any) -> dict:
-    """Per metric ``(values (eligible,), local indices, eligible pass rows)`` of one forward."""
+    """Per metric ``(values (eligible,), eligible pass rows)`` of one forward."""
     found = {}
     for metric in pass_.metrics:
         if metric.name not in node.metrics:
@@ -94,8 +94,7 @@ def _scores(node: Attribute, pass_: Pass, resolved: dict, chunk: tuple, got: dic
         window = Window.from_windows(picked, ragged=read.pos.ragged)
         index = torch.tensor(local, dtype=torch.long, device=got["head"].device)
         logits = _head_value(got["head"].index_select(0, index), read, window, model)
-        values, rows = score(metric, logits, [chunk[i] for i in local])
-        found[metric.name] = (values, [chunk.index(row) for row in rows], rows)
+        found[metric.name] = score(metric, logits, [chunk[i] for i in local])
     return found
 
 
@@ -116,14 +115,11 @@ def _base_trace(node: Attribute, model: Any, trace: Callable, inputs: dict, posi
                 pass_: Pass, resolved: dict, chunk: tuple, replace=None) -> tuple[dict, dict]:
     """One forward with the graph kept: the site values, their zero shifts and the scores."""
     width = inputs["input_ids"].shape[1]
-    reads = [_read_of(pass_, m.of) for m in pass_.metrics if m.name in node.metrics]
-    last_only = all(_last_only(r, resolved[("read", r.name, r.input)][0], width) for r in reads)
-    heads = {r.address for r in reads}
-    if len(heads) != 1:
-        raise RunError((node.name, "metrics"), "attribution scores metrics of one read site")
-    with torch.enable_grad():
+    read = next(_read_of(pass_, m.of) for m in pass_.metrics if m.name in node.metrics)
+    last_only = _last_only(read, resolved[("read", read.name, read.input)][0], width)
+    with torch.enable_grad():  # the metrics read one read (V29)
         got = trace(model, inputs, position_ids, _sites(node), shift=True, replace=replace,
-                    head=next(iter(heads)), last_only=last_only)
+                    head=read.address, last_only=last_only)
         scores = _scores(node, pass_, resolved, chunk, got, last_only, model)
         first = _first(node)
         shifts = [got[("shift", first + i)] for i in range(len(node.addresses))]
@@ -259,8 +255,8 @@ def run_attribution(node: Attribute, model: Any, state: Any, directory: Path,
             continue
         effects = torch.cat([torch.cat(part["effects"][metric.name], -1) for part in parts], 0)
         base = {}
-        for chunk, part in zip(forwards.chunks(rows, state.batch_size), parts):
-            values, _, eligible = part["scores"][metric.name]
+        for part in parts:
+            values, eligible = part["scores"][metric.name]
             base.update(zip(eligible, values.detach().double().cpu().tolist()))
         tables[metric.name] = _table(node, metric, effects.detach().double().cpu(), base,
                                      windows, state.digest)

@@ -262,3 +262,36 @@ def test_the_table_keeps_the_exact_tables_columns_and_adds_coordinates_and_effec
     assert [e["coordinates"] for e in table[::len(PAIRS)]] == [
         {"layers": 1, "heads": h} for h in range(4)]
     assert all(e["eligible"] and e["unit"] == "logit" for e in table)
+
+
+@pytest.mark.parametrize("name", ["ioi_head_attribution", "ioi_layer_attribution"])
+def test_each_shipped_attribution_document_is_the_rendering_of_its_conf_twin(name):
+    from pathlib import Path
+
+    from causalab.document import digest
+    from causalab.render import render
+
+    shipped = Path(__file__).resolve().parents[2] / "documents" / "real" / f"{name}.json"
+    assert digest(render([f"experiment={name}", "model=smollm2"])) == digest(
+        json.loads(shipped.read_text()))
+
+
+@pytest.mark.slow
+def test_on_smollm2_attribution_ranks_the_exact_sweeps_top_three_heads_among_its_top_ten(
+        tmp_path, smollm2_dir):
+    from pathlib import Path
+
+    from causalab.pipeline import run_document
+
+    repo = Path(__file__).resolve().parents[2]
+    shipped = json.loads((repo / "documents" / "real" / "ioi_head_attribution.json").read_text())
+    run_document(shipped, out=str(tmp_path), data_root=str(repo / "documents" / "data"))
+    cells: dict = {}
+    for entry in _table(tmp_path):
+        place = entry["coordinates"]
+        cells.setdefault((place["layers"], place["heads"]), []).append(entry["value"])
+    ranked = sorted(cells, key=lambda unit: -sum(cells[unit]) / len(cells[unit]))
+    # The exact 270-point sweep on the 120 rows (README, "IOI on SmolLM2"): L23 H3, L29 H1,
+    # L23 H0 move S - IO the most towards S; L24 H4 and L29 H0 the most the other way.
+    assert {(23, 3), (29, 1), (23, 0)} <= set(ranked[:10]), ranked[:10]
+    assert {(24, 4), (29, 0)} & set(ranked[-5:]), ranked[-5:]
