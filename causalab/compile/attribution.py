@@ -11,7 +11,7 @@ from __future__ import annotations
 from causalab.compile.addresses import head_count, resolve_address
 from causalab.compile.passes import Context, Entry, build_pass
 from causalab.compile.plan import Address, Attribute, Pass
-from causalab.compile.steps import save_ops
+from causalab.compile.saves import save_ops
 from causalab.document.attribution import HEADS_THROUGH, interchange
 from causalab.document.schema import Attribute as AttributeStep
 from causalab.document.vocab import ATTRIBUTION_LAYERS_ALL, MAX_ATTRIBUTION_ROWS

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from causalab.compile.featurizers import stamp as featurizer_stamp
-from causalab.compile.plan import Attribute, Featurizers, Fit, Observe, Pass, SaveOp, Weights
+from causalab.compile.plan import Featurizers, Fit, Observe, Pass, SaveOp, Weights
 from causalab.engine import outputs as output_rules
 from causalab.engine import containment, record
 from causalab.engine.bundles import document_stamp, stamp_metadata, step_source, weights_results
@@ -188,14 +188,3 @@ def run_weights(node: Weights, state: Any, directory: Path) -> list[str]:
         written.append(record.write_tensors(directory / save.file_path, bundle, metadata,
                                             root=directory))
     return written
-
-
-def run_other_node(node: Any, model: Any, state: Any, directory: Path) -> list[str]:
-    """A step the walk does not run itself: an attribute step (``causalab.engine.attribution``),
-    given the walk's one gradient trace."""
-    if isinstance(node, Attribute):
-        from causalab.engine.attribution import run_attribution
-        from causalab.engine.walk import run_gradient_trace
-
-        return run_attribution(node, model, state, directory, run_gradient_trace)
-    raise RunError((getattr(node, "name", type(node).__name__),), "unknown plan node")

@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
-from causalab.compile.plan import Featurizers, Fit, Forward, Observe, Pass, Plan, Weights
+from causalab.compile.plan import Attribute, Featurizers, Fit, Forward, Observe, Pass, Plan, Weights
 from causalab.document import vocab
-from causalab.engine import containment, decoding, forwards, fusion, generate, record, steps, tail
+from causalab.engine import (attribution, containment, decoding, forwards, fusion, generate, record,
+                             steps, tail)
 from causalab.engine.resume import (PART_MODULES, Resume, deepest, hidden_width, kv_width,
                                     map_tensors, need_order, need_place, resume_point)
 from causalab.engine import outputs as output_rules
@@ -120,7 +121,9 @@ def _run_node(node: Any, model: Any, state: WalkState, out: str, directory: Path
         return steps.run_fit_step(node, model, state, directory, runner)
     if isinstance(node, Weights):
         return steps.run_weights(node, state, directory)
-    return steps.run_other_node(node, model, state, directory)
+    if isinstance(node, Attribute):
+        return attribution.run_attribution(node, model, state, directory, run_gradient_trace)
+    raise RunError((getattr(node, "name", type(node).__name__),), "unknown plan node")
 
 
 def prefetch(points: list, model: Any, *, batch_size: int | None = None,
