@@ -72,7 +72,8 @@ def resolve(key: str, revision: str | None = None, *, home: str | None = None) -
 
 
 def _builtin_names() -> str:
-    return ", ".join(SCHEME + name for name in BUILTINS)
+    """``causalab:<name>`` for tiny-llama, …: the scheme said once keeps the line short."""
+    return f"{SCHEME}<name> for " + ", ".join(BUILTINS)
 
 
 def _builtin(key: str, revision: str | None, home: str | None) -> Resolved:
