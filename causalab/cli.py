@@ -181,9 +181,20 @@ def verb_explain(args: argparse.Namespace) -> dict:
     raw = _read_document(args.document)
     plan = causalab.compile.compile_document(raw, data_root=args.data_root,
                                              resolver=_known_store(args))
+    _unchecked(causalab.compile.unchecked(plan), args.strict)
     if not args.json:  # the serialised plan costs as much as compiling it; text needs none
         return {"text": causalab.compile.explain(plan)}
     return causalab.compile.explain_payload(plan)
+
+
+def _unchecked(notes: list, strict: bool) -> None:
+    """Each check compile could not make, one ``note:`` line on stderr; a refusal with --strict."""
+    from causalab.errors import CompileError
+
+    if strict and notes:
+        raise CompileError(*notes[0])
+    for path, why in notes:
+        print(f"note: {format_path(path)}: {why}", file=sys.stderr)
 
 
 def _known_store(args: argparse.Namespace):
@@ -271,6 +282,15 @@ def verb_fetch(args: argparse.Namespace) -> dict:
     convert = _basis_of(args.uri) if args.basis else None
     path = str(fetch(args.uri, args.output, tracking_uri=args.tracking_uri, convert=convert))
     return {"text": path, "path": path, "uri": args.uri}
+
+
+def verb_restamp(args: argparse.Namespace) -> dict:
+    """Recompute a bundle's tensor digest after an intended edit (docs/format.md §8.3)."""
+    from causalab.engine.bundles import restamp
+
+    names = restamp(args.file)
+    return {"text": f"restamped {args.file}: {', '.join(names)}", "file": args.file,
+            "tensors": names}
 
 
 def _basis_of(uri: str) -> Callable[[str, str], None]:
@@ -373,6 +393,7 @@ VERBS: dict[str, tuple[Callable[[argparse.Namespace], dict], str]] = {
     "render": (verb_render, "render Hydra overrides to a canonical document"),
     "fetch": (verb_fetch, "download a tracked artifact"),
     "runs": (verb_runs, "list tracked runs"),
+    "restamp": (verb_restamp, "re-stamp a bundle's tensor digest after an intended edit"),
     "server": (verb_server, "run the tracking server: PostgreSQL + mlflow server on 127.0.0.1"),
 }
 
@@ -395,6 +416,9 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
         if name == "explain":
             parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri,
                                 help="store to fetch runs:/ bundles from, to check their stamps")
+            parser.add_argument("--strict", action="store_true",
+                                help="refuse when a check cannot run (a runs:/ bundle with no "
+                                     "store known, a stamp without a digest)")
     elif name == "run":
         _run_args(parser)
     elif name == "render":
@@ -407,6 +431,8 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--basis", action="store_true",
                             help="write a subspace bundle's orthonormal basis alone: "
                                  "safetensors {'basis': (d, k)}, x @ basis = features")
+    elif name == "restamp":
+        parser.add_argument("file", help="a .safetensors bundle or a SAELens folder")
     elif name == "runs":
         parser.add_argument("--produced-by", default=None, type=flags.digest,
                             help="a point digest")
@@ -461,6 +487,10 @@ def _check_flags(args: argparse.Namespace) -> None:
         flags.check_writable(args.output, ("-o/--output",), file_ok=True)
     if hasattr(args, "device_map"):
         flags.check_device(args.device_map, ("--device-map",))
+    overriding = os.environ.get("MLFLOW_TRACKING_URI")
+    if getattr(args, "tracking_uri", None) and overriding and overriding != args.tracking_uri:
+        print(f"note: tracking store {overriding} (MLFLOW_TRACKING_URI is set and wins over "
+              f"--tracking-uri {args.tracking_uri})", file=sys.stderr)
 
 
 # --- the one error boundary ---------------------------------------------------------------

@@ -92,6 +92,37 @@ def stamp_metadata(stamp: dict[str, str], *, produced_by: str) -> dict[str, str]
     return metadata
 
 
+def restamp(path: str) -> list[str]:
+    """Re-stamp a bundle on purpose: its metadata's digest recomputed from the tensors it holds
+    now (docs/format.md §8.3), every other stamp key kept, the tensor bytes untouched. A
+    stamp from before each kind named its own parametrization (``cayley`` on a gate, pca or
+    dictionary) is corrected to the kind's. Returns the tensor names; the file is replaced
+    atomically. ``causalab restamp FILE`` calls this.
+    """
+    import json
+    import os
+    from pathlib import Path
+
+    from causalab.compile.bundles import layout_header
+    from causalab.document.vocab import FEATURIZER_KINDS, parametrization_of
+    from causalab.engine import record
+
+    file = weights_file(path)
+    header = layout_header(file, at=(path,))
+    data = Path(file).read_bytes()
+    start = 8 + int.from_bytes(data[:8], "little")
+    metadata = header.setdefault("__metadata__", {})
+    kind = metadata.get("kind")
+    if kind in FEATURIZER_KINDS and metadata.get("parametrization") == "cayley":
+        metadata["parametrization"] = parametrization_of(kind, "cayley")
+    text = json.dumps(header).encode()
+    blob = len(text).to_bytes(8, "little") + text + data[start:]
+    mode = os.stat(file).st_mode & 0o777
+    record.atomic(file, record.canonical_safetensors(blob, digest=True))
+    os.chmod(file, mode)
+    return sorted(name for name in header if name != "__metadata__")
+
+
 def weights_results(names, featurizers: dict) -> dict:
     """What a weights step publishes: each named featurizer's ``weight``, detached copies."""
     return {name: featurizers[name].tensors()[TENSOR_KEY].detach().clone() for name in names}
