@@ -1,5 +1,5 @@
 """The ``causalab`` command: schema | vocab | model | tokens | data | validate | explain | run |
-render | fetch | runs, each printing text or, with ``--json``, the whole result object.
+render | fetch | runs | restamp, each printing text or, with ``--json``, the whole result object.
 
 Every verb is a function from parsed arguments to a dict with a ``text`` key and prints nothing
 itself; ``main`` prints only after the verb returned, so a refusal leaves nothing half-written on
@@ -226,6 +226,13 @@ class _Resolving(Events):
         return resolve_artifact(uri, self.uri)
 
 
+class _Notes(Events):
+    """A check the run could not make: one ``note:`` line on stderr, as explain says it."""
+
+    def note(self, line: str) -> None:
+        print(f"note: {line}", file=sys.stderr)
+
+
 def _tracking_events(args: argparse.Namespace) -> Any:
     """The MLflow listener for a run (docs/platform.md §5), or a ``runs:/`` reader with ``--no-track``."""
     if args.no_track:
@@ -252,8 +259,8 @@ def verb_run(args: argparse.Namespace) -> dict:
     with events if tracked else contextlib.nullcontext():
         written = run_document(raw, out=args.out, batch_size=args.batch_size,
                                device_map=args.device_map, data_root=args.data_root,
-                               events=Chain(events, PointProgress()),
-                               resume_mib=args.resume_mib)
+                               events=Chain(events, PointProgress(), _Notes()),
+                               resume_mib=args.resume_mib, strict=args.strict)
     written = [str(p) for p in written]
     skipped = [{"point": label or "<root>", "reused_run_id": run_id,
                 "linked_run_id": getattr(events, "linked", {}).get(label)}
@@ -379,6 +386,8 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)
     parser.add_argument("--rerun", action="store_true",
                         help="run points even when a finished run with their digest exists")
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse when a bundle check cannot run (a stamp without a digest)")
 
 
 VERBS: dict[str, tuple[Callable[[argparse.Namespace], dict], str]] = {

@@ -2,7 +2,8 @@
 
 Needs no torch and no model: :func:`read_header` parses the safetensors JSON header by
 hand, so a bundle that is missing, corrupt, of the wrong kind, or stamped for another
-site or model is refused (C8) before any weight loads. Published dictionaries are
+site or model, or whose tensors differ from the stamp's digest (compile/integrity.py), is
+refused (C8) before any weight loads. Published dictionaries are
 SAELens tensors in one file or SAELens's own directory (``cfg.json`` +
 ``sae_weights.safetensors``), whose cfg is its identity (compile/saelens.py). A ``runs:/``
 bundle is checked the same way once a resolver (the tracking layer's) gives its local path.
@@ -282,7 +283,10 @@ def check_bundle(spec, *, resolver: Resolver | None = None, notes: list | None =
     if spec.kind not in _SAE_KINDS and os.path.isdir(path):  # only SAELens ships folders
         raise CompileError(at, f"{path} is a folder; a {spec.kind} bundle is one .safetensors file")
     header = read_header(path, at=at)
-    digested = check_tensors(weights_file(path), header, at)
+    shown = None
+    if is_uri(spec.file_path):  # name what the author wrote, not the download cache's copy
+        shown = spec.file_path + (f"/{SAELENS_WEIGHTS}" if os.path.isdir(path) else "")
+    digested = check_tensors(weights_file(path), header, at, shown=shown)
     metadata = header.pop("__metadata__", None) or {}
     config = _saelens_config(path, spec, at) if spec.kind in _SAE_KINDS else None
     if is_stamped(metadata):

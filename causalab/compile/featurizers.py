@@ -1,9 +1,10 @@
 """The ``featurizers`` plan node: each declared featurizer with ``d``, seed, stamp and trainer.
 
-Reads a bundle's safetensors header (JSON, no tensors) to learn an ``sae``/``linear`` rank
-and to check its stamp and shapes (C8) before any weight loads. A ``runs:/`` bundle is
-checked here too when the caller passes a resolver (the tracking layer's, bound to a known
-tracking URI); without one it is checked where the run fetches it.
+Reads a bundle's safetensors header (JSON) to learn an ``sae``/``linear`` rank and to check its
+stamp and shapes (C8), and its tensors' bytes against the stamp's digest and for NaN (C8,
+C20), before any weight loads. A ``runs:/`` bundle is checked here too when the caller passes
+a resolver (the tracking layer's, bound to a known tracking URI); without one its spec says
+why it went unchecked (``unchecked``), and it is checked where the run fetches it.
 """
 from __future__ import annotations
 

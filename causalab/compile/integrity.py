@@ -77,9 +77,11 @@ def _said(metadata: dict, file: str, at: Path) -> dict | None:
     return said
 
 
-def check_tensors(file: str, header: dict, at: Path) -> bool:
+def check_tensors(file: str, header: dict, at: Path, *, shown: str | None = None,
+                  finite: bool = True) -> bool:
     """Refuse at ``at`` a file whose tensors differ from its stamp's digest (naming the first
-    that does) or hold NaN or Inf; True when a digest was checked, False when it has none.
+    that does) or, with ``finite``, hold NaN or Inf; True when a digest was checked, False
+    when it has none. ``shown`` names the file in a refusal (a URI for a download).
 
     ``header`` is the file's parsed, layout-checked safetensors header. The answer is kept
     per file state (path, size, modification and change times, inode), so a sweep's points
@@ -87,42 +89,44 @@ def check_tensors(file: str, header: dict, at: Path) -> bool:
     """
     status = os.stat(file)
     key = (os.path.realpath(file), status.st_size, status.st_mtime_ns, status.st_ctime_ns,
-           status.st_ino)
-    return _checked(key, file, json.dumps(header, sort_keys=True), at)
+           status.st_ino, finite)
+    return _checked(key, file, json.dumps(header, sort_keys=True), at, shown or file)
 
 
 @functools.lru_cache(maxsize=64)
-def _checked(key: tuple, file: str, header_text: str, at: Path) -> bool:
+def _checked(key: tuple, file: str, header_text: str, at: Path, shown: str) -> bool:
     header = json.loads(header_text)
-    said = _said(header.get("__metadata__") or {}, file, at)
+    said = _said(header.get("__metadata__") or {}, shown, at)
     with open(file, "rb") as handle:
         start = 8 + int.from_bytes(handle.read(8), "little")
         with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped, \
                 memoryview(mapped) as whole:
-            _compare(file, header, whole, start, said, at)
+            _compare(shown, header, (whole, start), said, at, finite=key[-1])
     return said is not None
 
 
-def _compare(file: str, header: dict, whole, start: int, said: dict | None, at: Path) -> None:
+def _compare(file: str, header: dict, data: tuple, said: dict | None, at: Path, *,
+             finite: bool) -> None:
     names = sorted(name for name in header if name != "__metadata__")
     if said is not None:
         for name in sorted(set(said) - set(names)):
             raise CompileError(at, f"{file}: tensor {name} is in its stamp's digest but not in "
                                    "the file")
+    whole, start = data
     for name in names:
         entry = header[name]
         begin, end = entry["data_offsets"]
         with whole[start + begin:start + end] as chunk:
             changed = said is not None and name in said and tensor_digest(
                 name, entry["dtype"], entry["shape"], chunk) != said[name]
-            bad = _non_finite(entry["dtype"], chunk)
+            bad = _non_finite(entry["dtype"], chunk) if finite else 0
         if said is not None and name not in said:
             raise CompileError(at, f"{file}: tensor {name} is not in its stamp's digest "
                                    "(added after the file was stamped?)")
         if changed:
             raise CompileError(at, f"{file}: tensor {name} differs from its stamp's digest "
                                    "(changed after it was saved); if the change is meant, "
-                                   f"re-stamp it: causalab restamp {file}")
+                                   "re-stamp it (causalab restamp FILE)")
         if bad:  # C20
             raise CompileError(at, f"{file}: bundle tensor {name} holds {bad} NaN or Inf "
                                    f"values of {math.prod(entry['shape'])}; a featurizer must "

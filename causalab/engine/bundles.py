@@ -1,8 +1,9 @@
 """Featurizer bundles as tensors: load a checked bundle, write a stamped one.
 
 A bundle causalab writes is a safetensors file with one tensor under ``weight`` and a
-``__metadata__`` stamp of strings (docs/format.md §8.3); the stamp check itself lives in
-compile/bundles.py and runs again here before loading. Never compares bytes: a file another
+``__metadata__`` stamp of strings with the digest of its tensors (docs/format.md §8.3); the
+stamp and digest checks live in compile/bundles.py and compile/integrity.py and run again
+here before loading; :func:`restamp` gives an intended edit its new digest. Never compares bytes: a file another
 tool wrote may order its header otherwise (causalab's own sort theirs, ``record``), so bundles
 are compared by content. :func:`check_plan_bundles` reads
 every bundle file a plan loads for NaN and Inf before the run writes anything.

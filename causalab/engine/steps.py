@@ -171,8 +171,11 @@ def run_fit_step(node: Fit, model: Any, state: Any, directory: Path,
     for save in node.saves:
         stamp = save_stamp(save.value, _gate_place(save.value, state), state.model_ref,
                            state.digest)
-        written.append(record.write_tensor(directory / save.file_path, results[save.value],
-                                           stamp, root=directory))
+        value = results.get(save.value)
+        if value is None:  # <gate>.mask: the hard mask the fit left, 1.0 per unit kept
+            value = state.featurizers[save.value.removesuffix(".mask")].hard_mask().float()
+        written.append(record.write_tensor(directory / save.file_path, value, stamp,
+                                           root=directory))
     last = results.get("eval")
     for save in node.eval_saves:
         name = _plain(save.value, last["metrics"] if last else {})

@@ -15,7 +15,6 @@ cache.
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import tempfile
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from causalab.errors import ModelError, reason
+from causalab.files import causalab_home
 from causalab.models.staging import publish
 from causalab.models.digest import directory_digest, looks_like_digest
 from causalab.models.registry import BUILTINS, SCHEME
@@ -46,8 +46,7 @@ class Resolved:
 
 def models_home(home: str | None = None) -> Path:
     """The cache folder for built-ins: ``home``, else ``$CAUSALAB_HOME``, else ~/.cache/causalab."""
-    root = home or os.environ.get("CAUSALAB_HOME") or Path.home() / ".cache" / "causalab"
-    return Path(root) / "models"
+    return (Path(home) if home else causalab_home()) / "models"
 
 
 def resolve(key: str, revision: str | None = None, *, home: str | None = None) -> Resolved:
