@@ -195,19 +195,26 @@ def test_a_runs_uri_out_of_the_artifact_cache_is_refused_before_any_folder_is_ma
     assert sorted(os.listdir(tmp_path)) == []
 
 
-def test_a_bundle_holding_nan_is_refused_at_load_naming_the_tensor(tmp_path, monkeypatch):
+def test_a_bundle_holding_nan_is_refused_by_explain_and_run_naming_the_tensor(tmp_path, monkeypatch):
+    from causalab.engine.bundles import restamp
+    from causalab.errors import CompileError
+
     shipped = REPO / "documents" / "artifacts" / "rot.safetensors"
     with safe_open(str(shipped), "pt") as handle:
         metadata = handle.metadata()
     weight = load_file(str(shipped))["weight"].clone()
     weight[3, 2] = float("nan")
     save_file({"weight": weight}, str(tmp_path / "rot.safetensors"), metadata=metadata)
+    restamp(str(tmp_path / "rot.safetensors"))  # its digest now says NaN on purpose
     doc = _corpus("das_apply")
     doc["featurizers"]["rot"]["file_path"] = str(tmp_path / "rot.safetensors")
-    with pytest.raises(RunError) as refused:
+    (tmp_path / "doc.json").write_text(json.dumps(doc))
+    explained = _explain(tmp_path / "doc.json")  # at compile, where explain reads the tensors
+    with pytest.raises(CompileError) as refused:
         run_document(doc, out=str(tmp_path / "out"), device_map="cpu", data_root=DATA)
-    assert refused.value.path == ("featurizers", "rot", "file_path")
-    assert "weight" in refused.value.message
+    for error in (explained, refused.value):
+        assert error.path == ("featurizers", "rot", "file_path")
+        assert "tensor weight holds 1 NaN or Inf" in error.message
     assert not (tmp_path / "out" / "iia.json").exists()
 
 
