@@ -1,5 +1,5 @@
 """The ``causalab`` command: schema | vocab | model | tokens | data | validate | explain | run |
-render | fetch | runs, each printing text or, with ``--json``, the whole result object.
+render | fetch | runs | restamp, each printing text or, with ``--json``, the whole result object.
 
 Every verb is a function from parsed arguments to a dict with a ``text`` key and prints nothing
 itself; ``main`` prints only after the verb returned, so a refusal leaves nothing half-written on
@@ -181,9 +181,20 @@ def verb_explain(args: argparse.Namespace) -> dict:
     raw = _read_document(args.document)
     plan = causalab.compile.compile_document(raw, data_root=args.data_root,
                                              resolver=_known_store(args))
+    _unchecked(causalab.compile.unchecked(plan), args.strict)
     if not args.json:  # the serialised plan costs as much as compiling it; text needs none
         return {"text": causalab.compile.explain(plan)}
     return causalab.compile.explain_payload(plan)
+
+
+def _unchecked(notes: list, strict: bool) -> None:
+    """Each check compile could not make, one ``note:`` line on stderr; a refusal with --strict."""
+    from causalab.errors import CompileError
+
+    if strict and notes:
+        raise CompileError(*notes[0])
+    for path, why in notes:
+        print(f"note: {format_path(path)}: {why}", file=sys.stderr)
 
 
 def _known_store(args: argparse.Namespace):
@@ -215,6 +226,13 @@ class _Resolving(Events):
         return resolve_artifact(uri, self.uri)
 
 
+class _Notes(Events):
+    """A check the run could not make: one ``note:`` line on stderr, as explain says it."""
+
+    def note(self, line: str) -> None:
+        print(f"note: {line}", file=sys.stderr)
+
+
 def _tracking_events(args: argparse.Namespace) -> Any:
     """The MLflow listener for a run (docs/platform.md §5), or a ``runs:/`` reader with ``--no-track``."""
     if args.no_track:
@@ -241,8 +259,8 @@ def verb_run(args: argparse.Namespace) -> dict:
     with events if tracked else contextlib.nullcontext():
         written = run_document(raw, out=args.out, batch_size=args.batch_size,
                                device_map=args.device_map, data_root=args.data_root,
-                               events=Chain(events, PointProgress()),
-                               resume_mib=args.resume_mib)
+                               events=Chain(events, PointProgress(), _Notes()),
+                               resume_mib=args.resume_mib, strict=args.strict)
     written = [str(p) for p in written]
     skipped = [{"point": label or "<root>", "reused_run_id": run_id,
                 "linked_run_id": getattr(events, "linked", {}).get(label)}
@@ -271,6 +289,15 @@ def verb_fetch(args: argparse.Namespace) -> dict:
     convert = _basis_of(args.uri) if args.basis else None
     path = str(fetch(args.uri, args.output, tracking_uri=args.tracking_uri, convert=convert))
     return {"text": path, "path": path, "uri": args.uri}
+
+
+def verb_restamp(args: argparse.Namespace) -> dict:
+    """Recompute a bundle's tensor digest after an intended edit (docs/format.md §8.3)."""
+    from causalab.engine.bundles import restamp
+
+    names = restamp(args.file)
+    return {"text": f"restamped {args.file}: {', '.join(names)}", "file": args.file,
+            "tensors": names}
 
 
 def _basis_of(uri: str) -> Callable[[str, str], None]:
@@ -359,6 +386,8 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)
     parser.add_argument("--rerun", action="store_true",
                         help="run points even when a finished run with their digest exists")
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse when a bundle check cannot run (a stamp without a digest)")
 
 
 VERBS: dict[str, tuple[Callable[[argparse.Namespace], dict], str]] = {
@@ -373,6 +402,7 @@ VERBS: dict[str, tuple[Callable[[argparse.Namespace], dict], str]] = {
     "render": (verb_render, "render Hydra overrides to a canonical document"),
     "fetch": (verb_fetch, "download a tracked artifact"),
     "runs": (verb_runs, "list tracked runs"),
+    "restamp": (verb_restamp, "re-stamp a bundle's tensor digest after an intended edit"),
     "server": (verb_server, "run the tracking server: PostgreSQL + mlflow server on 127.0.0.1"),
 }
 
@@ -395,6 +425,9 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
         if name == "explain":
             parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri,
                                 help="store to fetch runs:/ bundles from, to check their stamps")
+            parser.add_argument("--strict", action="store_true",
+                                help="refuse when a check cannot run (a runs:/ bundle with no "
+                                     "store known, a stamp without a digest)")
     elif name == "run":
         _run_args(parser)
     elif name == "render":
@@ -407,6 +440,8 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--basis", action="store_true",
                             help="write a subspace bundle's orthonormal basis alone: "
                                  "safetensors {'basis': (d, k)}, x @ basis = features")
+    elif name == "restamp":
+        parser.add_argument("file", help="a .safetensors bundle or a SAELens folder")
     elif name == "runs":
         parser.add_argument("--produced-by", default=None, type=flags.digest,
                             help="a point digest")
@@ -461,6 +496,10 @@ def _check_flags(args: argparse.Namespace) -> None:
         flags.check_writable(args.output, ("-o/--output",), file_ok=True)
     if hasattr(args, "device_map"):
         flags.check_device(args.device_map, ("--device-map",))
+    overriding = os.environ.get("MLFLOW_TRACKING_URI")
+    if getattr(args, "tracking_uri", None) and overriding and overriding != args.tracking_uri:
+        print(f"note: tracking store {overriding} (MLFLOW_TRACKING_URI is set and wins over "
+              f"--tracking-uri {args.tracking_uri})", file=sys.stderr)
 
 
 # --- the one error boundary ---------------------------------------------------------------

@@ -177,7 +177,7 @@ def job(config) -> None:
 
 def _fail() -> NoReturn:
     if _multirun():
-        raise JobFailed(f"causalab: {_which_job().rstrip(': ')} failed, as its line above says; "
+        raise JobFailed(f"error: {_which_job().rstrip(': ')} failed, as its line above says; "
                         f"the multirun ran its other jobs") from None
     raise SystemExit(1) from None
 

@@ -183,9 +183,25 @@ def explain(plan: Plan) -> str:
     return "\n".join(_lines(plan, 0))
 
 
+def unchecked(plan) -> list[tuple[tuple, str]]:
+    """``(path, why)`` for each bundle check compile could not make (a ``runs:/`` bundle with
+    no store known, a stamp without a digest), once each, in plan order."""
+    found: list[tuple[tuple, str]] = []
+    if isinstance(plan, Featurizers):
+        for spec in plan.featurizers:
+            entry = (("featurizers", spec.name, "file_path"), spec.unchecked)
+            if spec.unchecked and entry not in found:
+                found.append(entry)
+    for child in getattr(plan, "children", ()):
+        found += [entry for entry in unchecked(child) if entry not in found]
+    return found
+
+
 def explain_payload(plan: Plan) -> dict:
-    """``explain --json``: the serialised plan plus ``steps`` (root step names or point labels)."""
+    """``explain --json``: the serialised plan plus ``steps`` (root step names or point labels)
+    and ``unchecked`` (the checks compile could not make, as lines)."""
     payload = plan_to_json(plan)
+    payload["unchecked"] = [f"{'.'.join(map(str, path))}: {why}" for path, why in unchecked(plan)]
     payload["steps"] = [child.name for child in plan.children
                         if not isinstance(child, Featurizers)]
     payload["text"] = explain(plan)

@@ -224,6 +224,7 @@ class FeaturizerSpec:
     stamp: dict[str, str]
     trained_by: str | None = None
     saelens: dict = field(default_factory=dict)  # the document's block for a cfg-less SAE file
+    unchecked: str = ""  # why compile could not check the bundle's stamp or tensors ("" if it did)
 
 
 @dataclass(frozen=True)

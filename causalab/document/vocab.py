@@ -164,26 +164,42 @@ MECHANISMS = {
 
 # docs/format.md §8. k / file_path: "required", "forbidden" or "optional". seedable: a `seed` may
 # be authored (never on a loaded featurizer, whatever the kind). identity is implicit.
+# parametrization: what a bundle's stamp says its tensors are (docs/format.md §8.3): subspace
+# takes the document's `parametrization` (one of PARAMETRIZATIONS); pca a stored orthonormal
+# basis; gate logits θ (σ(θ/T) while fitting, θ > 0 after); sae/linear SAELens's tensors.
 FEATURIZER_KINDS = {
     "identity": {"declarable": False, "k": "forbidden", "file_path": "forbidden",
                  "trainable": False, "seedable": False, "exportable": False,
-                 "tensors": ()},
+                 "tensors": (), "parametrization": "none"},
     "subspace": {"declarable": True, "k": "required", "file_path": "optional",
                  "trainable": True, "seedable": True, "exportable": True,
-                 "tensors": ("weight",)},
+                 "tensors": ("weight",), "parametrization": "cayley"},
     "pca": {"declarable": True, "k": "required", "file_path": "required",
             "trainable": False, "seedable": False, "exportable": True,
-            "tensors": ("weight",)},
+            "tensors": ("weight",), "parametrization": "basis"},
     "gate": {"declarable": True, "k": "forbidden", "file_path": "optional",
              "trainable": True, "seedable": False, "exportable": True,
-             "tensors": ("weight",)},
+             "tensors": ("weight",), "parametrization": "sigmoid_logits"},
     "sae": {"declarable": True, "k": "optional", "file_path": "required",
             "trainable": False, "seedable": False, "exportable": False,
-            "tensors": ("W_enc", "W_dec", "b_enc", "b_dec")},
+            "tensors": ("W_enc", "W_dec", "b_enc", "b_dec"), "parametrization": "saelens"},
     "linear": {"declarable": True, "k": "optional", "file_path": "required",
                "trainable": False, "seedable": False, "exportable": False,
-               "tensors": ("W_enc", "W_dec", "b_enc", "b_dec")},
+               "tensors": ("W_enc", "W_dec", "b_enc", "b_dec"), "parametrization": "saelens"},
 }
+
+
+def parametrization_of(kind: str, declared: str | None = None) -> str:
+    """What a ``kind`` bundle's stamp names as its parametrization: the document's
+    ``parametrization`` for a subspace, the kind's own otherwise.
+
+    >>> parametrization_of("gate", "cayley")
+    'sigmoid_logits'
+    """
+    if kind == "subspace" and declared is not None:
+        return declared
+    return FEATURIZER_KINDS[kind]["parametrization"]
+
 
 # docs/format.md §8.2: the SAELens architectures an `sae` featurizer runs, keyed by cfg.json's
 # `architecture`. tensors: what sae_weights.safetensors may hold (required ones first);

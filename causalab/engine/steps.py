@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from causalab.compile.featurizers import save_stamp, where
 from causalab.compile.featurizers import stamp as featurizer_stamp
 from causalab.compile.plan import Featurizers, Fit, Observe, Pass, SaveOp, Weights
 from causalab.engine import outputs as output_rules
@@ -101,8 +102,9 @@ def finish_observe(node: Observe, result: PassResult, state: Any, directory: Pat
         elif name in published:
             written += _save_output(node, published[name], name, save, state, directory)
         elif name in generated:
+            stamp = save_stamp(name, {}, state.model_ref, state.digest)
             written.append(record.write_tensor(directory / save.file_path, generated[name],
-                                                 root=directory))
+                                               stamp, root=directory))
         else:
             raise RunError(("steps", node.name, "saves"), f"{save.value!r} is not produced here")
     return written
@@ -110,10 +112,13 @@ def finish_observe(node: Observe, result: PassResult, state: Any, directory: Pat
 
 def _save_output(node: Observe, value: output_rules.Published, name: str, save: SaveOp,
                  state: Any, directory: Path) -> list[str]:
-    metadata = None
     if value.reduce in ("pca", "sae"):
         metadata = stamp_metadata(output_stamp(node, name, value, state),
                                   produced_by=state.digest)
+    else:
+        read = _find_read(node.pass_, next(o for o in node.outputs if o.name == name).read)
+        metadata = save_stamp(name, where(read.site, read.address), state.model_ref,
+                              state.digest)
     if value.reduce == "sae":
         return _save_dictionary(node, name, value, save, metadata, directory)
     # A float read is saved as float32 (a bf16 model's reads too); ids stay integers.
@@ -164,14 +169,26 @@ def run_fit_step(node: Fit, model: Any, state: Any, directory: Path,
     node.results.update(results)
     written = []
     for save in node.saves:
-        written.append(record.write_tensor(directory / save.file_path, results[save.value],
-                                                 root=directory))
+        stamp = save_stamp(save.value, _gate_place(save.value, state), state.model_ref,
+                           state.digest)
+        value = results.get(save.value)
+        if value is None:  # <gate>.mask: the hard mask the fit left, 1.0 per unit kept
+            value = state.featurizers[save.value.removesuffix(".mask")].hard_mask().float()
+        written.append(record.write_tensor(directory / save.file_path, value, stamp,
+                                           root=directory))
     last = results.get("eval")
     for save in node.eval_saves:
         name = _plain(save.value, last["metrics"] if last else {})
         rows = metric_rows(node.eval, last, name, state.digest, name)
         written.append(record.write_json(directory / save.file_path, rows, root=directory))
     return written
+
+
+def _gate_place(value: str, state: Any) -> dict[str, str]:
+    """Where a fit's save was taken: a ``<gate>.mask`` at its gate's site, a loss nowhere."""
+    spec = state.specs.get(value.removesuffix(".mask")) if value.endswith(".mask") else None
+    keys = ("site", "component", "layer", "heads", "units")
+    return {key: spec.stamp[key] for key in keys if key in spec.stamp} if spec else {}
 
 
 def run_weights(node: Weights, state: Any, directory: Path) -> list[str]:
