@@ -83,7 +83,7 @@ def test_a_saelens_directory_loads_without_a_stamp_as_the_architecture_saelens_r
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_saelens_directory_another_tool_wrote_keeps_its_rules_with_no_digest_and_no_note(name):
-    # SAELens writes no stamp and no tensors_sha256: its cfg.json is its identity (§8.2),
+    # SAELens writes no stamp and no tensors_sha256: its cfg.json is its identity (docs/format.md §8.2),
     # and nothing is said to be unchecked, since no stamp promises a digest.
     notes = []
     check_bundle(_spec(FIXTURES / name), notes=notes)
