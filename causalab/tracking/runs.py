@@ -2,7 +2,9 @@
 
 Every call goes through an ``MlflowClient`` built for one explicit URI and takes explicit
 run ids; nothing here touches MLflow's fluent, process-global active-run stack or sets
-environment variables (they would leak into child processes). Resolution order of the URI
+environment variables (they would leak into child processes), except MLflow's HTTP
+deadlines (``reach.DEADLINES``, where a client is made and unless set), which every process
+talking to the store should have. Resolution order of the URI
 (docs/platform.md §5): ``MLFLOW_TRACKING_URI``, then the configured URI, then a SQLite database
 ``mlflow.db`` with artifacts in ``mlartifacts/`` under the working directory; the ``./mlruns``
 file store is never used.
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 from urllib.parse import urlparse
 
 from causalab.errors import TrackingError
-from causalab.tracking.reach import reach, source_of, sqlite_file
+from causalab.tracking.reach import DEADLINES, reach, source_of, sqlite_file
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -138,10 +140,14 @@ def code_version() -> str:
 
 def client(uri: str) -> MlflowClient:
     """A client of the store at ``uri``; MLflow opens the store here (and makes a new SQLite
-    store's tables, saying so unless ``CAUSALAB_QUIET=1``)."""
+    store's tables, saying so unless ``CAUSALAB_QUIET=1``). Its calls carry MLflow's HTTP
+    deadlines (``reach.DEADLINES``) unless the process set its own."""
     from mlflow import MlflowClient
 
     from causalab.progress import mlflow_notes
+
+    for key, value in DEADLINES.items():
+        os.environ.setdefault(key, value)
 
     with mlflow_notes():
         return MlflowClient(tracking_uri=uri)
