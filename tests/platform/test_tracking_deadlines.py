@@ -43,11 +43,11 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _get(url: str) -> dict | None:
+def _get(url: str) -> bytes | None:
     try:
         with urllib.request.urlopen(url, timeout=2) as reply:
-            return json.loads(reply.read() or b"{}")
-    except (OSError, ValueError):
+            return reply.read()
+    except OSError:
         return None
 
 
@@ -56,7 +56,7 @@ def _finished_points(url: str) -> int:
     found = _get(f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=causalab")
     if not found:
         return 0
-    body = json.dumps({"experiment_ids": [found["experiment"]["experiment_id"]],
+    body = json.dumps({"experiment_ids": [json.loads(found)["experiment"]["experiment_id"]],
                        "filter": "attributes.status = 'FINISHED' and "
                                  "tags.`causalab.kind` = 'point'"}).encode()
     request = urllib.request.Request(f"{url}/api/2.0/mlflow/runs/search", data=body,
