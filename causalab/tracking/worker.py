@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.util
 import os
 import pickle
 import re
@@ -53,8 +54,14 @@ class Worker:
 
     def __init__(self) -> None:
         _quiet_tracker()
+        _standard_start_method()
         self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                          initializer=_start)
+        # A process that is itself a multiprocessing child (a joblib job) joins its children
+        # before the executors' own exit hook runs: the worker is shut down first, or that
+        # join waits forever on a worker waiting for its parent. Before the call queue's own
+        # finalizer (priority 10) closes the queue the shutdown is sent on.
+        multiprocessing.util.Finalize(None, self._pool.shutdown, exitpriority=100)
         self._lock = threading.Lock()
         self.broken = False
 
@@ -103,6 +110,15 @@ def _signals_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _standard_start_method() -> None:
+    """A spawned child sets the parent's default start method first; inside a joblib (loky)
+    worker that is loky's own, which the child cannot find, so the worker would die at birth.
+    Such a process gets multiprocessing's own ``spawn`` as its default."""
+    known = multiprocessing.get_all_start_methods()
+    if multiprocessing.get_start_method(allow_none=True) not in known:
+        multiprocessing.set_start_method("spawn", force=True)
 
 
 def _quiet_tracker() -> None:
