@@ -1,0 +1,144 @@
+"""Trace jobs: one nnterp trace as frozen plain data, and the stages the planner groups them in.
+
+``causalab.engine.planner`` makes them and makes every speed decision in them; the walk binds
+each to its tensors (``taps.bind``) and runs it through ``walk.run_trace``; the pass assembly
+(``causalab.engine.passes``) keeps what a stage's traces produced. A job names no tensor and
+no live object, so ``explain --traces`` prints the jobs a run opens without loading weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from causalab.compile.plan import Forward, PromptBatch, ReadOp, WriteOp
+from causalab.engine.resume import Resume, need_order, need_place
+
+# kind -> what a trace of that kind is for.
+KINDS = {
+    "forward": "an intervened prompt forward",
+    "reads": "an un-intervened prompt forward whose reads the document cache keeps",
+    "prefix": "an un-intervened forward keeping residuals an intervened one resumes from",
+    "keys": "an un-intervened forward keeping the keys and values of every column but the last",
+    "decode": "one step of a greedy decode over its own growing KV cache",
+}
+# head -> how the output head runs in the trace.
+HEADS = {
+    "all": "over every column (a tap reads the head at some column other than the last)",
+    "last": "over the last column alone, its rows padded to sites.HEAD_ROWS",
+    "none": "over the last position only (logits_to_keep=1): no tap reads the head",
+}
+
+
+@dataclass(frozen=True)
+class JobTap:
+    """One read or write of a trace: the op, the pass context it serves (``unit``: a fused
+    point, or one of a fill's forwards), the stacked copy of the job's rows it acts on
+    (``slot``), and for a read whether the address's whole tensor is kept, ungathered."""
+
+    kind: str
+    op: ReadOp | WriteOp
+    unit: int = 0
+    slot: int = 0
+    whole: bool = False
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """One trace: ``rows`` of ``batch`` (``copies`` of them stacked, fused points), its
+    ``taps`` in issue order, where it enters (``resume``: blocks before skipped, served
+    from kept prefixes), whether it runs the last column alone over the batch's kept keys
+    and values (``tail``, the KV-tail handle), how the head runs (``head``, a key of
+    ``HEADS``), whether it stops after its last tap, the prefix needs it keeps, its decode
+    ``step``, and whether autograd records it (``grad``: a fit's update; a gradient-taking
+    job asks the same of its kept reads). ``live`` holds the tensors bound to it just
+    before it runs; it is no part of the schedule and compares equal always."""
+
+    kind: str
+    batch: PromptBatch = field(repr=False)
+    rows: tuple[int, ...]
+    taps: tuple[JobTap, ...] = ()
+    copies: int = 1
+    resume: Resume | None = None
+    tail: bool = False
+    head: str = "all"
+    stop: bool = False
+    keep: tuple = ()
+    step: int | None = None
+    grad: bool = False
+    live: Any = field(default=None, compare=False, repr=False)
+
+
+class Wanted(NamedTuple):
+    """A read a ``reads`` stage puts into the document cache: its cache key, the unit whose
+    forward asks for it, and the key of the whole tensor it is gathered from (None: it is
+    gathered in the trace itself)."""
+
+    key: tuple
+    unit: int
+    read: ReadOp
+    whole: tuple | None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Jobs whose values are kept together (``passes.finish``): a ``kind`` of ``KINDS`` or
+    ``serve`` (no trace: a forward's reads taken from the document cache), the forward each
+    unit runs, and for a ``reads`` stage what it keeps and, on a host batch, per row of the
+    forward's own batch its row there (``host``); ``kept``: a decode whose values go into
+    the document cache (an un-intervened one) rather than to its pass."""
+
+    kind: str
+    jobs: tuple[TraceJob, ...] = ()
+    forwards: tuple[Forward, ...] = ()
+    wanted: tuple[Wanted, ...] = ()
+    host: tuple[int, ...] | None = None
+    kept: bool = False
+
+
+class Traced(NamedTuple):
+    """What one trace gave: per tap its value (None for a write), per kept need its value,
+    the next token of a decode step, and the KV cache a ``keys`` job filled."""
+
+    values: tuple
+    kept: dict
+    token: Any = None
+    cache: Any = None
+
+
+def _address(address: Any) -> str:
+    return address.component if address.layer is None else f"{address.component}[{address.layer}]"
+
+
+def _need(need: Any) -> str:
+    return f"block {need} output" if isinstance(need, int) else f"block {need[0]} {need[1]}"
+
+
+def describe(job: TraceJob) -> str:
+    """One line saying what ``job`` runs: rows, entry, head, where it stops, taps."""
+    rows = f"{len(job.rows)} rows" if job.copies == 1 else f"{job.copies} x {len(job.rows)} rows"
+    width = 1 if job.tail or (job.step or 0) > 0 else job.batch.tokens
+    span = f"rows {job.rows[0]}-{job.rows[-1]}" if job.rows else "no rows"
+    parts = [f"{job.kind} on '{job.batch.role}' {rows} ({span}) x {width} tokens"]
+    if job.step is not None:
+        parts.append(f"step {job.step}")
+    if job.resume is not None:
+        cached = f" ({', '.join(job.resume.parts)} cached)" if job.resume.parts else ""
+        parts.append(f"resumes at block {job.resume.layer}{cached}")
+    if job.tail:
+        parts.append("last column over kept keys")
+    parts.append(f"head {job.head}")
+    if job.stop:
+        places = [tuple(tap.op.address.order) for tap in job.taps]
+        places += [need_place(need) for need in job.keep]
+        last = max(places) if places else None
+        deepest = next((_address(t.op.address) for t in job.taps
+                        if tuple(t.op.address.order) == last), None)
+        parts.append(f"stops after {deepest or _need(max(job.keep, key=need_order))}")
+    if job.keep:
+        parts.append("keeps " + ", ".join(_need(n) for n in sorted(job.keep, key=need_order)))
+    taps = [f"{tap.kind} {tap.op.name}@{_address(tap.op.address)}"
+            + (f"#{tap.slot}" if job.copies > 1 else "") + (" whole" if tap.whole else "")
+            for tap in job.taps]
+    if taps:
+        parts.append("taps " + ", ".join(taps))
+    return "; ".join(parts)
