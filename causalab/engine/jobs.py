@@ -95,6 +95,16 @@ class Stage:
     kept: bool = False
 
 
+class NextPrefix(NamedTuple):
+    """The kept values a later intervened forward will enter with: its input ``batch``, its
+    ``needs`` and what later points' forwards need (``ahead``); an un-intervened fill on
+    the same rows keeps them in its own trace."""
+
+    batch: PromptBatch
+    needs: set
+    ahead: set
+
+
 class Traced(NamedTuple):
     """What one trace gave: per tap its value (None for a write), per kept need its value,
     the next token of a decode step, and the KV cache a ``keys`` job filled."""

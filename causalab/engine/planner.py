@@ -3,31 +3,27 @@
 Which traces run, over which rows, entering where (prefix resume, docs/platform.md §7), over
 kept keys at the last column alone (a fit), with the head over which columns, stopping
 where, keeping what for later traces, on which batch an un-intervened forward runs, and
-which sweep points share one trace (fusion: their alike jobs merged into one over their
-rows stacked). It returns ``TraceJob``s grouped in ``Stage``s and never opens a trace or
-binds a tensor: it reads the cache's keys and budgets, the pass's windows and the model's
-facts. A stage generator resumes only once the walk has run what it yielded and kept its
-values, so a later decision sees what an earlier trace kept; ``explain --traces`` runs the
-same generators over a cache whose entries are ``PLANNED``.
+which sweep points share one trace (fusion: their alike jobs merged, rows stacked). It
+yields ``TraceJob``s in ``Stage``s, reading the cache's keys and budgets (never its tensors),
+the pass's windows and the model's facts; it never opens a trace. A stage generator resumes
+once the walk has run and kept what it yielded, so a later decision sees what an earlier
+trace kept; ``explain --traces`` runs the same generators over a cache of ``PLANNED``.
 
-Fused points run the same prompt rows padded to the same width, stacked one copy per
-point; left padding, the mask and position ids make a row's activations independent of
-the rows beside it, and each point's taps act on its own copy only. Points fuse only where
-that is plainly so: every step is an ``Observe``, nothing decodes, every operand is
-computed inside the pass (a literal, a read, none), and the passes have the same rows,
-inputs and forwards. Anything else runs one point at a time.
+Fused points run the same prompt rows, one copy per point; left padding, the mask and
+position ids make a row's activations independent of the rows beside it. Points fuse only
+where that is plainly so (``signature``); anything else runs one point at a time.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Iterator
 
-from causalab.compile.plan import Forward, Observe, Pass, Plan, PromptBatch
+from causalab.compile.plan import Forward, Observe, Plan, PromptBatch
 from causalab.document import vocab
 from causalab.engine import forwards, generate, tail
 from causalab.engine.cache import DocumentCache, Prefix
 from causalab.engine.forwards import batch_key, read_key, tap_ops
-from causalab.engine.jobs import JobTap, Stage, TraceJob, Wanted
+from causalab.engine.jobs import JobTap, NextPrefix, Stage, TraceJob, Wanted
 from causalab.engine.resume import deepest, need_order, resume_point, shared_entry
 from causalab.engine.sites import HEAD_ROWS
 from causalab.engine.state import ModelFacts, PassContext
@@ -38,9 +34,9 @@ _OPERANDS = ("literal", "read", "none")
 
 
 def signature(point: Any) -> tuple | None:
-    """What a point's passes must share with another's to be fused, or None when it cannot
-    be: a step other than ``Observe``, a decode, an operand from outside the pass, or no
-    intervened forward at all (un-intervened forwards are already shared per document)."""
+    """What a point's passes must share with another's to be fused, or None: a step other
+    than ``Observe``, a decode, an operand from outside the pass (a literal, a read or none
+    only), or no intervened forward (un-intervened ones are shared per document anyway)."""
     if not isinstance(point, Plan) or not point.children:
         return None
     shape, written = [], False
@@ -110,9 +106,8 @@ def forward_stages(ctx: PassContext, forward: Forward) -> Iterator[Stage]:
 def fused_stages(units: list[PassContext], later: list[PassContext],
                  index: int) -> Iterator[Stage]:
     """Forward ``index`` of several points' passes of one signature, every row, no grad:
-    an un-intervened one filled for all of them (and the ``later`` points of the signature)
-    in one trace per window, an intervened one as one trace per entry point, the points
-    entering there stacked (``fuse``)."""
+    an un-intervened one filled for all (and the ``later`` points) in one trace per window,
+    an intervened one as one trace per entry point, its points stacked (``fuse``)."""
     each = tuple(ctx.pass_.forwards[index] for ctx in units)
     ahead = tuple(ctx.pass_.forwards[index] for ctx in later)
     if not each[0].writes:
@@ -126,18 +121,15 @@ def fused_stages(units: list[PassContext], later: list[PassContext],
     batch = first.pass_.inputs[each[0].input]
     entries = _entries(each)
     needs = _needs(entries)
-    stage = _prefix_stage(first, batch, needs, ahead=_needs(_entries(ahead))
-                          | _needs(map(resume_point, ahead)))
+    stage = _prefix_stage(first, batch, needs, ahead=_ahead(ahead))
     if stage is not None:
         yield stage
     covered = {need for need, prefix in kept_prefixes(first.state.cache, batch, needs).items()
                if prefix.covers(first.rows)}
     jobs = []
     for entry, members in _by_entry(entries, covered).items():
-        own = [_job("forward", batch, first.rows, tuple(JobTap(kind, op, unit) for kind, op
-                                                        in tap_ops(each[unit])), units,
-                    resume=entry) for unit in members]
-        jobs.append(fuse(own, units))
+        jobs.append(fuse([_job("forward", batch, first.rows, _taps(each[unit], unit), units,
+                               resume=entry) for unit in members], units))
     yield Stage("forward", tuple(jobs), each)
 
 
@@ -155,9 +147,9 @@ def fuse(jobs: list[TraceJob], units: list[PassContext]) -> TraceJob:
 
 
 def _intervened(ctx: PassContext, forward: Forward) -> Iterator[Stage]:
-    """An intervened prompt forward, one trace per window of rows, each resumed from the
-    kept prefix that covers it; in a fit (``fill_prefixes``) the prefix is kept first over
-    every row, and a forward tapping the last column alone runs there over kept keys."""
+    """An intervened prompt forward, one trace per window of rows resumed from the kept
+    prefix covering it; a fit (``fill_prefixes``) keeps the prefix first over every row, and
+    runs a forward tapping the last column alone there over kept keys."""
     cache, batch = ctx.state.cache, ctx.pass_.inputs[forward.input]
     entry = resume_point(forward)
     needs = set(entry.needs()) if entry else set()
@@ -173,13 +165,14 @@ def _intervened(ctx: PassContext, forward: Forward) -> Iterator[Stage]:
         if stage is not None:
             yield stage
         keys = cache.keys.get(batch_key(batch))
-    taps = tuple(JobTap(kind, op) for kind, op in tap_ops(forward))
+    taps = _taps(forward)
     jobs = []
     for chunk in forwards.chunks(ctx.rows, ctx.state.batch_size):
         resume = entry if entry is not None and all(
             need in kept and kept[need].covers(chunk, any_rows=fill) for need in needs) else None
         last = keys is not None and resume is not None and tail.all_last(
-            (p for tap in taps for p in _positions([ctx], batch, tap, chunk)), batch.tokens)
+            (p for tap in taps for p in ctx.windows.positions(tap, batch.role, chunk)),
+            batch.tokens)
         jobs.append(_job("forward", batch, chunk, taps, [ctx], resume=resume, tail=last,
                          grad=ctx.grad))
     yield Stage("forward", tuple(jobs), (forward,))
@@ -210,13 +203,13 @@ def _decode_jobs(ctx: PassContext, forward: Forward, rows: tuple) -> tuple[Trace
 
 
 def reads_stage(units: list[PassContext], own: list[Forward],
-                keep: "NextPrefix | None" = None) -> Stage | None:
+                keep: NextPrefix | None = None) -> Stage | None:
     """The un-intervened prompt forwards of ``units`` (over the same rows) as one trace per
     window of rows, for every read the document cache still lacks: each small address is
     tapped whole once and serves every position read there, now and for any later point;
-    others are gathered in the trace. Forwards whose rows another input of the pass holds
-    (``_host``) run on that batch instead, every read kept whole there. ``keep`` (what a
-    later intervened forward enters with) asks the same trace to keep its prefix too."""
+    others are gathered in the trace. Forwards whose rows another input holds
+    (``forwards.host_of``) run on that batch, every read kept whole there. ``keep`` (what
+    a later intervened forward enters with) asks the same trace to keep its prefix too."""
     cache = units[0].state.cache
     batch, host = _fill_batch(units, own)
     wanted, taps, pending, seen = [], [], set(), set()
@@ -253,47 +246,12 @@ def _fill_batch(units: list[PassContext], own: list[Forward]) -> tuple[PromptBat
     """The batch a fill runs on, and per row of the forwards' own batch its row there (None
     when it is their own): the host batch when every read still lacking fits whole there."""
     first, cache = units[0], units[0].state.cache
-    host = _host(first.pass_, own[0])
+    host = forwards.host_of(first.pass_, own[0])
     fresh = [read for ctx, forward in zip(units, own) for read in forward.reads
              if read_key(ctx.pass_.inputs[forward.input], read) not in cache.reads]
     if host is None or not cache.wholes_fit(host[0], fresh):
         return first.pass_.inputs[own[0].input], None
     return host
-
-
-def _host(pass_: Pass, forward: Forward) -> tuple[PromptBatch, tuple] | None:
-    """Another input of the pass, as wide and as long, holding every row of the forward's
-    batch (a counterfactual drawn from the base prompts, say), with per row its host row.
-    An intervened forward's input is preferred, since its prefix comes from the same trace;
-    then the role name, so two batches holding each other's rows pick one host. None when
-    the forward's own batch is its host; rows run in a batch of the same size either way."""
-    own = pass_.inputs[forward.input]
-    if forward.writes or forward.decode or not own.input_ids:
-        return None
-    intervened = {other.input for other in pass_.forwards if other.writes}
-    found = []
-    for role, batch in pass_.inputs.items():
-        if (len(batch.input_ids) != len(own.input_ids) or batch.tokens != own.tokens
-                or batch_key(batch) == batch_key(own)):
-            continue
-        where = {row: index for index, row in reversed(list(enumerate(
-            zip(batch.input_ids, batch.attention_mask))))}
-        rows = [where.get(row) for row in zip(own.input_ids, own.attention_mask)]
-        if None not in rows:
-            found.append(((role not in intervened, role), (batch, tuple(rows))))
-    if not found:
-        return None
-    best_key, best = min(found, key=lambda item: item[0])
-    return best if best_key < (forward.input not in intervened, forward.input) else None
-
-
-class NextPrefix(NamedTuple):
-    """The kept values a later intervened forward will enter with: its input ``batch``, its
-    ``needs`` and what later points' forwards need (``ahead``)."""
-
-    batch: PromptBatch
-    needs: set
-    ahead: set
 
 
 def _next_prefix(units: list[PassContext], later: list[PassContext],
@@ -304,10 +262,9 @@ def _next_prefix(units: list[PassContext], later: list[PassContext],
     for step in range(index + 1, len(passes[0].forwards)):
         forward = passes[0].forwards[step]
         if forward.writes:
-            others = [ctx.pass_.forwards[step] for ctx in later]
             return NextPrefix(passes[0].inputs[forward.input],
                               _needs(_entries([p.forwards[step] for p in passes])),
-                              _needs(_entries(others)) | _needs(map(resume_point, others)))
+                              _ahead([ctx.pass_.forwards[step] for ctx in later]))
     return None
 
 
@@ -331,6 +288,15 @@ def _needs(entries) -> set:
     return {need for entry in entries if entry is not None for need in entry.needs()}
 
 
+def _ahead(others) -> set:
+    """What later points' forwards will enter with: as their runs group them, or alone."""
+    return _needs(_entries(others)) | _needs(map(resume_point, others))
+
+
+def _taps(forward: Forward, unit: int = 0) -> tuple[JobTap, ...]:
+    return tuple(JobTap(kind, op, unit) for kind, op in tap_ops(forward))
+
+
 def _by_entry(entries: list, covered: set) -> dict:
     """Units grouped by their entry, in unit order; a unit whose kept values do not cover
     these rows starts from the start."""
@@ -343,17 +309,15 @@ def _by_entry(entries: list, covered: set) -> dict:
 
 
 def kept_prefixes(cache: DocumentCache, batch: PromptBatch, needs: set) -> dict[Any, Prefix]:
-    """``{need: Prefix}`` of ``needs`` kept over ``batch``: a need is a layer (the residual
-    leaving that block) or ``(layer, part)`` (the raw output of its attention or MLP)."""
+    """``{need: Prefix}`` of ``needs`` kept over ``batch`` (``resume.Resume.needs``)."""
     key = batch_key(batch)
     return {need: cache.prefixes[(key, need)] for need in needs if (key, need) in cache.prefixes}
 
 
 def _prefix_stage(ctx: PassContext, batch: PromptBatch, needs: set, *,
                   ahead: set = frozenset()) -> Stage | None:
-    """The prefixes of ``needs`` not kept yet, one trace per window of every row, while the
-    resume budget allows (past it, the deepest that fit); the ``ahead`` values (later
-    points') as well when all of them fit too."""
+    """The prefixes of ``needs`` (and ``ahead``) not kept yet, one trace per window of every
+    row, as ``_missing_prefixes`` takes them."""
     missing = _missing_prefixes(ctx.state.cache, ctx.facts, batch, needs, ahead=ahead)
     if not missing:
         return None
@@ -363,8 +327,8 @@ def _prefix_stage(ctx: PassContext, batch: PromptBatch, needs: set, *,
 
 
 def _keys_stage(ctx: PassContext, batch: PromptBatch) -> Stage | None:
-    """The un-intervened keys and values of every row's columns before the last, once per
-    prompt batch while the resume budget allows; none for a one-column prompt."""
+    """The keys and values of every row's columns but the last, once per prompt batch while
+    the resume budget allows; none for a one-column prompt."""
     cache, facts = ctx.state.cache, ctx.facts
     if batch_key(batch) in cache.keys:
         return None
@@ -377,9 +341,8 @@ def _keys_stage(ctx: PassContext, batch: PromptBatch) -> Stage | None:
 
 def _missing_prefixes(cache: DocumentCache, facts: ModelFacts, batch: PromptBatch,
                       needs: set, *, ahead: set = frozenset()) -> list:
-    """Of ``needs`` (and ``ahead``, when all of them fit too), the un-intervened values of
-    ``batch`` not kept yet that the resume budget takes, in forward order; they are charged
-    to it (past it, the deepest that fit)."""
+    """Of ``needs`` (and ``ahead``, when all fit too), the values of ``batch`` not kept yet
+    that the resume budget takes, charged to it, in forward order (past it, the deepest)."""
     key = batch_key(batch)
     missing = [need for need in needs if (key, need) not in cache.prefixes]
     extra = [need for need in ahead if need not in needs and (key, need) not in cache.prefixes]
@@ -399,16 +362,16 @@ def _missing_prefixes(cache: DocumentCache, facts: ModelFacts, batch: PromptBatc
 def _job(kind: str, batch: PromptBatch, rows: tuple, taps: tuple, units: list, *,
          copies: int = 1, resume: Any = None, tail: bool = False, keep: tuple = (),
          step: int | None = None, grad: bool = False) -> TraceJob:
-    """A job with its head and stop decided. Nothing reads past the last tap when no tap
-    comes from the head and no cache or next token is wanted: the blocks above it are not
-    run (a sweep at layer 3 of 30 runs 4), and the model forms the logits of the last
-    position alone (``logits_to_keep=1``: a 49,152-word head over every position is a fifth
-    of a small model's forward)."""
+    """A job with its head and stop decided: with no tap from the head and no cache or next
+    token wanted, the blocks above the last tap are not run (a sweep at layer 3 of 30 runs
+    4) and the logits are the last position's alone (a 49,152-word head over every position
+    is a fifth of a small model's forward)."""
     decoding = tail or step is not None
     no_logits = _no_logits(taps)
     head = "none" if no_logits else "all"
     if not decoding:
-        heads = [(tap, _positions(units, batch, tap, rows)) for tap in taps if _from_head(tap)]
+        heads = [(tap, units[tap.unit].windows.positions(tap, batch.role, rows))
+                 for tap in taps if _from_head(tap)]
         if _last_column_head(heads, (copies * len(rows), batch.tokens)) is not None:
             head = "last"
     return TraceJob(kind, batch, rows, taps, copies, resume, tail, head,
@@ -416,7 +379,6 @@ def _job(kind: str, batch: PromptBatch, rows: tuple, taps: tuple, units: list, *
 
 
 def _no_logits(taps: tuple) -> bool:
-    """Whether no tap of the trace is computed from the output head."""
     return not any(_from_head(tap) for tap in taps)
 
 
@@ -425,23 +387,13 @@ def _from_head(tap: JobTap) -> bool:
 
 
 def _last_column_head(heads: list, shape: tuple[int, int]) -> list | None:
-    """The trace's taps computed from the head (with their positions), when the head may
-    run over the last column alone: every one reads that column, and the rows, padded to
-    ``HEAD_ROWS``, are fewer than the trace's tokens. From ``HEAD_ROWS`` rows on, each row's
-    logits are the ones the head computes over every column, so tables stay byte-identical
-    however points are fused or resumed; on fewer, the head's matmul sums in another order
-    (2.7e-5 on SmolLM2's logits)."""
+    """The taps computed from the head (with their positions) when the head may run over
+    the last column alone: all read it, and the rows, padded to ``HEAD_ROWS``, are fewer
+    than the trace's tokens. From ``HEAD_ROWS`` rows on each row's logits are the all-column
+    head's, bit for bit; on fewer its matmul sums in another order (2.7e-5 on SmolLM2)."""
     rows, width = shape
     if not heads or rows * width <= max(rows, HEAD_ROWS):
         return None
     if any(tap.kind != "read" or tap.whole for tap, _ in heads):
         return None
     return heads if all(tail.all_last(positions, width) for _, positions in heads) else None
-
-
-def _positions(units: list, batch: PromptBatch, tap: JobTap, rows: tuple) -> list[int]:
-    """The padded positions ``tap`` acts at on ``rows`` (none for a whole tensor)."""
-    if tap.whole:
-        return []
-    windows = units[tap.unit].windows.of(tap.kind, tap.op.name, batch.role).windows
-    return [position for row in rows for position in windows[row]]

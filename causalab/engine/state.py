@@ -95,6 +95,13 @@ class Windows:
         """The windows of the tap ``(kind, name)`` of a forward on ``role``."""
         return self.write(name, role) if kind == "write" else self.read(name)
 
+    def positions(self, tap: Any, role: str, rows: tuple) -> list[int]:
+        """The padded positions a job's ``tap`` acts at on ``rows`` (none for a whole tensor)."""
+        if tap.whole:
+            return []
+        windows = self.of(tap.kind, tap.op.name, role).windows
+        return [position for row in rows for position in windows[row]]
+
 
 @dataclass(frozen=True)
 class PassContext:
