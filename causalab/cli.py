@@ -181,6 +181,10 @@ def verb_explain(args: argparse.Namespace) -> dict:
     raw = _read_document(args.document)
     plan = causalab.compile.compile_document(raw, data_root=args.data_root,
                                              resolver=_known_store(args))
+    if args.traces:  # the traces a run opens, planned from config and tokenizer alone
+        from causalab.engine.traces import explain_traces
+
+        return explain_traces(plan)
     if not args.json:  # the serialised plan costs as much as compiling it; text needs none
         return {"text": causalab.compile.explain(plan)}
     return causalab.compile.explain_payload(plan)
@@ -395,6 +399,8 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
         if name == "explain":
             parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri,
                                 help="store to fetch runs:/ bundles from, to check their stamps")
+            parser.add_argument("--traces", action="store_true",
+                                help="print the traces a run opens instead (no weights loaded)")
     elif name == "run":
         _run_args(parser)
     elif name == "render":

@@ -30,6 +30,7 @@ The pipeline (``causalab.pipeline``, the CLI, ``run``, ``tracking``) may use onl
 ``record.write_json``, ``record.write_run_record``, ``events.Events``, ``events.Chain``,
 ``containment.check_plan``, ``containment.inside`` (writes stay under ``--out``),
 ``bundles.check_plan_bundles`` (no NaN or Inf in a bundle file, before anything is written)
-and ``featurizers.subspace.export_basis`` (``causalab fetch --basis``).
+``featurizers.subspace.export_basis`` (``causalab fetch --basis``) and
+``traces.explain_traces`` (``causalab explain --traces``).
 Nothing is imported here, so importing the room loads no torch.
 """

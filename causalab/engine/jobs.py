@@ -123,12 +123,20 @@ def _need(need: Any) -> str:
     return f"block {need} output" if isinstance(need, int) else f"block {need[0]} {need[1]}"
 
 
-def describe(job: TraceJob) -> str:
-    """One line saying what ``job`` runs: rows, entry, head, where it stops, taps."""
-    rows = f"{len(job.rows)} rows" if job.copies == 1 else f"{job.copies} x {len(job.rows)} rows"
+def _span(rows: tuple) -> str:
+    if rows and rows == tuple(range(rows[0], rows[0] + len(rows))):
+        return f"rows {rows[0]}-{rows[-1]}"
+    shown = ", ".join(map(str, rows[:6]))
+    return f"rows {shown}{', …' if len(rows) > 6 else ''}"
+
+
+def describe(job: TraceJob, *, rows: bool = True) -> str:
+    """One line saying what ``job`` runs: rows (which ones too, with ``rows``), entry, head,
+    where it stops, taps."""
+    count = f"{len(job.rows)} rows" if job.copies == 1 else f"{job.copies} x {len(job.rows)} rows"
     width = 1 if job.tail or (job.step or 0) > 0 else job.batch.tokens
-    span = f"rows {job.rows[0]}-{job.rows[-1]}" if job.rows else "no rows"
-    parts = [f"{job.kind} on '{job.batch.role}' {rows} ({span}) x {width} tokens"]
+    span = f" ({_span(job.rows)})" if rows else ""
+    parts = [f"{job.kind} on '{job.batch.role}' {count}{span} x {width} tokens"]
     if job.step is not None:
         parts.append(f"step {job.step}")
     if job.resume is not None:
