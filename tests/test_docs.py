@@ -1,7 +1,8 @@
 """docs/ stays true: every refusal code the code cites has a row, every cited section exists.
 
 The format and platform are documented in this repository (docs/format.md, docs/platform.md);
-code and config cite their numbered sections. A code added in a comment or message without
+code and config cite their numbered sections, always naming the file (a bare section mark
+outside the two is caught). A code added in a comment or message without
 a row in docs/format.md §14 fails here, with the row to add.
 """
 from __future__ import annotations
@@ -14,7 +15,10 @@ DOCS = {name: (REPO / "docs" / f"{name}.md").read_text(encoding="utf-8")
         for name in ("format", "platform")}
 CODE = re.compile(r"\b([VCR])(\d{1,2})\b")
 ROW = re.compile(r"^\| ([VCR]\d{1,2}) \|", re.M)
-CITATION = re.compile(r"docs/(format|platform)\.md §(\d+(?:\.\d+)?)")
+SECTION = r"§\d+(?:\.\d+)?"
+# ``docs/format.md §6.2``, ``docs/format.md §6.2, §6.4`` or ``[docs/platform.md](…) §7``.
+CITATION = re.compile(rf"(?:docs/)?(format|platform)\.md(?:\]\([^)]*\))? "
+                      rf"({SECTION}(?:(?:, | and |–){SECTION})*)")
 
 
 def _sources(*folders: str, suffixes=(".py",)) -> list[Path]:
@@ -44,15 +48,54 @@ def test_every_refusal_code_the_code_cites_has_a_row_in_the_refusal_tables():
     assert not missing, f"add to docs/format.md §14:\n{rows}"
 
 
-def test_every_cited_docs_section_exists():
-    sections = {name: _sections(text) for name, text in DOCS.items()}
+def _citations(text: str, path: Path) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (doc, section) pairs a file cites, and its bare ``§`` marks: a ``§`` outside a
+    citation, which in docs/format.md or docs/platform.md cites a section of that file."""
+    cited, covered = [], set()
+    for match in CITATION.finditer(text):
+        cited += [(match.group(1), n) for n in re.findall(r"§(\d+(?:\.\d+)?)", match.group(2))]
+        covered.update(range(*match.span()))
+    bare = []
+    for mark in re.finditer(r"§(\d+(?:\.\d+)?)?", text):
+        if mark.start() in covered:
+            continue
+        if path.parent.name == "docs" and path.stem in DOCS and mark.group(1):
+            cited.append((path.stem, mark.group(1)))
+        else:
+            line = text.count("\n", 0, mark.start()) + 1
+            bare.append(f"{path.relative_to(REPO)}:{line}: {mark.group(0)}")
+    return cited, bare
+
+
+def _citations_in(path: Path) -> tuple[list[tuple[str, str]], list[str]]:
+    return _citations(path.read_text(encoding="utf-8"), path)
+
+
+def _cited_files() -> list[Path]:
     files = _sources("causalab", "conf", "scripts", "tests", suffixes=(".py", ".yaml"))
     files += [REPO / "README.md", REPO / "docs" / "README.md"] + [
         REPO / "docs" / f"{name}.md" for name in DOCS]
+    return [p for p in files if p != Path(__file__).resolve()]
+
+
+def test_every_cited_docs_section_exists():
+    sections = {name: _sections(text) for name, text in DOCS.items()}
     dangling = sorted({f"{p.relative_to(REPO)}: docs/{doc}.md §{number}"
-                       for p in files for doc, number in CITATION.findall(p.read_text())
+                       for p in _cited_files() for doc, number in _citations_in(p)[0]
                        if number not in sections[doc]})
     assert not dangling, dangling
+
+
+def test_every_section_mark_outside_the_docs_names_its_doc():
+    bare = [mark for p in _cited_files() for mark in _citations_in(p)[1]]
+    assert not bare, bare
+
+
+def test_a_bare_section_mark_is_caught_and_a_listed_one_is_cited():
+    text = "see (§6.2) and docs/format.md §6.5 and docs/platform.md §7, §5"
+    cited, bare = _citations(text, REPO / "causalab" / "probe.py")
+    assert cited == [("format", "6.5"), ("platform", "7"), ("platform", "5")]
+    assert len(bare) == 1 and "§6.2" in bare[0]
 
 
 def test_the_readme_points_at_docs_and_not_outside_the_repository():

@@ -50,7 +50,7 @@ class Entry:
 
 
 def entries(document: Document, step: str, spelled: Any) -> list[Entry]:
-    """The step's ``interventions`` field as entries (§9.1): name, inline or a list."""
+    """The step's ``interventions`` field as entries (docs/format.md §9.1): name, inline or a list."""
     def one(value: Any, inline_name: str, path: tuple) -> Entry:
         if isinstance(value, str):
             return Entry(value, document.interventions[value], ("interventions", value))

@@ -15,6 +15,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from causalab.compile.masks import content_span
 from causalab.document.interventions import Write
 from causalab.document.positions import Position
 from causalab.document.steps import Output
@@ -102,11 +103,11 @@ class PromptBatch:
 
     @functools.cached_property
     def lengths(self) -> tuple[int, ...]:
-        """Per row, prompt tokens after the prefix (``positions.run_lengths``), counted
+        """Per row, prompt tokens after the prefix (what a prompt-frame cut sees), counted
         once: the cuts of every sweep point sharing the batch read them."""
-        from causalab.compile.positions import run_lengths
-
-        return run_lengths(self)
+        spans = (content_span(mask, (self.role, row))
+                 for row, mask in enumerate(self.attention_mask))
+        return tuple(max(end - start - self.prefix, 0) for start, end in spans)
 
 
 @dataclass(frozen=True)
@@ -275,6 +276,33 @@ class Weights:
 
 
 @dataclass(frozen=True)
+class Attribute:
+    """Attribution patching over a site set (docs/format.md §9.7).
+
+    ``passes[i]`` is the interchange compiled with the write and its operand at position
+    ``labels[i]`` (``(None,)``: the write's own position); all share the rows and ids.
+    ``addresses[j]`` is the site at ``layers[j]`` (a head unit selects every head the site
+    has); ``embeddings`` is where ``steps > 1`` interpolates the two prompts.
+    """
+
+    name: str
+    passes: tuple[Pass, ...]
+    labels: tuple[str | None, ...]
+    write: str
+    operand: str
+    base: str
+    counterfactual: str
+    layers: tuple[int | None, ...]
+    addresses: tuple[Address, ...]
+    unit: str
+    metrics: tuple[str, ...]
+    steps: int = 1
+    embeddings: Address | None = None
+    saves: tuple[SaveOp, ...] = ()
+    results: dict = field(default_factory=_results, compare=False)
+
+
+@dataclass(frozen=True)
 class ModelRef:
     """The checkpoint as the document pins it, plus the local directory it resolved to."""
 
@@ -306,7 +334,8 @@ class Plan:
 
 _NODES = {cls.__name__: cls for cls in (
     Address, PositionSpec, PromptBatch, Operand, ReadOp, WriteOp, Forward, MetricOp, Pass,
-    OutputOp, SaveOp, FeaturizerSpec, Featurizers, Observe, Fit, Weights, ModelRef, Plan,
+    OutputOp, SaveOp, FeaturizerSpec, Featurizers, Observe, Fit, Weights, Attribute, ModelRef,
+    Plan,
 )}
 
 # Each node class's fields in order, once: looked up per node instead of asked of dataclasses.

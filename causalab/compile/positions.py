@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from typing import Callable, Sequence
 
+from causalab.compile.masks import content_span
 from causalab.compile.plan import PositionSpec, PromptBatch
 from causalab.document.positions import Position, as_position
-from causalab.errors import RunError
 
 PLACED = ""
 MISSING = "alignment_missing"
@@ -46,7 +46,7 @@ def position_spec(pos: Position | int | dict) -> PositionSpec:
         last=pos.last,
         all=bool(pos.all),
     )
-    # A generated cut other than a fixed step may keep different steps per row (§6.2).
+    # A generated cut other than a fixed step may keep different steps per row (docs/format.md §6.2).
     stepwise = pos.frame == "generated" and (pos.index is None or pos.index < 0)
     return PositionSpec(**fields, width=pos.width, ragged=pos.ragged or stepwise)
 
@@ -68,17 +68,6 @@ def spell(spec: PositionSpec) -> str:
     if scope:
         parts.append("scope:{" + " ".join(scope) + "}")
     return "{" + " ".join(parts) + "}"
-
-
-def content_span(mask: Sequence[int], where: tuple = ()) -> tuple[int, int]:
-    """The row's contiguous non-padding span ``[start, end)``; a gap in it is refused (R5)."""
-    ones = [i for i, m in enumerate(mask) if m]
-    if not ones:
-        return 0, 0
-    start, end = ones[0], ones[-1] + 1
-    if len(ones) != end - start:
-        raise RunError(where, "the attention mask is not contiguous on this row")
-    return start, end
 
 
 def cut(spec: PositionSpec, length: int) -> tuple[tuple[int, ...], str]:
@@ -230,12 +219,3 @@ def _resolve_generated(spec: PositionSpec, batch: PromptBatch, row: int, decode_
         return (), reason
     picked, reason = cut(spec, len(window))
     return tuple(window[i] for i in picked), reason
-
-
-def run_lengths(batch: PromptBatch) -> tuple[int, ...]:
-    """Per row, the number of prompt tokens after the prefix (what a prompt-frame cut sees)."""
-    lengths = []
-    for row, mask in enumerate(batch.attention_mask):
-        start, end = content_span(mask, (batch.role, row))
-        lengths.append(max(end - start - batch.prefix, 0))
-    return tuple(lengths)

@@ -136,7 +136,7 @@ def is_chat(value: Any) -> bool:
 
 
 def anchor_values(table: Table, field: str, variable: str, path: tuple) -> tuple[str | None, ...]:
-    """Per-row value of ``variable`` (§4.4): the ``<F>_variables`` sibling, else the top column.
+    """Per-row value of ``variable`` (docs/format.md §4): the ``<F>_variables`` sibling, else the top column.
 
     A name found in neither place on any row is refused (C14) naming both places looked.
     """

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from causalab.document.vocab import SAE_ARCHITECTURES, SAELENS_HOOKS
+from causalab.document.vocab import SAE_ARCHITECTURES, SAELENS_DEFAULTS, SAELENS_HOOKS
 from causalab.errors import CompileError, Path
 
 CONFIG = "cfg.json"
@@ -77,8 +77,8 @@ def _from_pre_6(config: dict, at: Path, source: str) -> dict:
         if old in out:
             out[new] = out.pop(old)
     activation = out.get("activation_fn") or "relu"
-    out.setdefault("architecture", "standard")
-    out.setdefault("reshape_activations", "hook_z" if "hook_z" in str(out.get("hook_name", "")) else "none")
+    out.setdefault("architecture", SAELENS_DEFAULTS["architecture"])
+    out.setdefault("reshape_activations", reshape_of(out.get("hook_name")))
     if activation == "topk":
         k = (out.get("activation_fn_kwargs") or {}).get("k")
         if k is None:
@@ -100,6 +100,11 @@ def _normalisation(config: dict, at: Path, source: str) -> str:
         value = "expected_average_only_in"  # SAELens's reading of the old boolean
     raise CompileError(at, f"{source}: normalize_activations {value!r} is not implemented "
                            "(only 'none' is)")
+
+
+def reshape_of(hook_name: str | None) -> str:
+    """The ``reshape_activations`` a cfg without one means: ``hook_z`` on an attention_z hook."""
+    return "hook_z" if "hook_z" in str(hook_name or "") else SAELENS_DEFAULTS["reshape_activations"]
 
 
 def hook_site(hook_name: str) -> tuple[str, int] | None:
@@ -132,7 +137,7 @@ def normalise(config: dict, at: Path, source: str = CONFIG) -> dict:
     _check_types(config, source, at)
     if _is_pre_6(config):
         config = _from_pre_6(config, at, source)
-    architecture = config.get("architecture", "standard")
+    architecture = config.get("architecture", SAELENS_DEFAULTS["architecture"])
     if architecture not in SAE_ARCHITECTURES:
         raise CompileError(at, f"{source}: architecture {architecture!r} is not implemented; "
                                f"these are: {', '.join(SAE_ARCHITECTURES)}")
@@ -140,13 +145,16 @@ def normalise(config: dict, at: Path, source: str = CONFIG) -> dict:
     if config.get("hook_head_index") is not None:
         raise CompileError(at, f"{source}: an SAE of one head (hook_head_index) is not implemented")
     out = {"architecture": architecture,
-           "apply_b_dec_to_input": bool(config.get("apply_b_dec_to_input", True)),
-           "reshape_activations": config.get("reshape_activations") or "none"}
+           "apply_b_dec_to_input": bool(config.get("apply_b_dec_to_input",
+                                                   SAELENS_DEFAULTS["apply_b_dec_to_input"])),
+           "reshape_activations": (config.get("reshape_activations")
+                                   or SAELENS_DEFAULTS["reshape_activations"])}
     if architecture == "topk":
         if not isinstance(config.get("k"), int) or config["k"] <= 0:
             raise CompileError(at, f"{source}: a topk SAE needs a positive integer k")
-        out.update(k=config["k"],
-                   rescale_acts_by_decoder_norm=bool(config.get("rescale_acts_by_decoder_norm", False)))
+        rescale = config.get("rescale_acts_by_decoder_norm",
+                             SAELENS_DEFAULTS["rescale_acts_by_decoder_norm"])
+        out.update(k=config["k"], rescale_acts_by_decoder_norm=bool(rescale))
     name = config.get("hook_name") or (config.get("metadata") or {}).get("hook_name")
     if name:
         out["hook_name"] = str(name)
@@ -173,7 +181,7 @@ def _check_site(config: dict, stamp: dict, at: Path, source: str) -> None:
     if (site[0], str(site[1])) != document:
         raise CompileError(at, f"hook_name: SAE reads {config['hook_name']} ({site[0]}[{site[1]}]), "
                                f"the document's site is {document[0]}[{document[1]}]")
-    reshape = config.get("reshape_activations", "none")
+    reshape = config.get("reshape_activations", SAELENS_DEFAULTS["reshape_activations"])
     if reshape not in ("none", "hook_z") or (reshape == "hook_z") != (site[0] == "attention_z"):
         raise CompileError(at, f"{source}: reshape_activations {reshape!r} does not fit {site[0]}")
 

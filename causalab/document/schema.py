@@ -18,14 +18,15 @@ from causalab.document.interventions import (METRIC_MODELS, Intervention, Interv
 from causalab.document.names import is_uri, runs_uri_parts, unsafe_segment
 from causalab.document.nodes import Node, Number, refuse
 from causalab.document.positions import Pos, Position, Scope, as_position
-from causalab.document.steps import (Anneal, EarlyStop, Eval, Fit, Observe, Optimizer, Output,
-                                     Save, Step, Weights, step_interventions)
+from causalab.document.steps import (Anneal, Attribute, EarlyStop, Eval, Fit, Observe, Optimizer,
+                                     Output, Save, Step, Weights, step_interventions)
 from causalab.document.vocab import (ATTN_IMPLEMENTATIONS, COMPONENTS, DTYPES,
                                      FEATURIZER_KINDS, FEATURIZERS_NODE, PARAMETRIZATIONS,
-                                     SAE_ARCHITECTURES, declarable_featurizer_kinds)
+                                     SAE_ARCHITECTURES, SAELENS_DEFAULTS,
+                                     declarable_featurizer_kinds)
 
 __all__ = [
-    "Anneal", "Document", "EarlyStop", "Eval", "Featurizer", "Fit", "Header", "Intervention",
+    "Anneal", "Attribute", "Document", "EarlyStop", "Eval", "Featurizer", "Fit", "Header", "Intervention",
     "InterventionModel", "METRIC_MODELS", "Metric", "ModelSpec", "Number", "Observe",
     "Operand", "Optimizer", "Output", "Pos", "Position", "Read", "Ref", "Role", "Save",
     "Scope", "Site", "Step", "Weights", "Write", "as_position", "step_interventions",
@@ -113,7 +114,7 @@ class SaelensConfig(Node):
     apply_b_dec_to_input: StrictBool
     normalize_activations: Literal["none"]
     k: Annotated[StrictInt, Field(gt=0)] | None = None
-    rescale_acts_by_decoder_norm: StrictBool = False
+    rescale_acts_by_decoder_norm: StrictBool = SAELENS_DEFAULTS["rescale_acts_by_decoder_norm"]
     hook_name: StrictStr | None = None
 
     @model_validator(mode="after")

@@ -16,7 +16,7 @@ FEATURIZERS_NODE = "featurizers"  # the compiler's node ahead of the steps; no s
 
 DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
-STEP_KINDS = ("observe", "fit", "weights")
+STEP_KINDS = ("observe", "fit", "weights", "attribute")
 VIEWS = ("raw", "logits")
 TOKEN_FORMS = ("space_prefixed",)
 PARAMETRIZATIONS = ("cayley",)
@@ -202,6 +202,17 @@ SAE_ARCHITECTURES = {
               "formula": "f = ((x - b_dec) W_enc + b_gate > 0) * ReLU((x - b_dec) (W_enc exp(r_mag)) + b_mag)"},
 }
 
+# What a SAELens cfg.json (and a cfg-less file's saelens block) means by leaving a field out, as
+# SAELens's own loader reads it; every causalab reader and writer of a cfg takes it from here.
+# reshape_activations is "hook_z" on an attention_z hook (SAELENS_HOOKS) and this otherwise.
+SAELENS_DEFAULTS = {
+    "architecture": "standard",
+    "apply_b_dec_to_input": True,
+    "normalize_activations": "none",
+    "rescale_acts_by_decoder_norm": False,
+    "reshape_activations": "none",
+}
+
 # SAELens (TransformerLens) hook names -> the component they read: `blocks.<L>.<hook>`.
 SAELENS_HOOKS = {
     "hook_resid_pre": "block_input",
@@ -213,17 +224,33 @@ SAELENS_HOOKS = {
 }
 
 # docs/format.md §7.8: the COLUMNS table. Column fields name data columns, in compute order.
+# differentiable: whether an attribute step (docs/format.md §9.7) may take the metric's gradient; match is a
+# step function of the logits, its gradient zero wherever it exists.
 METRIC_KINDS = {
-    "match": {"columns": ("expected",), "unit": "fraction", "estimand_version": "match/v1"},
+    "match": {"columns": ("expected",), "unit": "fraction", "estimand_version": "match/v1",
+              "differentiable": False},
     "logit_diff": {"columns": ("a", "b"), "unit": "logit",
-                   "estimand_version": "logit_diff/v1"},
+                   "estimand_version": "logit_diff/v1", "differentiable": True},
     "cross_entropy": {"columns": ("target",), "unit": "nat",
-                      "estimand_version": "cross_entropy/v1"},
+                      "estimand_version": "cross_entropy/v1", "differentiable": True},
     "token_logit": {"columns": ("token",), "unit": "logit",
-                    "estimand_version": "token_logit/v1"},
+                    "estimand_version": "token_logit/v1", "differentiable": True},
     "token_prob": {"columns": ("token",), "unit": "probability",
-                   "estimand_version": "token_prob/v1"},
+                   "estimand_version": "token_prob/v1", "differentiable": True},
 }
+
+# docs/format.md §9.7: how an attribute step cuts its site set into units. coordinate: the
+# table's coordinate naming the unit (the label a sweep of that field would give); needs: what
+# the site's component must have ("heads": a per-head component, or attention_output, whose
+# heads are its premix slices; "width": a feature axis).
+ATTRIBUTION_UNITS = {
+    "site": {"coordinate": None, "needs": None},
+    "head": {"coordinate": "heads", "needs": "heads"},
+    "feature": {"coordinate": "units", "needs": "width"},
+}
+ATTRIBUTION_LAYERS_ALL = "all"
+# Table rows (units x rows) one attribute step may write: beyond it a table is gigabytes.
+MAX_ATTRIBUTION_ROWS = 2_000_000
 
 # docs/format.md §6.1. Exactly one cut; scope and frame are optional.
 POSITION_FORMS = {
@@ -308,6 +335,8 @@ def render_vocab() -> str:
         f"                  scope: variable=str, segment=str ({segments}, or 'role[i]')",
         f"                  frame: Literal[{frames}]; {POSITION_FORMS['sugar']}",
         f"reduce modes:     {', '.join(REDUCE_MODES)}",
+        f"attribution:      units {', '.join(ATTRIBUTION_UNITS)}; differentiable metrics "
+        f"{', '.join(k for k, r in METRIC_KINDS.items() if r['differentiable'])}",
         f"step sources:     file_path \"{STEP_SOURCES['prefix']}<step>/<value>\": a reduce "
         f"{' or '.join(STEP_SOURCES['reduce'])} output, or a weights entry",
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from causalab.compile.plan import Forward, PromptBatch, ReadOp, WriteOp
+from causalab.compile.plan import Address, Forward, PromptBatch, ReadOp, WriteOp
 from causalab.engine.resume import Resume, need_order, need_place
 
 # kind -> what a trace of that kind is for.
@@ -20,6 +20,17 @@ KINDS = {
     "prefix": "an un-intervened forward keeping residuals an intervened one resumes from",
     "keys": "an un-intervened forward keeping the keys and values of every column but the last",
     "decode": "one step of a greedy decode over its own growing KV cache",
+    "attribute": "a forward of an attribute step: its sites kept whole, shifted by zero leaves "
+                 "under grad, the metric's read kept with its graph",
+}
+# tap kind -> what it does at its address.
+TAPS = {
+    "read": "the value gathered at the tap's window (whole: the tensor, a detached copy)",
+    "write": "the seam's apply_write at the tap's window",
+    "shift": "the tensor kept as a detached copy, and the forward continued from it plus a "
+             "zero leaf (the metric's gradient at the site is the leaf's)",
+    "replace": "the bound tensor put in place of the address's (integrated gradients' "
+               "interpolated embeddings)",
 }
 # head -> how the output head runs in the trace.
 HEADS = {
@@ -31,15 +42,27 @@ HEADS = {
 
 @dataclass(frozen=True)
 class JobTap:
-    """One read or write of a trace: the op, the pass context it serves (``unit``: a fused
-    point, or one of a fill's forwards), the stacked copy of the job's rows it acts on
-    (``slot``), and for a read whether the address's whole tensor is kept, ungathered."""
+    """One tap of a trace, of a kind of ``TAPS``: the op, the pass context it serves
+    (``unit``: a fused point, or one of a fill's forwards), the stacked copy of the job's
+    rows it acts on (``slot``), and whether it acts on the address's whole tensor."""
 
     kind: str
-    op: ReadOp | WriteOp
+    op: ReadOp | WriteOp | SiteOp
     unit: int = 0
     slot: int = 0
     whole: bool = False
+
+
+@dataclass(frozen=True)
+class SiteOp:
+    """An address an attribute job taps whole: the step's ``name``, the ``index`` of the
+    address among its addresses (-1: the embeddings) and, for a ``replace`` tap, the
+    integrated-gradients ``step`` whose interpolated embeddings go there."""
+
+    name: str
+    address: Address
+    index: int = -1
+    step: int = 0
 
 
 @dataclass(frozen=True)

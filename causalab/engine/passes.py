@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from causalab.compile.plan import Forward, Pass, ReadOp
-from causalab.engine import generate, tail
+from causalab.engine import attribution, generate, tail
 from causalab.engine import windows as window_rules
 from causalab.engine.cache import PLANNED, Prefix, whole_id
 from causalab.engine.forwards import batch_key, read_key
@@ -227,7 +227,7 @@ def _serve(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) 
 
 
 _FINISH = {"reads": _reads, "prefix": _prefixes, "keys": _keys, "forward": _forward,
-           "decode": _decode, "serve": _serve}
+           "decode": _decode, "serve": _serve, "attribute": attribution.keep}
 
 
 def take_forward(ctx: PassContext, forward: Forward) -> None:

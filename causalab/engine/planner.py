@@ -2,29 +2,28 @@
 
 Which traces run, over which rows, entering where (prefix resume, docs/platform.md §7), over
 kept keys at the last column alone (a fit), with the head over which columns, stopping
-where, keeping what for later traces, on which batch an un-intervened forward runs, and
-which sweep points share one trace (fusion: their alike jobs merged, rows stacked). It
+where, keeping what, on which batch an un-intervened forward runs, which sweep points share
+one trace (fusion: alike jobs merged, rows stacked), and an attribute step's traces. It
 yields ``TraceJob``s in ``Stage``s, reading the cache's keys and budgets (never its tensors),
 the pass's windows and the model's facts; it never opens a trace. A stage generator resumes
-once the walk has run and kept what it yielded, so a later decision sees what an earlier
-trace kept; ``explain --traces`` runs the same generators over a cache of ``PLANNED``.
-
-Fused points run the same prompt rows, one copy per point; left padding, the mask and
-position ids make a row's activations independent of the rows beside it. Points fuse only
-where that is plainly so (``signature``); anything else runs one point at a time.
+once the walk has kept what it yielded; ``explain --traces`` runs the same generators over a
+cache of ``PLANNED``. Fused points run the same prompt rows, one copy per point (left
+padding, the mask and position ids keep rows independent), only where that is plainly so
+(``signature``).
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Iterator
 
-from causalab.compile.plan import Forward, Observe, Plan, PromptBatch
+from causalab.compile.plan import Attribute, Forward, Observe, Plan, PromptBatch
 from causalab.document import vocab
 from causalab.engine import forwards, generate, tail
 from causalab.engine.cache import DocumentCache, Prefix
 from causalab.engine.forwards import batch_key, read_key, tap_ops
-from causalab.engine.jobs import JobTap, NextPrefix, Stage, TraceJob, Wanted
-from causalab.engine.resume import deepest, need_order, resume_point, shared_entry
+from causalab.engine.jobs import JobTap, NextPrefix, SiteOp, Stage, TraceJob, Wanted
+from causalab.engine.resume import (ahead_of, by_entry, deepest, entries_of, need_order,
+                                    needs_of, resume_point)
 from causalab.engine.sites import HEAD_ROWS
 from causalab.engine.state import ModelFacts, PassContext
 
@@ -119,15 +118,15 @@ def fused_stages(units: list[PassContext], later: list[PassContext],
         return
     first = units[0]
     batch = first.pass_.inputs[each[0].input]
-    entries = _entries(each)
-    needs = _needs(entries)
-    stage = _prefix_stage(first, batch, needs, ahead=_ahead(ahead))
+    entries = entries_of(each)
+    needs = needs_of(entries)
+    stage = _prefix_stage(first, batch, needs, ahead=ahead_of(ahead))
     if stage is not None:
         yield stage
     covered = {need for need, prefix in kept_prefixes(first.state.cache, batch, needs).items()
                if prefix.covers(first.rows)}
     jobs = []
-    for entry, members in _by_entry(entries, covered).items():
+    for entry, members in by_entry(entries, covered).items():
         jobs.append(fuse([_job("forward", batch, first.rows, _taps(each[unit], unit), units,
                                resume=entry) for unit in members], units))
     yield Stage("forward", tuple(jobs), each)
@@ -176,6 +175,29 @@ def _intervened(ctx: PassContext, forward: Forward) -> Iterator[Stage]:
         jobs.append(_job("forward", batch, chunk, taps, [ctx], resume=resume, tail=last,
                          grad=ctx.grad))
     yield Stage("forward", tuple(jobs), (forward,))
+
+
+def attribute_stages(ctx: PassContext, node: Attribute) -> Iterator[Stage]:
+    """An attribute step per window of rows: the counterfactual with its sites kept whole,
+    then ``steps`` gradient-taking forwards of the base, each site shifted by a zero leaf and
+    the metric's read kept; the ``k``-th puts the embeddings ``k/steps`` of the way to the
+    counterfactual's (integrated gradients). A stage a trace: its gradients come first."""
+    metric = next(m for m in ctx.pass_.metrics if m.name in node.metrics)
+    head = JobTap("read", next(r for f in ctx.pass_.forwards for r in f.reads
+                               if r.name == metric.of))
+    sites = tuple(SiteOp(node.name, a, i) for i, a in enumerate(node.addresses))
+    start = () if node.embeddings is None else (SiteOp(node.name, node.embeddings),)
+    base, other = (ctx.pass_.inputs[role] for role in (node.base, node.counterfactual))
+    for chunk in forwards.chunks(ctx.rows, ctx.state.batch_size):
+        kept = tuple(JobTap("read", op, whole=True) for op in start + sites)
+        yield Stage("attribute", (_job("attribute", other, chunk, kept, [ctx]),))
+        for k in range(node.steps):
+            taps = [JobTap("replace" if k else "read", dataclasses.replace(op, step=k),
+                           whole=True) for op in start]
+            taps += [JobTap("shift", op, whole=True) for op in sites] + [head]
+            taps.sort(key=lambda tap: tuple(tap.op.address.order))
+            yield Stage("attribute", (_job("attribute", base, chunk, tuple(taps), [ctx],
+                                           grad=True),))
 
 
 def _decode_stages(ctx: PassContext, forward: Forward) -> Iterator[Stage]:
@@ -263,8 +285,8 @@ def _next_prefix(units: list[PassContext], later: list[PassContext],
         forward = passes[0].forwards[step]
         if forward.writes:
             return NextPrefix(passes[0].inputs[forward.input],
-                              _needs(_entries([p.forwards[step] for p in passes])),
-                              _ahead([ctx.pass_.forwards[step] for ctx in later]))
+                              needs_of(entries_of([p.forwards[step] for p in passes])),
+                              ahead_of([ctx.pass_.forwards[step] for ctx in later]))
     return None
 
 
@@ -277,35 +299,8 @@ def _kept_alongside(cache: DocumentCache, facts: ModelFacts, keep: NextPrefix | 
     return _missing_prefixes(cache, facts, batch, keep.needs, ahead=keep.ahead)
 
 
-def _entries(each) -> list:
-    """Where each unit's trace enters (``None``: from the start), shared where it can be."""
-    entries = [resume_point(forward) for forward in each]
-    present = {entry for entry in entries if entry is not None}
-    return [None if entry is None else shared_entry(entry, present) for entry in entries]
-
-
-def _needs(entries) -> set:
-    return {need for entry in entries if entry is not None for need in entry.needs()}
-
-
-def _ahead(others) -> set:
-    """What later points' forwards will enter with: as their runs group them, or alone."""
-    return _needs(_entries(others)) | _needs(map(resume_point, others))
-
-
 def _taps(forward: Forward, unit: int = 0) -> tuple[JobTap, ...]:
     return tuple(JobTap(kind, op, unit) for kind, op in tap_ops(forward))
-
-
-def _by_entry(entries: list, covered: set) -> dict:
-    """Units grouped by their entry, in unit order; a unit whose kept values do not cover
-    these rows starts from the start."""
-    runs: dict = {}
-    for unit, entry in enumerate(entries):
-        if entry is not None and any(need not in covered for need in entry.needs()):
-            entry = None
-        runs.setdefault(entry, []).append(unit)
-    return runs
 
 
 def kept_prefixes(cache: DocumentCache, batch: PromptBatch, needs: set) -> dict[Any, Prefix]:

@@ -72,6 +72,34 @@ def shared_entry(entry: Resume, present: set) -> Resume:
     return whole if not entry.parts and entry.layer >= 1 and whole in present else entry
 
 
+def entries_of(each) -> list:
+    """Where each unit's trace enters (``None``: from the start), shared where it can be."""
+    entries = [resume_point(forward) for forward in each]
+    present = {entry for entry in entries if entry is not None}
+    return [None if entry is None else shared_entry(entry, present) for entry in entries]
+
+
+def needs_of(entries) -> set:
+    """The kept values ``entries`` take together."""
+    return {need for entry in entries if entry is not None for need in entry.needs()}
+
+
+def ahead_of(others) -> set:
+    """What later points' forwards will enter with: as their runs group them, or alone."""
+    return needs_of(entries_of(others)) | needs_of(map(resume_point, others))
+
+
+def by_entry(entries: list, covered: set) -> dict:
+    """Units grouped by their entry, in unit order; a unit whose kept values do not cover
+    these rows starts from the start."""
+    runs: dict = {}
+    for unit, entry in enumerate(entries):
+        if entry is not None and any(need not in covered for need in entry.needs()):
+            entry = None
+        runs.setdefault(entry, []).append(unit)
+    return runs
+
+
 def map_tensors(value: Any, change: Any) -> Any:
     """A module's output with ``change`` applied to each tensor in it (a tuple keeps its
     structure; ``None`` and other members pass through): how a kept output is copied and

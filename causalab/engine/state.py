@@ -78,7 +78,7 @@ class OpWindows(NamedTuple):
 class Windows:
     """A pass's resolved windows (docs/format.md §6.2): ``reads`` by read name, ``writes`` by
     input role then write name (one write may act in several models' forwards), and the
-    provenance (§6.6) of a dynamic pass's reads. A decoding forward fills in its
+    provenance (docs/format.md §6.4) of a dynamic pass's reads. A decoding forward fills in its
     generated-frame reads once the continuation is known."""
 
     reads: dict[str, OpWindows] = field(default_factory=dict)
@@ -109,7 +109,8 @@ class PassContext:
     the walk state, the pass's windows, the model facts, whether the graph is kept (a fit's
     update), and what its forwards produced so far: ``values`` (read name -> featurized
     ``Published``), ``raw`` (the forward being run: read name -> raw ``Published``) and
-    ``generated`` (result name -> ids)."""
+    ``generated`` (result name -> ids); an attribute step's running sums
+    (``attribution.Sums``) in ``attributed``."""
 
     model: Any
     pass_: Pass
@@ -121,3 +122,4 @@ class PassContext:
     values: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict)
     generated: dict = field(default_factory=dict)
+    attributed: Any = None

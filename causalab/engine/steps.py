@@ -178,4 +178,3 @@ def run_weights(node: Weights, state: WalkState, directory: Path) -> list[str]:
         written.append(record.write_tensors(directory / save.file_path, bundle, metadata,
                                             root=directory))
     return written
-

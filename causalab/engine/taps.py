@@ -14,7 +14,7 @@ import torch
 
 from causalab.compile.plan import PromptBatch, WriteOp
 from causalab.document import vocab
-from causalab.engine import tail
+from causalab.engine import attribution, tail
 from causalab.engine import windows as window_rules
 from causalab.engine.forwards import batch_key
 from causalab.engine.jobs import JobTap, Traced, TraceJob
@@ -108,9 +108,11 @@ def _stacked(copies: int):
 
 
 def _prepared(job: TraceJob, tap: JobTap, units: list[PassContext], width: int) -> PreparedTap:
+    ctx, op = units[tap.unit], tap.op
+    if tap.kind == "replace":
+        return PreparedTap(None, operand=attribution.interpolated(ctx, op.step))
     if tap.whole:
         return PreparedTap(None)
-    ctx, op = units[tap.unit], tap.op
     if op.pos.frame == "generated":
         # The step's last index: the position whose logits choose its token.
         window = Window.from_windows([(width - 1,)] * len(job.rows))
@@ -154,7 +156,7 @@ def _operand(write: WriteOp, ctx: PassContext, chunk: tuple, window: Window) -> 
 
 def prompt_inputs(model: Any, batch: PromptBatch, chunk: tuple,
                   kept: dict) -> tuple[dict, torch.Tensor]:
-    """The rows ``chunk`` as model inputs, position ids taken from the mask (§18.7).
+    """The rows ``chunk`` as model inputs, position ids taken from the mask (docs/format.md §18).
 
     The whole batch is made into tensors once per document (a sweep point's batch is a
     new object holding equal rows, hence the value key) and kept in ``kept`` (the document

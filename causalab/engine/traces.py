@@ -1,9 +1,9 @@
 """``explain --traces``: the traces a run of a document opens, planned without its weights.
 
 It walks a compiled plan in the order ``pipeline.run_document`` and the walk run it (fused
-groups of sweep points first, then each point's steps, a fit's updates and evals) and asks
-the planner for each pass's stages, over a document cache that keeps ``PLANNED`` where a run
-keeps tensors: the jobs are the ones a run hands ``walk.run_trace``. It cannot know two
+groups of sweep points first, then each point's steps, a fit's updates and evals, an
+attribute step's windows) and asks the planner for each pass's stages, over a document
+cache that keeps ``PLANNED`` where a run keeps tensors: the jobs are the ones a run hands ``walk.run_trace``. It cannot know two
 things a run learns: a fit that stops early runs fewer updates (counted here to its last
 epoch), and a model whose KV cache keeps no keys for some layer runs its last-column
 forwards whole. It reads the model's config and tokenizer, never its weights.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, NamedTuple
 
-from causalab.compile.plan import Fit, Observe, Pass, Plan
+from causalab.compile.plan import Attribute, Fit, Observe, Pass, Plan
 from causalab.engine import passes, planner
 from causalab.engine.cache import RESUME_BUDGET, DocumentCache
 from causalab.engine.jobs import Stage, TraceJob, describe
@@ -93,6 +93,10 @@ def _walk(dry: _Dry, plan: Plan, state: WalkState, fused: set, where: str) -> No
             _walk(dry, node, dataclasses.replace(state, windows={}), fused, label)
         elif isinstance(node, Observe) and id(node.pass_) not in fused:
             _pass(dry, node.pass_, state, label)
+        elif isinstance(node, Attribute):
+            ctx = _open(dry, node.passes[0], state)
+            dry.calls += 1
+            _dry(dry, planner.attribute_stages(ctx, node), [ctx], label)
         elif isinstance(node, Fit):
             fit = dataclasses.replace(state, fill_prefixes=True)
             for epoch in range(node.epochs):

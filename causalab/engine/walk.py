@@ -18,18 +18,19 @@ from typing import Any, Iterable
 
 import torch
 
-from causalab.compile.plan import Featurizers, Fit, Observe, Pass, Plan, Weights
-from causalab.engine import containment, passes, planner, record, steps, taps
+from causalab.compile.plan import Attribute, Featurizers, Fit, Observe, Pass, Plan, Weights
+from causalab.engine import attribution, containment, passes, planner, record, steps, taps
 from causalab.engine.cache import DocumentCache
 from causalab.engine.events import Events
 from causalab.engine.generate import GENERATED
-from causalab.engine.jobs import Stage, Traced, TraceJob
+from causalab.engine.jobs import JobTap, Stage, Traced, TraceJob
 from causalab.engine.passes import PassResult
 from causalab.engine.resume import PART_MODULES, Resume, map_tensors, need_order, need_place
 from causalab.engine.seam import apply_write, gather
 from causalab.engine.sites import Places, project_to_vocabulary
 from causalab.engine.state import PassContext, WalkState, new_state
 from causalab.engine.step_sources import build_from_step
+from causalab.engine.taps import PreparedTap
 from causalab.errors import RunError
 from causalab.files import DOCUMENT
 
@@ -85,7 +86,18 @@ def _run_node(node: Any, model: Any, state: WalkState, out: str, directory: Path
         return steps.run_fit_step(node, model, state, directory, runner)
     if isinstance(node, Weights):
         return steps.run_weights(node, state, directory)
+    if isinstance(node, Attribute):
+        return _attribute(node, model, state, directory)
     raise RunError((getattr(node, "name", type(node).__name__),), "unknown plan node")
+
+
+def _attribute(node: Attribute, model: Any, state: WalkState, directory: Path) -> list[str]:
+    """An attribute step: the planner's traces, each kept (its gradients taken) by the
+    attribution before the next runs, then its tables."""
+    ctx = attribution.open_step(passes.open_pass(model, node.passes[0], state), node)
+    with torch.no_grad():
+        _run_stages(model, planner.attribute_stages(ctx, node), [ctx])
+    return attribution.publish(ctx, directory)
 
 
 def prefetch(points: list, model: Any, *, batch_size: int | None = None,
@@ -217,28 +229,38 @@ def _issue(places: Places, job: TraceJob) -> tuple[tuple, dict]:
     waiting = sorted(job.keep, key=need_order)
     values, kept = [], {}
     for tap, entry in zip(job.taps, job.live.prepared):
-        op, address = tap.op, tap.op.address
-        while waiting and need_place(waiting[0]) <= tuple(address.order):
+        while waiting and need_place(waiting[0]) <= tuple(tap.op.address.order):
             need = waiting.pop(0)
             kept[need] = _kept_value(places.model, need)
-        places.settle(address.order)
-        activation = places.get(address)
-        if tap.kind == "write":
-            original = places.original[(address.component, address.layer)]
-            places.put(address, apply_write(activation, op, entry.window, entry.featurizer,
-                                            entry.operand, original))
-            values.append(None)
-        elif tap.whole:
-            # Kept past this forward: a copy, safe from any in-place update after the tap.
-            values.append(activation.detach().clone())
-        else:
-            value = gather(activation, address, entry.window)
-            values.append(project_to_vocabulary(places.model, value)
-                          if op.view == "logits" else value)
+        places.settle(tap.op.address.order)
+        values.append(_tap(places, tap, entry))
     for need in waiting:
         kept[need] = _kept_value(places.model, need)
     places.settle()
     return tuple(values), kept
+
+
+def _tap(places: Places, tap: JobTap, entry: PreparedTap) -> Any:
+    """One tap of ``taps.TAPS`` at its address; what it gives back (None for a write)."""
+    op, address = tap.op, tap.op.address
+    if tap.kind == "replace":
+        places.put(address, entry.operand)
+        return None
+    activation = places.get(address)
+    if tap.kind == "write":
+        original = places.original[(address.component, address.layer)]
+        places.put(address, apply_write(activation, op, entry.window, entry.featurizer,
+                                        entry.operand, original))
+        return None
+    if tap.kind == "shift":
+        leaf = torch.zeros_like(activation).requires_grad_(True)
+        places.put(address, activation + leaf)
+        return activation.detach().clone(), leaf
+    if tap.whole:
+        # Kept past this forward: a copy, safe from any in-place update after the tap.
+        return activation.detach().clone()
+    value = gather(activation, address, entry.window)
+    return project_to_vocabulary(places.model, value) if op.view == "logits" else value
 
 
 def _kept_value(model: Any, need: Any) -> Any:

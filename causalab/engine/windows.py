@@ -29,7 +29,7 @@ def layout(windows: tuple, rows, ragged: bool) -> Window:
     """The window of ``rows`` of a pass whose windows over ALL its rows are ``windows``.
 
     Flat when the positions are ragged or the pass's rows differ in width (a read some rows
-    cannot place), decided once over every row (§6.2): a batch window of placed rows only
+    cannot place), decided once over every row (docs/format.md §6.2): a batch window of placed rows only
     must not come back rectangular while another comes back flat.
     """
     widths = {len(window) for window in windows}
@@ -38,8 +38,9 @@ def layout(windows: tuple, rows, ragged: bool) -> Window:
 
 
 def resolve_pass(pass_: Pass, tokenizer: Any, state: WalkState) -> Windows:
-    """Windows of every read and write over ALL rows of the pass, resolved once (§6.2, §6.5),
-    with the provenance of a dynamic pass's reads; kept in ``state.windows`` per pass."""
+    """Windows of every read and write over ALL rows of the pass, resolved once
+    (docs/format.md §6.2, §6.4), with the provenance of a dynamic pass's reads; kept in
+    ``state.windows`` per pass."""
     key = id(pass_)
     if key in state.windows:
         return state.windows[key]
@@ -79,10 +80,10 @@ def resolve_generated(found: Windows, pass_: Pass, read: ReadOp, rows: tuple,
                       generated: Sequence[Sequence[int]], tokenizer: Any,
                       stops: Sequence[int]) -> list[tuple[tuple[int, ...], str]]:
     """A generated-frame read on each of ``rows`` once their continuation (``generated``, one
-    id sequence per row) is known: per row the decode steps it keeps and the reason (§6.5,
-    §11), written into ``found`` with the read's provenance. A fixed step is kept on every
-    row, whatever the row generated; any other cut runs over the continuation cut after its
-    first stop."""
+    id sequence per row) is known: per row the decode steps it keeps and the reason
+    (docs/format.md §6.4, §11), written into ``found`` with the read's provenance. A fixed
+    step is kept on every row, whatever the row generated; any other cut runs over the
+    continuation cut after its first stop."""
     decode = decoder(tokenizer)
     k = fixed_step(read.pos)
     if k is not None:

@@ -19,6 +19,8 @@ from typing import Any
 
 from causalab.errors import ModelError, reason
 from causalab.files import stamp
+from causalab.models.json_files import read_json
+from causalab.models.resolve import load_config, load_tokenizer, resolve
 
 # Keys a family's config class would otherwise fill from a class default that differs from
 # what ``compile.addresses.facts`` assumes when the key is absent.
@@ -60,34 +62,12 @@ class FileConfig:
         return FileConfig(value) if isinstance(value, dict) and name.endswith("_config") else value
 
 
-def read_json(path: Path) -> dict | None:
-    """A model file's JSON object, None when absent; a broken one is refused at ``model.key``
-    (the key named the directory), never left to transformers' own wording."""
-    if not path.is_file():
-        return None
-    try:
-        with open(path, encoding="utf-8") as handle:
-            values = json.load(handle)
-    except UnicodeDecodeError:
-        raise ModelError(_KEY, f"{path} is not UTF-8 text, so not a JSON file") from None
-    except json.JSONDecodeError as error:
-        raise ModelError(_KEY, f"{path} is not valid JSON ({error.msg} at line {error.lineno}, "
-                               f"column {error.colno})") from None
-    except OSError as error:
-        raise ModelError(_KEY, f"cannot read {path}: {error.strerror or error}") from None
-    if not isinstance(values, dict):
-        raise ModelError(_KEY, f"{path} holds a JSON {type(values).__name__}, not an object")
-    return values
-
-
 def read_config(path: str) -> Any:
     """The config of a model directory, from its file when every fact compile needs is there."""
     values = read_json(Path(path) / "config.json")
     required = _REQUIRED.get((values or {}).get("model_type"))
     if required and all(values.get(key) is not None for key in required):
         return FileConfig(values)
-    from causalab.models.resolve import load_config
-
     return load_config(path)
 
 
@@ -114,8 +94,6 @@ class FileTokenizer:
     def apply_chat_template(self, messages: list[dict], **kwargs: Any) -> Any:
         """Rendered by transformers itself (loaded once, on the first chat row)."""
         if self._full is None:
-            from causalab.models.resolve import load_tokenizer
-
             self._full = load_tokenizer(self._path)
         return self._full.apply_chat_template(messages, **kwargs)
 
@@ -207,8 +185,6 @@ def read_tokenizer(path: str) -> Any:
                                                for name in _TOKENIZER_FILES))
     if found is not None:
         return found
-    from causalab.models.resolve import load_tokenizer
-
     return load_tokenizer(path)
 
 
@@ -220,8 +196,6 @@ LLAMA_3_2_1B_SHAPE = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidde
 def shape_stand_in(folder: str | Path, shape: dict, base: str = "causalab:tiny-llama") -> str:
     """A weightless directory: ``base``'s tokenizer and config with ``shape`` laid over it,
     enough to compile and explain a document at that shape without its checkpoint."""
-    from causalab.models.resolve import resolve
-
     source, folder = Path(resolve(base).path), Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     for item in source.iterdir():

@@ -25,6 +25,7 @@ from pathlib import Path
 from causalab.errors import ModelError, reason
 from causalab.models.staging import publish
 from causalab.models.digest import directory_digest, looks_like_digest
+from causalab.models.json_files import read_json
 from causalab.models.registry import BUILTINS, SCHEME
 
 _KEY = ("model", "key")
@@ -202,8 +203,6 @@ def load_tokenizer(path: str):
 def load_config(path: str):
     """The transformers config of a model directory (no weights are read); a missing, broken
     or unknown config is refused at ``model.key`` naming the file and what is wrong."""
-    from causalab.models.readers import read_json
-
     file = Path(path) / "config.json"
     values = read_json(file)
     if values is None:

@@ -32,7 +32,7 @@ from typing import Any, Mapping
 from causalab.engine.events import Events
 from causalab.errors import UsageError
 from causalab.files import DOCUMENT, HYDRA_CONFIG, RUN_RECORD
-from causalab.tracking import artifacts, links, naming, owners, plots
+from causalab.tracking import artifacts, attribution_plots, links, naming, owners, plots
 from causalab.tracking import runs as store
 from causalab.tracking.background import Lane
 from causalab.tracking.reach import reach, source_of
@@ -294,6 +294,7 @@ class TrackingEvents(Events):
         files = self._files(point, written, error)
         run.finished = True
         self.lane.send(self._upload, run, files)
+        attribution_plots.send_grids(self, run, point)
         self._done.append((dict(getattr(point, "coordinates", None) or {}), dict(run.means)))
         if error is not None:
             self.lane.send(self._end_point, run, error)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,13 @@ def test_a_saelens_block_on_a_rotation_is_refused():
     with pytest.raises(DocumentError) as refused:
         validate(raw)
     assert refused.value.path[:3] == ("featurizers", "rot", "saelens")
+
+
+def test_saelens_cfg_defaults_are_written_in_the_vocabulary_alone():
+    package = Path(__file__).resolve().parents[2] / "causalab"
+    restated = re.compile(r"(apply_b_dec_to_input|rescale_acts_by_decoder_norm)"
+                          r"(\"?, |[^,(\n]{0,20}\W)(True|False)\b"
+                          r"|\"architecture\", \"standard\"|\"reshape_activations\"\)? or \"none\"")
+    found = [f"{p.relative_to(package)}: {m.group(0)}" for p in sorted(package.rglob("*.py"))
+             if p.name != "vocab.py" for m in restated.finditer(p.read_text(encoding="utf-8"))]
+    assert not found, found

@@ -1,4 +1,4 @@
-"""Metric kinds against hand formulas, eligibility as an intersection, and the §13 table rows."""
+"""Metric kinds against hand formulas, eligibility as an intersection, and the docs/format.md §13 table rows."""
 from __future__ import annotations
 
 import importlib

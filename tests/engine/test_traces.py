@@ -166,3 +166,31 @@ def test_explain_traces_prints_the_schedule_of_every_shipped_document(path, tmp_
     first = out.splitlines()[0]
     assert first.endswith("a fit counted to its last epoch)") and int(first.split()[0]) > 0
     assert "  1. " in out
+
+
+# Prompts of one length (8 tokens on the tiny Llama): integrated gradients walks between them.
+EQUAL_PAIRS = [
+    ("If today is Monday, tomorrow is", "If today is Friday, tomorrow is", " Tuesday", " Saturday"),
+    ("If today is Friday, tomorrow is", "If today is Wednesday, tomorrow is", " Saturday",
+     " Thursday"),
+    ("If today is Wednesday, tomorrow is", "If today is Monday, tomorrow is", " Thursday",
+     " Tuesday"),
+]
+
+
+def test_an_attribute_step_in_windows_opens_the_traces_its_schedule_lists(tiny, kit, tmp_path,
+                                                                         monkeypatch):
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(EQUAL_PAIRS))
+    document = kit.patching_document(tiny("tiny-llama"))
+    document["steps"] = {"attribute": {
+        "kind": "attribute", "interventions": "patch", "layers": "all", "unit": "site",
+        "rows": {"base": "pairs", "counterfactual": "pairs"}, "metrics": ["logit_diff"],
+        "steps": 2, "positions": {"first": 0, "END": -1},
+        "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"}]}}
+    planned = _planned(document, data_root, batch_size=2)
+    # Per window of rows (2, then 1): the counterfactual, then a base forward per step.
+    assert [(job.kind, len(job.rows), job.grad) for job in planned] == [
+        ("attribute", 2, False), ("attribute", 2, True), ("attribute", 2, True),
+        ("attribute", 1, False), ("attribute", 1, True), ("attribute", 1, True)]
+    assert [tap.kind for tap in planned[2].taps][:1] == ["replace"]
+    _same(planned, _opened(document, data_root, tmp_path / "out", monkeypatch, batch_size=2))

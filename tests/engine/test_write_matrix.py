@@ -5,7 +5,7 @@ length, so left padding is live): its metric tables and saved reads are compared
 ``AutoModelForCausalLM`` forward whose torch hook applies docs/format.md §7.4 and §8.2 by hand at the
 last token. The oracle's featurizers are written here from the format alone (the subspace
 basis by a dense Cayley solve), never taken from causalab. Values agree to 1e-6 in fp32;
-the exactness claims of §7.4 and §8.2 (an unchanged sae/linear feature vector, all-on and
+the exactness claims of docs/format.md §7.4 and §8.2 (an unchanged sae/linear feature vector, all-on and
 all-off gates, lerp at t = 1 and t = 0) are checked bit for bit on the model's logits.
 """
 from __future__ import annotations

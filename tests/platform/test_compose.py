@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+from collections import defaultdict
 from fnmatch import fnmatch
 import sys
 from pathlib import Path
@@ -24,6 +25,8 @@ DEFAULT_MODEL = "llama"
 # Experiments pinned to a layer the 2-layer tiny Llama lacks, or to names its tokenizer does not
 # hold as one token; each names the models it runs on.
 NOT_ON_TINY = ("das", "compare", "ioi_*")
+# A copied body is a run of at least this many consecutive lines that two conf files share.
+COPIED_RUN = 4
 
 
 def _named_commands(experiment: str) -> list[list[str]]:
@@ -71,6 +74,39 @@ def test_a_document_keeps_only_the_roles_its_steps_read():
     assert set(render(["experiment=zero_ablation", "model=tiny_llama"])["roles"]) == {"base"}
     assert set(render(["experiment=patching", "model=tiny_llama"])["roles"]) == {
         "base", "counterfactual"}
+
+
+def _repeated_lines(texts: dict[str, str]) -> tuple[int, int]:
+    """(lines in a run of COPIED_RUN or more consecutive lines another file also holds, all
+    lines), over the lines that say something: comments and blank lines are skipped."""
+    lines = {name: [line.rstrip() for line in text.splitlines()
+                    if line.strip() and not line.lstrip().startswith("#")]
+             for name, text in texts.items()}
+    holders = defaultdict(set)
+    for name, body in lines.items():
+        for start in range(len(body) - COPIED_RUN + 1):
+            holders[tuple(body[start:start + COPIED_RUN])].add(name)
+    repeated = 0
+    for name, body in lines.items():
+        flagged = set()
+        for start in range(len(body) - COPIED_RUN + 1):
+            if len(holders[tuple(body[start:start + COPIED_RUN])]) > 1:
+                flagged.update(range(start, start + COPIED_RUN))
+        repeated += len(flagged)
+    return repeated, sum(len(body) for body in lines.values())
+
+
+def test_a_body_copied_into_two_conf_files_counts_as_repeated_and_their_own_lines_do_not():
+    body = "steps:\n  patch:\n    kind: observe\n    interventions: patch\n"
+    texts = {"a": "# a\n" + body + "own: 1\n", "b": body + "\nother: 2\n", "c": "steps: {}\n"}
+    assert _repeated_lines(texts) == (8, 11)
+
+
+def test_conf_repeats_under_a_tenth_of_its_lines():
+    texts = {str(p.relative_to(CONF)): p.read_text() for p in sorted(CONF.rglob("*.yaml"))}
+    repeated, total = _repeated_lines(texts)
+    assert total > 500, "found too little conf to measure"
+    assert repeated < total / 10, f"{repeated} of {total} conf lines sit in copied runs"
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)

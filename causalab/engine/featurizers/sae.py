@@ -23,6 +23,9 @@ _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat1
                        torch.float64: "F64"}
 # The cfg.json format version written: SAELens reads ≥ 6 as its current format.
 SAELENS_FORMAT = "6.0.0"
+_DEFAULTS = saelens.SAELENS_DEFAULTS  # what a cfg.json that leaves a field out means
+_APPLY_B_DEC = _DEFAULTS["apply_b_dec_to_input"]
+_RESCALE = _DEFAULTS["rescale_acts_by_decoder_norm"]
 
 
 def _float(value: Tensor | None, size: int) -> Tensor:
@@ -50,7 +53,7 @@ class SAE:
     architecture = "standard"
 
     def __init__(self, W_enc: Tensor, W_dec: Tensor | None = None, b_enc: Tensor | None = None,
-                 b_dec: Tensor | None = None, apply_b_dec_to_input: bool = True):
+                 b_dec: Tensor | None = None, apply_b_dec_to_input: bool = _APPLY_B_DEC):
         d, d_sae = W_enc.shape
         self.W_enc = _dense(W_enc)
         self.W_dec = None if W_dec is None else _dense(W_dec)
@@ -62,7 +65,7 @@ class SAE:
     @classmethod
     def from_bundle(cls, tensors: dict[str, Tensor], options: dict) -> "SAE":
         """The architecture ``options`` names (compile/bundles.py's checked cfg), built."""
-        architecture = ARCHITECTURES[options.get("architecture", "standard")]
+        architecture = ARCHITECTURES[options.get("architecture", _DEFAULTS["architecture"])]
         switches = {key: value for key, value in options.items() if key != "architecture"}
         return architecture(**tensors, **switches)
 
@@ -125,8 +128,8 @@ class TopKSAE(SAE):
     architecture = "topk"
 
     def __init__(self, W_enc: Tensor, W_dec: Tensor, b_enc: Tensor | None = None,
-                 b_dec: Tensor | None = None, apply_b_dec_to_input: bool = True, *, k: int,
-                 rescale_acts_by_decoder_norm: bool = False):
+                 b_dec: Tensor | None = None, apply_b_dec_to_input: bool = _APPLY_B_DEC, *, k: int,
+                 rescale_acts_by_decoder_norm: bool = _RESCALE):
         super().__init__(W_enc, W_dec, b_enc, b_dec, apply_b_dec_to_input)
         self.k = int(k)
         self.rescale_acts_by_decoder_norm = rescale_acts_by_decoder_norm
@@ -151,7 +154,7 @@ class JumpReLUSAE(SAE):
     architecture = "jumprelu"
 
     def __init__(self, W_enc: Tensor, W_dec: Tensor, b_enc: Tensor | None = None,
-                 b_dec: Tensor | None = None, apply_b_dec_to_input: bool = True, *,
+                 b_dec: Tensor | None = None, apply_b_dec_to_input: bool = _APPLY_B_DEC, *,
                  threshold: Tensor):
         super().__init__(W_enc, W_dec, b_enc, b_dec, apply_b_dec_to_input)
         self.threshold = _dense(threshold)
@@ -169,7 +172,7 @@ class GatedSAE(SAE):
     architecture = "gated"
 
     def __init__(self, W_enc: Tensor, W_dec: Tensor, b_dec: Tensor | None = None,
-                 apply_b_dec_to_input: bool = True, *, b_gate: Tensor, b_mag: Tensor,
+                 apply_b_dec_to_input: bool = _APPLY_B_DEC, *, b_gate: Tensor, b_mag: Tensor,
                  r_mag: Tensor):
         super().__init__(W_enc, W_dec, None, b_dec, apply_b_dec_to_input)
         del self.b_enc
@@ -198,12 +201,14 @@ def saelens_config(tensors: dict[str, Tensor], cfg: dict) -> dict:
     metadata = {"sae_lens_version": SAELENS_FORMAT, **dict(cfg.get("metadata") or {})}
     if cfg.get("hook_name"):
         metadata["hook_name"] = cfg["hook_name"]
-    out = {"architecture": "standard", "d_in": int(d_in), "d_sae": int(d_sae), "dtype": dtype,
-           "device": "cpu", "apply_b_dec_to_input": True, "normalize_activations": "none",
-           "reshape_activations": "hook_z" if ".hook_z" in str(cfg.get("hook_name")) else "none",
+    out = {"architecture": _DEFAULTS["architecture"], "d_in": int(d_in), "d_sae": int(d_sae),
+           "dtype": dtype, "device": "cpu",
+           "apply_b_dec_to_input": _DEFAULTS["apply_b_dec_to_input"],
+           "normalize_activations": _DEFAULTS["normalize_activations"],
+           "reshape_activations": saelens.reshape_of(cfg.get("hook_name")),
            **{key: value for key, value in cfg.items() if key not in ("hook_name", "metadata")}}
     if out["architecture"] == "topk":
-        out.setdefault("rescale_acts_by_decoder_norm", False)
+        out.setdefault("rescale_acts_by_decoder_norm", _DEFAULTS["rescale_acts_by_decoder_norm"])
     out["metadata"] = metadata
     return out
 
