@@ -5,9 +5,11 @@ It turns plan data into tensors. A pass runs forward by forward: the planner
 stages; the walk binds each job to its tensors (``taps.bind``) and runs it through
 ``run_trace`` (writes through the seam's one ``apply_write``, reads through its one
 ``gather``); the pass assembly (``causalab.engine.passes``) keeps each stage's values and
-makes the pass's result. It never reads a document, a data table or a config, and makes no
-speed decision of its own. Sweep points the planner finds alike run their passes side by
-side first (``prefetch``), each point's result waiting in the document cache for its walk.
+makes the pass's result. An attribute step runs the same way, its traces kept by
+``causalab.engine.attribution``. It never reads a document, a data table or a config, and
+makes no speed decision of its own. Sweep points the planner finds alike run their passes
+side by side first (``prefetch``), each point's result waiting in the document cache for its
+walk.
 """
 from __future__ import annotations
 
@@ -241,7 +243,7 @@ def _issue(places: Places, job: TraceJob) -> tuple[tuple, dict]:
 
 
 def _tap(places: Places, tap: JobTap, entry: PreparedTap) -> Any:
-    """One tap of ``taps.TAPS`` at its address; what it gives back (None for a write)."""
+    """One tap of a kind of ``jobs.TAPS`` at its address; what it gives back (None for a write)."""
     op, address = tap.op, tap.op.address
     if tap.kind == "replace":
         places.put(address, entry.operand)
