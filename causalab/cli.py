@@ -122,6 +122,8 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
             parser.add_argument("--strict", action="store_true",
                                 help="refuse when a check cannot run (a runs:/ bundle with no "
                                      "store known, a stamp without a digest)")
+            parser.add_argument("--traces", action="store_true",
+                                help="print the traces a run opens instead (no weights loaded)")
     elif name == "run":
         _run_args(parser)
     elif name == "render":

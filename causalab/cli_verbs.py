@@ -159,6 +159,10 @@ def verb_explain(args: argparse.Namespace) -> dict:
     plan = causalab.compile.compile_document(raw, data_root=args.data_root,
                                              resolver=_known_store(args))
     _unchecked(causalab.compile.unchecked(plan), args.strict)
+    if args.traces:  # the traces a run opens, planned from config and tokenizer alone
+        from causalab.engine.traces import explain_traces
+
+        return explain_traces(plan)
     if not args.json:  # the serialised plan costs as much as compiling it; text needs none
         return {"text": causalab.compile.explain(plan)}
     return causalab.compile.explain_payload(plan)

@@ -40,7 +40,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     default ``RESUME_BUDGET``, 0 turns resume off).
 
     ``events`` (a ``causalab.engine.events.Events``) may veto a point from ``point_start``.
-    Points whose intervened forwards fuse (``causalab.engine.fusion``) are started together,
+    Points whose intervened forwards fuse (``causalab.engine.planner``) are started together,
     computed together, then written and ended one by one; each point still sees
     ``point_start``, its metrics and ``point_end`` in that order. A point that raises is
     reported to ``point_end`` with its error and the other points still run; the first error
@@ -52,7 +52,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     from causalab.engine.containment import check_plan
     from causalab.engine.events import Events
     from causalab.engine.load import load_model, served_dtype
-    from causalab.engine.fusion import alike_later, groups
+    from causalab.engine.planner import alike_later, groups
     from causalab.errors import UsageError
 
     for flag, value, low in (("--batch-size", batch_size, 1), ("--resume-mib", resume_mib, 0)):

@@ -12,27 +12,48 @@ line from the base prompt's to the counterfactual's, at ``α = k/n`` for ``k = 0
 (integrated gradients as EAP-IG takes it: ``steps: 1`` is plain AtP). AtP*'s corrections
 (recomputing attention softmaxes for keys and queries, GradDrop) are not made.
 
-This module never opens a trace: ``causalab.engine.walk.run_gradient_trace`` is handed in.
-Positions come from the interchange's compiled passes, resolved by ``windows``; tensors are
-cut by the seam's one ``gather``. Shapes: ``rows`` of a window of the pass, ``w`` positions,
-``d`` the site's width, ``units`` per address.
+This module never opens a trace and plans none: the planner's ``attribute_stages`` says which
+traces run, the walk runs them, and ``keep`` takes each one's values and gradients before the
+next runs. Positions come from the interchange's compiled passes, resolved by ``windows``;
+tensors are cut by the seam's one ``gather``. Shapes: ``rows`` of a window of the pass, ``w``
+positions, ``d`` the site's width, ``units`` per address.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from causalab.compile.plan import Address, Attribute, MetricOp, Pass
+from causalab.compile.plan import Address, Attribute, MetricOp
 from causalab.document.vocab import ATTRIBUTION_UNITS
-from causalab.engine import forwards, record
+from causalab.engine import record
 from causalab.engine import windows as window_rules
+from causalab.engine.jobs import Stage, Traced, TraceJob
 from causalab.engine.metrics import score
 from causalab.engine.seam import Window, gather
-from causalab.engine.sites import project_to_vocabulary
+from causalab.engine.state import PassContext, Windows
 from causalab.errors import RunError
+
+
+@dataclasses.dataclass
+class Sums:
+    """An attribute step's running state: its node, the windows of every position label's
+    pass, and for the window of rows being run the counterfactual's site values, the base's,
+    the embeddings' two ends, the base scores and the summed gradients; ``parts`` holds each
+    finished window's effects and scores."""
+
+    node: Attribute
+    windows: list[Windows]
+    counterfactual: dict = dataclasses.field(default_factory=dict)
+    base: dict = dataclasses.field(default_factory=dict)
+    ends: tuple = ()
+    scores: dict = dataclasses.field(default_factory=dict)
+    grads: dict = dataclasses.field(default_factory=dict)
+    runs: int = 0
+    parts: list = dataclasses.field(default_factory=list)
 
 
 def estimand(metric: MetricOp, steps: int) -> str:
@@ -40,13 +61,84 @@ def estimand(metric: MetricOp, steps: int) -> str:
     return f"{metric.estimand_version} {'atp' if steps == 1 else f'ig-{steps}'}"
 
 
-def _read_of(pass_: Pass, name: str):
-    return next(read for fw in pass_.forwards for read in fw.reads if read.name == name)
+def open_step(ctx: PassContext, node: Attribute) -> PassContext:
+    """The step's first pass, opened, carrying its ``Sums``; every label's windows resolved
+    (and refused, R1/R2) before any trace runs."""
+    windows = [ctx.windows] + [window_rules.resolve_pass(pass_, ctx.model.tokenizer, ctx.state)
+                               for pass_ in node.passes[1:]]
+    return dataclasses.replace(ctx, attributed=Sums(node, windows))
 
 
-def _window(resolved: dict, key: tuple, chunk: tuple, ragged: bool) -> Window:
-    windows, _ = resolved[key]
-    return window_rules.layout(windows, chunk, ragged)
+def interpolated(ctx: PassContext, step: int) -> torch.Tensor:
+    """The embeddings ``step/steps`` of the way from the base prompt's to the counterfactual's."""
+    sums = ctx.attributed
+    start, end = sums.ends
+    return start + (step / sums.node.steps) * (end - start)
+
+
+def keep(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+    """One attribute trace kept: the counterfactual's site values, or a base forward's scores
+    and gradients (summed over integrated gradients' steps); the window's effects once its
+    last forward has run. Nothing when only planned."""
+    if traced is None:
+        return
+    sums, job, done = units[0].attributed, stage.jobs[0], traced[0]
+    taps = list(zip(job.taps, done.values))
+    embeddings = [value for tap, value in taps if tap.kind == "read" and tap.whole
+                  and tap.op.index < 0]
+    if not job.grad:
+        sums.counterfactual = {tap.op.index: value for tap, value in taps if tap.whole}
+        sums.ends, sums.runs, sums.grads = tuple(embeddings), 0, {}
+        return
+    shifts = {tap.op.index: value for tap, value in taps if tap.kind == "shift"}
+    head = next(value for tap, value in taps if tap.kind == "read" and not tap.whole)
+    with torch.enable_grad():  # the metrics read one read (V29)
+        scores = _scores(sums, job.rows, head)
+        leaves = [shifts[i][1] for i in range(len(sums.node.addresses))]
+        grads = _gradients(scores, leaves)
+    if sums.runs == 0:
+        sums.base = {i: value for i, (value, _) in shifts.items()}
+        sums.ends = tuple(embeddings) + sums.ends
+        sums.scores, sums.grads = scores, grads
+    else:
+        sums.grads = {m: [g + h for g, h in zip(sums.grads[m], grads[m])] for m in grads}
+    sums.runs += 1
+    if sums.runs == sums.node.steps:
+        _close_window(sums, job)
+
+
+def _scores(sums: Sums, chunk: tuple, head: torch.Tensor) -> dict:
+    """Per metric ``(values (eligible,), eligible pass rows)`` of one base forward."""
+    found = {}
+    for metric in sums.node.passes[0].metrics:
+        if metric.name in sums.node.metrics:
+            windows = sums.windows[0].read(metric.of).windows
+            found[metric.name] = score(metric, head, [row for row in chunk if windows[row]])
+    return found
+
+
+def _gradients(scores: dict, shifts: list) -> dict:
+    """``∂ Σ_rows metric / ∂ site`` at every address, per metric, one backward each."""
+    names = list(scores)
+    grads = {}
+    for j, name in enumerate(names):
+        total = scores[name][0].sum()
+        grads[name] = torch.autograd.grad(total, shifts, retain_graph=j < len(names) - 1,
+                                          allow_unused=True)
+        grads[name] = [torch.zeros_like(s) if g is None else g
+                       for g, s in zip(grads[name], shifts)]
+    return grads
+
+
+def _close_window(sums: Sums, job: TraceJob) -> None:
+    """A window's effects per metric and label, kept with its scores; its tensors let go."""
+    effects = {}
+    for metric, per_site in sums.grads.items():
+        mean = [g / sums.node.steps for g in per_site]
+        effects[metric] = [_label_effects(sums, pass_, windows, job.rows, mean)
+                           for pass_, windows in zip(sums.node.passes, sums.windows)]
+    sums.parts.append({"effects": effects, "scores": sums.scores})
+    sums.counterfactual, sums.base, sums.ends, sums.grads, sums.scores = {}, {}, (), {}, {}
 
 
 def _per_row(value: torch.Tensor, window: Window) -> torch.Tensor:
@@ -66,122 +158,22 @@ def _units(value: torch.Tensor, address: Address, unit: str) -> torch.Tensor:
     return value
 
 
-def _head_value(head: torch.Tensor, read, window: Window, model: Any) -> torch.Tensor:
-    """The metric's read, gathered as the exact pass gathers it (a logits view projected)."""
-    value = gather(head, read.address, window)
-    return project_to_vocabulary(model, value) if read.view == "logits" else value
-
-
-def _last_only(read, windows: tuple, width: int) -> bool:
-    """Whether the head may form the last column alone: every row reads only that column."""
-    return (read.address.component in ("lm_head", "logits") and read.view == "raw"
-            and all(tuple(w) == (width - 1,) for w in windows))
-
-
-def _scores(node: Attribute, pass_: Pass, resolved: dict, chunk: tuple, got: dict,
-            last_only: bool, model: Any) -> dict:
-    """Per metric ``(values (eligible,), eligible pass rows)`` of one forward."""
-    found = {}
-    for metric in pass_.metrics:
-        if metric.name not in node.metrics:
-            continue
-        read = _read_of(pass_, metric.of)
-        windows, _ = resolved[("read", read.name, read.input)]
-        local = [i for i, row in enumerate(chunk) if windows[row]]
-        picked = [windows[chunk[i]] for i in local]
-        if last_only:
-            picked = [(0,)] * len(local)
-        window = Window.from_windows(picked, ragged=read.pos.ragged)
-        index = torch.tensor(local, dtype=torch.long, device=got["head"].device)
-        logits = _head_value(got["head"].index_select(0, index), read, window, model)
-        found[metric.name] = score(metric, logits, [chunk[i] for i in local])
-    return found
-
-
-def _gradients(scores: dict, shifts: list) -> dict:
-    """``∂ Σ_rows metric / ∂ site`` at every address, per metric, one backward each."""
-    names = list(scores)
-    grads = {}
-    for j, name in enumerate(names):
-        total = scores[name][0].sum()
-        grads[name] = torch.autograd.grad(total, shifts, retain_graph=j < len(names) - 1,
-                                          allow_unused=True)
-        grads[name] = [torch.zeros_like(s) if g is None else g
-                       for g, s in zip(grads[name], shifts)]
-    return grads
-
-
-def _base_trace(node: Attribute, model: Any, trace: Callable, inputs: dict, position_ids,
-                pass_: Pass, resolved: dict, chunk: tuple, replace=None) -> tuple[dict, dict]:
-    """One forward with the graph kept: the site values, their zero shifts and the scores."""
-    width = inputs["input_ids"].shape[1]
-    read = next(_read_of(pass_, m.of) for m in pass_.metrics if m.name in node.metrics)
-    last_only = _last_only(read, resolved[("read", read.name, read.input)][0], width)
-    with torch.enable_grad():  # the metrics read one read (V29)
-        got = trace(model, inputs, position_ids, _sites(node), shift=True, replace=replace,
-                    head=read.address, last_only=last_only)
-        scores = _scores(node, pass_, resolved, chunk, got, last_only, model)
-        first = _first(node)
-        shifts = [got[("shift", first + i)] for i in range(len(node.addresses))]
-        return got, {"scores": scores, "grads": _gradients(scores, shifts)}
-
-
-def _sites(node: Attribute) -> tuple:
-    """What a trace reads, in forward order: the embeddings first when the path needs them."""
-    return ((node.embeddings,) if node.embeddings is not None else ()) + node.addresses
-
-
-def _first(node: Attribute) -> int:
-    """Where the step's own addresses start among ``_sites``."""
-    return 0 if node.embeddings is None else 1
-
-
-def _interpolated(node: Attribute, base: dict, counterfactual: dict, k: int):
-    """The embeddings ``α = k/steps`` of the way from the base prompt's to the counterfactual's."""
-    start, end = base[("value", 0)], counterfactual[("value", 0)]
-    return node.embeddings, start + (k / node.steps) * (end - start)
-
-
-def _chunk(node: Attribute, model: Any, state: Any, trace: Callable, resolved: list,
-           chunk: tuple) -> dict:
-    """Effects of every unit on the rows of ``chunk``: ``{metric: [per label (rows, units)]}``
-    plus each metric's base values and eligible rows."""
-    pass_ = node.passes[0]
-    cache = state.cache.inputs
-    base_in, base_pos = forwards.prompt_inputs(model, pass_.inputs[node.base], chunk, cache)
-    cf_in, cf_pos = forwards.prompt_inputs(model, pass_.inputs[node.counterfactual], chunk, cache)
-    with torch.no_grad():
-        counterfactual = trace(model, cf_in, cf_pos, _sites(node))
-    base, found = _base_trace(node, model, trace, base_in, base_pos, pass_, resolved[0], chunk)
-    grads = found["grads"]
-    for k in range(1, node.steps):
-        replace = _interpolated(node, base, counterfactual, k)
-        _, more = _base_trace(node, model, trace, base_in, base_pos, pass_, resolved[0], chunk,
-                              replace)
-        grads = {m: [g + h for g, h in zip(grads[m], more["grads"][m])] for m in grads}
-    effects = {}
-    for metric, per_site in grads.items():
-        effects[metric] = [_label_effects(node, each, found_windows, chunk, base, counterfactual,
-                                          [g / node.steps for g in per_site])
-                           for each, found_windows in zip(node.passes, resolved)]
-    return {"effects": effects, "scores": found["scores"]}
-
-
-def _label_effects(node: Attribute, pass_: Pass, resolved: dict, chunk: tuple, base: dict,
-                   counterfactual: dict, grads: list) -> torch.Tensor:
+def _label_effects(sums: Sums, pass_: Any, windows: Windows, chunk: tuple,
+                   grads: list) -> torch.Tensor:
     """``(rows, units)`` over every address of one position label, addresses side by side."""
+    node = sums.node
     write = next(w for fw in pass_.forwards for w in fw.writes if w.name == node.write)
-    read = _read_of(pass_, node.operand)
+    read = next(r for fw in pass_.forwards for r in fw.reads if r.name == node.operand)
     ragged = write.pos.ragged or read.pos.ragged
-    at_base = _window(resolved, ("write", write.name, node.base), chunk, ragged)
-    at_cf = _window(resolved, ("read", read.name, node.counterfactual), chunk, ragged)
+    at_base = window_rules.layout(windows.write(write.name, node.base).windows, chunk, ragged)
+    at_cf = window_rules.layout(windows.read(read.name).windows, chunk, ragged)
     if (at_base.width is None) != (at_cf.width is None) or at_base.counts != at_cf.counts:
         raise RunError(("interventions", pass_.intervention, "writes", write.name, "operand"),
                        "the operand and the write cover different positions on some row")
-    out, first = [], _first(node)
+    out = []
     for i, address in enumerate(node.addresses):
-        delta = (gather(counterfactual[("value", first + i)], address, at_cf)
-                 - gather(base[("value", first + i)], address, at_base)).float()
+        delta = (gather(sums.counterfactual[i], address, at_cf)
+                 - gather(sums.base[i], address, at_base)).float()
         gradient = gather(grads[i], address, at_base).float()
         out.append(_units(_per_row(delta * gradient, at_base), address, node.unit))
     return torch.cat(out, -1)
@@ -239,18 +231,14 @@ def grid(table: list[dict]) -> list[tuple[dict, float | None]]:
     return [(place, total / count if count else None) for place, total, count in sums.values()]
 
 
-def run_attribution(node: Attribute, model: Any, state: Any, directory: Path,
-                    trace: Callable) -> list[str]:
-    """Score every unit on every row, publish the tables and write the step's saves."""
-    resolved = [window_rules.resolve_pass(model, pass_, state) for pass_ in node.passes]
-    pass_ = node.passes[0]
-    rows = tuple(range(pass_.rows))
-    parts = [_chunk(node, model, state, trace, resolved, chunk)
-             for chunk in forwards.chunks(rows, state.batch_size)]
-    windows = {label: [list(map(int, w)) for w in each[("write", node.write, node.base)][0]]
-               for label, each in zip(node.labels, resolved)}
+def publish(ctx: PassContext, directory: Path) -> list[str]:
+    """The step's tables from every window's effects, into its results; its saves written."""
+    sums = ctx.attributed
+    node, parts = sums.node, sums.parts
+    windows = {label: [list(map(int, w)) for w in each.write(node.write, node.base).windows]
+               for label, each in zip(node.labels, sums.windows)}
     tables = {}
-    for metric in pass_.metrics:
+    for metric in node.passes[0].metrics:
         if metric.name not in node.metrics:
             continue
         effects = torch.cat([torch.cat(part["effects"][metric.name], -1) for part in parts], 0)
@@ -259,7 +247,7 @@ def run_attribution(node: Attribute, model: Any, state: Any, directory: Path,
             values, eligible = part["scores"][metric.name]
             base.update(zip(eligible, values.detach().double().cpu().tolist()))
         tables[metric.name] = _table(node, metric, effects.detach().double().cpu(), base,
-                                     windows, state.digest)
+                                     windows, ctx.state.digest)
     node.results.update(tables=tables, grid={m: grid(t) for m, t in tables.items()})
     return [record.write_json(directory / save.file_path, tables[save.value], root=directory)
             for save in node.saves]
