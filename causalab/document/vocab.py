@@ -240,8 +240,7 @@ SAELENS_HOOKS = {
 }
 
 # docs/format.md §7.8: the COLUMNS table. Column fields name data columns, in compute order.
-# differentiable: whether an attribute step (docs/format.md §9.7) may take the metric's gradient; match is a
-# step function of the logits, its gradient zero wherever it exists.
+# differentiable: an attribute step (docs/format.md §9.7) may take its gradient (not match: a step).
 METRIC_KINDS = {
     "match": {"columns": ("expected",), "unit": "fraction", "estimand_version": "match/v1",
               "differentiable": False},
