@@ -39,21 +39,35 @@ def _with_template(source: str, folder: Path, template: str) -> str:
     return str(folder)
 
 
+def _has_template(path: str) -> bool:
+    folder = Path(path)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    return (folder / "chat_template.jinja").is_file() or bool(config.get("chat_template"))
+
+
 @pytest.fixture(scope="module")
 def directories(tmp_path_factory, smollm2_dir, gemma3_dir) -> dict[str, str]:
     """Every built-in whose tokenizer has a chat template, and the two BOS-writing folders."""
-    from causalab.models import BUILTINS, load_tokenizer, resolve
+    from causalab.models import BUILTINS, resolve
 
     found = {}
     for name in BUILTINS:
         path = resolve("causalab:" + name).path
-        if load_tokenizer(path).chat_template:
+        if _has_template(path):
             found[name] = path
     root = tmp_path_factory.mktemp("templates")
     found["gemma3-with-gemma-turns"] = _with_template(gemma3_dir, root / "gemma", GEMMA_TEMPLATE)
     found["tiny-llama-with-llama3-turns"] = _with_template(
         resolve("causalab:tiny-llama").path, root / "llama3", LLAMA3_TEMPLATE)
     return found
+
+
+@pytest.fixture(scope="module")
+def tokenizers(directories) -> dict:
+    """The transformers tokenizer of each directory (the oracle), read once."""
+    from causalab.models import load_tokenizer
+
+    return {name: load_tokenizer(path) for name, path in directories.items()}
 
 
 def _document(key: str) -> dict:
@@ -87,11 +101,9 @@ def test_the_built_ins_with_a_template_and_both_bos_writing_folders_are_all_here
 
 
 def test_chat_rows_get_the_ids_apply_chat_template_gives_on_every_template(
-        directories, tmp_path):
-    from causalab.models import load_tokenizer
-
+        directories, tokenizers, tmp_path):
     for name, path in directories.items():
-        tokenizer = load_tokenizer(path)
+        tokenizer = tokenizers[name]
         batch = _batch(path, tmp_path)
         for row, chat in enumerate(CHATS):
             content = [t for t, m in zip(batch.input_ids[row], batch.attention_mask[row]) if m]
@@ -99,11 +111,9 @@ def test_chat_rows_get_the_ids_apply_chat_template_gives_on_every_template(
 
 
 @pytest.mark.parametrize("name", ["gemma3-with-gemma-turns", "tiny-llama-with-llama3-turns"])
-def test_a_template_that_writes_its_bos_gives_one_bos_which_the_run_skips(name, directories,
-                                                                         tmp_path):
-    from causalab.models import load_tokenizer
-
-    tokenizer = load_tokenizer(directories[name])
+def test_a_template_that_writes_its_bos_gives_one_bos_which_the_run_skips(
+        name, directories, tokenizers, tmp_path):
+    tokenizer = tokenizers[name]
     batch = _batch(directories[name], tmp_path)
     for row in range(len(CHATS)):
         content = [t for t, m in zip(batch.input_ids[row], batch.attention_mask[row]) if m]
@@ -113,10 +123,9 @@ def test_a_template_that_writes_its_bos_gives_one_bos_which_the_run_skips(name, 
     assert not batch.prompts[0].startswith(tokenizer.bos_token)
 
 
-def test_a_template_without_a_bos_gives_none_and_the_run_skips_nothing(directories, tmp_path):
-    from causalab.models import load_tokenizer
-
-    tokenizer = load_tokenizer(directories["tiny-llama"])
+def test_a_template_without_a_bos_gives_none_and_the_run_skips_nothing(
+        directories, tokenizers, tmp_path):
+    tokenizer = tokenizers["tiny-llama"]
     batch = _batch(directories["tiny-llama"], tmp_path)
     first = [t for t, m in zip(batch.input_ids[0], batch.attention_mask[0]) if m][0]
     assert first != tokenizer.bos_token_id and batch.prefix == 0
@@ -125,14 +134,14 @@ def test_a_template_without_a_bos_gives_none_and_the_run_skips_nothing(directori
 
 
 def test_a_chat_run_on_a_bos_writing_template_gives_the_logits_of_the_template_ids(
-        directories, tmp_path):
+        directories, tokenizers, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
     import causalab.compile
     from causalab.engine.load import load_model
     from causalab.engine.walk import run_plan
-    from causalab.models import load_tokenizer, resolve
+    from causalab.models import resolve
 
     folder = Path(directories["tiny-llama-with-llama3-turns"])
     for weights in Path(resolve("causalab:tiny-llama").path).glob("*.safetensors"):
@@ -147,7 +156,7 @@ def test_a_chat_run_on_a_bos_writing_template_gives_the_logits_of_the_template_i
     run_plan(plan, load_model(plan.model), out=str(tmp_path / "out"))
     step = next(n for n in plan.children if getattr(n, "name", None) == "look")
     got = step.results["reads"]["logits"][:, 0]
-    tokenizer = load_tokenizer(str(folder))
+    tokenizer = tokenizers["tiny-llama-with-llama3-turns"]
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     for row, chat in enumerate(CHATS):
         ids = torch.tensor([_template_ids(tokenizer, chat)])
