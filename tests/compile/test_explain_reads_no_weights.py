@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-DOCUMENTS = REPO / "documents"
+DOCUMENTS = Path(__file__).resolve().parents[2] / "documents"
 PROBE = r"""
 import contextlib, io, json, sys, time
 opened = []
@@ -29,11 +28,12 @@ def hook(event, args):
         opened.append(args[0])
 sys.addaudithook(hook)
 from causalab.cli import main
+asked = json.loads(sys.stdin.read())
 codes = {}
-for document in json.loads(sys.argv[1]):
+for document in asked["documents"]:
     started, said = time.perf_counter(), io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(said):
-        code = main(["explain", document, "--data-root", sys.argv[2]])
+        code = main(["explain", document, "--data-root", asked["data_root"]])
     codes[document] = [code, time.perf_counter() - started, said.getvalue()]
 print(json.dumps({"codes": codes, "opened": opened,
                   "imported": sorted(m for m in ("torch", "transformers", "safetensors.torch",
@@ -96,9 +96,12 @@ def explained(tmp_path_factory, smollm2_dir, gemma3_dir):
             path = root / f"{shipped.replace('/', '-')[:-5]}-on-{name}.json"
             path.write_text(json.dumps(_retarget(document, key, revision)))
             documents.append(str(path))
-    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(documents),
-                           str(DOCUMENTS / "data")], cwd=REPO, capture_output=True, text=True,
-                          timeout=900)
+    # A user's folder holding the shipped documents: bundle paths are relative to it.
+    (root / "user").mkdir()
+    (root / "user" / "documents").symlink_to(DOCUMENTS)
+    asked = {"documents": documents, "data_root": str(DOCUMENTS / "data")}
+    done = subprocess.run([sys.executable, "-c", PROBE], input=json.dumps(asked),
+                          cwd=root / "user", capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1]), targets
 
