@@ -175,3 +175,85 @@ def test_the_late_interchange_agrees_with_plain_torch_hooks(outsider, gemma3_dir
                     for c in ("cf_answer", "base_answer"))
         assert table[row["example_id"]] == pytest.approx(
             (logits[i, cf] - logits[i, base]).item(), abs=2e-3)
+
+
+def _run_rendered(name: str, tmp_path_factory) -> Path:
+    """``experiment=<name> model=gemma3`` rendered and run on the shipped IOI table."""
+    from causalab.pipeline import run_document
+    from causalab.render import render
+
+    out = tmp_path_factory.mktemp(name)
+    run_document(render([f"experiment={name}", "model=gemma3"]), out=str(out),
+                 data_root=str(DATA))
+    return out
+
+
+def _mean(path: Path) -> float:
+    values = list(_values(path).values())
+    return sum(values) / len(values)
+
+
+def _preferred(path: Path) -> float:
+    """Fraction of rows whose logit difference is positive."""
+    values = list(_values(path).values())
+    return sum(value > 0 for value in values) / len(values)
+
+
+@pytest.mark.slow
+def test_the_behaviour_prefers_io_on_every_row_of_the_shipped_table(tmp_path_factory,
+                                                                    gemma3_dir):
+    out = _run_rendered("ioi_behavior", tmp_path_factory)
+    # Measured: IO > S on 120 of 120 rows (the smallest margin 1.87), mean 4.86, top-1 0.83.
+    assert _preferred(out / "logit_diff.json") >= 0.95
+    assert _mean(out / "logit_diff.json") >= 3.0 and _mean(out / "top1.json") >= 0.7
+
+
+@pytest.mark.slow
+def test_the_subject_leaves_s2_and_the_answer_reaches_end_between_blocks_11_and_13(
+        tmp_path_factory, gemma3_dir):
+    out = _run_rendered("ioi_layer_sweep", tmp_path_factory)
+    end = {layer: _preferred(out / f"layers={layer},pos=END" / "logit_diff.json")
+           for layer in range(LAYERS)}
+    s2 = {layer: _preferred(out / f"layers={layer},pos=S2" / "logit_diff.json")
+          for layer in range(LAYERS)}
+    s1 = {layer: _preferred(out / f"layers={layer},pos=S1" / "logit_diff.json")
+          for layer in range(LAYERS)}
+    # Measured on the 120 rows: END 0.00 through block 10, 0.23 at 11, 0.52 at 12, 1.00 from
+    # 13; S2 1.00 through 9, 0.97 at 10, 0.21 / 0.38 at 11 / 12, 0.00 from 13; S1 at most 0.04.
+    assert all(end[layer] <= 0.1 for layer in range(0, 11)), end
+    assert all(end[layer] >= 0.8 for layer in range(13, LAYERS)), end
+    assert all(s2[layer] >= 0.8 for layer in range(0, 11)), s2
+    assert all(s2[layer] <= 0.1 for layer in range(13, LAYERS)), s2
+    assert all(value <= 0.1 for value in s1.values()), s1
+
+
+@pytest.mark.slow
+def test_end_takes_on_the_unrelated_prompts_answer_from_block_12(tmp_path_factory, gemma3_dir):
+    out = _run_rendered("ioi_unrelated_sweep", tmp_path_factory)
+    moved = {layer: _preferred(out / f"layers={layer}" / "logit_diff.json")
+             for layer in range(LAYERS)}
+    # Measured: 0.00 through block 11, 1.00 from block 12 (IIA top-1 0.62-0.89).
+    assert all(moved[layer] <= 0.1 for layer in range(0, 12)), moved
+    assert all(moved[layer] >= 0.9 for layer in range(12, LAYERS)), moved
+
+
+@pytest.mark.slow
+def test_the_lens_reads_io_over_s_at_end_only_from_block_11(tmp_path_factory, gemma3_dir):
+    out = _run_rendered("ioi_logit_lens", tmp_path_factory)
+    diff = {layer: _mean(out / f"layers={layer}" / "logit_diff.json") for layer in range(LAYERS)}
+    # Measured: -0.44 ... +0.20 through block 10, 15.8 at 11, 17.4 at 12 (top-1 0.97), 4.9 at 17.
+    assert all(abs(diff[layer]) < 1.5 for layer in range(0, 11)), diff
+    assert all(diff[layer] > 3.0 for layer in range(11, LAYERS)), diff
+    assert _mean(out / "layers=12" / "top1.json") >= 0.8
+
+
+@pytest.mark.slow
+def test_das_entering_block_14_moves_the_answer_further_than_a_random_subspace_of_its_rank(
+        tmp_path_factory, gemma3_dir):
+    out = _run_rendered("ioi_das", tmp_path_factory)
+    for k in (1, 4, 16):
+        fitted = _mean(out / f"k={k}" / "test_logit_diff.json")
+        control = _mean(out / f"k={k}" / "control_logit_diff.json")
+        # Measured on the 36 held-out rows: -2.08 / +0.21 / +2.49 against -4.64 / -4.46 / -3.84.
+        assert fitted >= control + (1.0 if k == 1 else 2.0), (k, fitted, control)
+    assert _mean(out / "k=16" / "test_iia.json") >= _mean(out / "k=16" / "control_iia.json") + 0.2
