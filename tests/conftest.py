@@ -5,7 +5,9 @@ The model cache (``CAUSALAB_HOME``) is a temporary directory made for the sessio
 its end, so the user's ``~/.cache/causalab`` is never written and subprocesses (CLI, Hydra jobs)
 inherit the same cache. ``CAUSALAB_TEST_HOME`` opts into a lasting cache instead, so someone
 iterating by hand dequantizes SmolLM2 once, not once per session. ``smollm2_dir`` is the one
-place the suite materialises ``causalab:smollm2-135m`` (its first use dequantizes, 2-3 minutes).
+place the suite materialises ``causalab:smollm2-135m`` (its first use dequantizes, 2-3 minutes),
+``gemma3_dir`` the one place for ``causalab:gemma3-270m`` (its four chunks joined and
+dequantized, about 2 minutes).
 """
 import os
 import shutil
@@ -26,6 +28,7 @@ for _name in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI", "MLFLOW_EXPERIMENT_N
     os.environ.pop(_name, None)
 
 SMOLLM2 = "causalab:smollm2-135m"
+GEMMA3 = "causalab:gemma3-270m"
 _SESSION_HOME: list[str] = []
 
 
@@ -50,3 +53,11 @@ def smollm2_dir() -> str:
     from causalab.models import resolve
 
     return resolve(SMOLLM2).path
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir() -> str:
+    """The dequantized Gemma-3-270M directory in the session cache (made on first use)."""
+    from causalab.models import resolve
+
+    return resolve(GEMMA3).path

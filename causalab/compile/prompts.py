@@ -1,8 +1,11 @@
 """Prompt batches: one role's prompts tokenized once per pass and left-padded to one width.
 
 Uses only the tokenizer's encode and chat template; it never decodes to check itself
-(docs/format.md §6.4: re-encoding is not a test). Special tokens are added as the model's own call adds them,
-so ``prefix`` (the empty string's length) is what a run skips before index 0.
+(docs/format.md §6.4: re-encoding is not a test). A string row gets special tokens as the
+model's own call adds them, so ``prefix`` (the empty string's length) is what a run skips before
+index 0. A chat row is tokenized as ``apply_chat_template(tokenize=True)`` does: the rendered
+template without special tokens added, so a template that writes its own BOS gets one BOS, and
+its ``prefix`` is that BOS (or nothing).
 """
 from __future__ import annotations
 
@@ -60,11 +63,36 @@ def render(value: Any, tokenizer, path: tuple) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False)
 
 
+def _encoded(value: Any, tokenizer, path: tuple) -> tuple[str, list[int], int]:
+    """(recorded prompt, ids, prefix) of one row; the recorded prompt is the text after the
+    prefix, which is what the run's ids past the prefix decode to."""
+    if not is_chat(value):
+        return value, list(tokenizer(value)["input_ids"]), prefix_length(tokenizer)
+    text = render(value, tokenizer, path)
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    bos, spelled = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "bos_token", None)
+    if bos is None or ids[:1] != [bos]:
+        return text, ids, 0
+    if isinstance(spelled, str) and text.startswith(spelled):
+        text = text[len(spelled):]
+    return text, ids, 1
+
+
 def prompt_batch(role: str, field: str, values: tuple, tokenizer, anchors: dict,
                  path: tuple) -> PromptBatch:
-    """Tokenize every row of one role and left-pad to the longest; mask marks the content."""
-    prompts = tuple(render(v, tokenizer, path) for v in values)
-    encoded = [list(tokenizer(p)["input_ids"]) for p in prompts]
+    """Tokenize every row of one role and left-pad to the longest; mask marks the content.
+
+    The rows of one role share one prefix: chat rows and strings whose runs start differently
+    (one with a BOS, one without) are refused at ``path``.
+    """
+    rows = [_encoded(v, tokenizer, path) for v in values]
+    prompts = tuple(text for text, _, _ in rows)
+    encoded = [ids for _, ids, _ in rows]
+    prefixes = sorted({prefix for _, _, prefix in rows})
+    if len(prefixes) > 1:
+        raise CompileError(path, "chat rows and plain strings here start differently (the "
+                                 "tokenizer adds a BOS the chat template does not); give the "
+                                 "role one kind of row")
     width = max((len(ids) for ids in encoded), default=0)
     pad = pad_id(tokenizer)
     input_ids = tuple(tuple([pad] * (width - len(ids)) + ids) for ids in encoded)
@@ -75,7 +103,8 @@ def prompt_batch(role: str, field: str, values: tuple, tokenizer, anchors: dict,
             json.dumps([[m["role"], m["content"]] for m in v]) if is_chat(v) else None
             for v in values)
     return PromptBatch(role=role, field=field, prompts=prompts, input_ids=input_ids,
-                       attention_mask=mask, prefix=prefix_length(tokenizer), pad_id=pad,
+                       attention_mask=mask, prefix=prefixes[0] if prefixes else
+                       prefix_length(tokenizer), pad_id=pad,
                        anchors=anchors)
 
 

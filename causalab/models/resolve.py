@@ -1,17 +1,18 @@
 """Model keys -> local directories: built-ins, local directories and hub ids from the local cache.
 
-It never reaches the network. A built-in (``causalab:<name>``) is built once into
+It never reaches the network and never reads a weight: compiling and explaining need config and
+tokenizer only. A built-in (``causalab:<name>``) is built once into
 ``$CAUSALAB_HOME/models/<name>-<revision[:12]>`` (``CAUSALAB_HOME`` defaults to
 ``~/.cache/causalab``), through a temporary directory renamed into place, so parallel processes
 never see half a directory; a shipped ``weekday-*`` built-in resolves to its directory in the
-package; a GGUF built-in (``smollm2-135m``) and a local ``.gguf`` key are dequantized once into
-``$CAUSALAB_HOME/models/gguf-<file digest[:16]>`` (``gguf.py``). A built-in's revision is
-its tensor digest; asking for another is refused.
+package; a GGUF built-in (``smollm2-135m``, ``gemma3-270m``) and a local ``.gguf`` key are
+dequantized once into ``$CAUSALAB_HOME/models/gguf-<file SHA-256[:16]>`` (``gguf.py``).
 
-A local directory's revision is the digest of its tensors too, so a document that pins one pins
-the weights; any other pinned value is refused at ``model.revision`` naming both (a directory
-without weights, config and tokenizer only, passes its revision through). A hub id resolves only when a snapshot is already in the local Hugging Face
-cache.
+A revision is the digest of a directory's tensors (``digest.py``), made where the weights are
+made and recorded beside them; a record whose weight files are unchanged is the revision, and a
+pin that differs is refused at ``model.revision`` naming both. Where no record is current, a
+pinned digest is checked when the weights are loaded (``verify_weights``, called by the engine's
+loader). A hub id resolves only when a snapshot is already in the local Hugging Face cache.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from pathlib import Path
 from causalab.errors import ModelError, reason
 from causalab.files import causalab_home
 from causalab.models.staging import publish
-from causalab.models.digest import directory_digest, looks_like_digest
+from causalab.models.digest import (directory_digest, looks_like_digest, recorded,
+                                    write_record)
 from causalab.models.json_files import read_json
 from causalab.models.registry import BUILTINS, SCHEME
 
@@ -82,14 +84,10 @@ def _builtin(key: str, revision: str | None, home: str | None) -> Resolved:
     if entry is None:
         raise ModelError(_KEY, f"unknown built-in {key!r}; built-ins are {_builtin_names()}")
     if entry["kind"] == "weekday":
-        path = WEIGHTS / name
+        path, actual = WEIGHTS / name, entry["revision"]  # its tensors are checked at load
         if not (path / "config.json").is_file():
             raise ModelError(_KEY, f"{key} is not shipped in this install ({path} is missing); "
                                    f"run scripts/train_builtin.py {name}")
-        actual = directory_digest(path)
-        if actual != entry["revision"]:
-            raise ModelError(_REVISION, f"{key}: the shipped weights have revision {actual}, "
-                                        f"the registry pins {entry['revision']}; reinstall")
     elif entry["kind"] == "gguf":
         path, actual = _shipped_gguf(key, entry, home)
     else:
@@ -106,6 +104,7 @@ def _materialise(name: str, entry: dict, revision: str | None, home: str | None)
     if wanted:
         cached = root / f"{name}-{wanted[:12]}"
         if (cached / "config.json").is_file() and (cached / "tokenizer.json").is_file():
+            _trusted(cached, wanted)
             return cached, wanted
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
@@ -114,6 +113,7 @@ def _materialise(name: str, entry: dict, revision: str | None, home: str | None)
 
         build(entry, staging)
         actual = directory_digest(staging)
+        write_record(staging, actual)
         final = root / f"{name}-{actual[:12]}"
         publish(staging, final, "tokenizer.json")
     finally:
@@ -121,20 +121,37 @@ def _materialise(name: str, entry: dict, revision: str | None, home: str | None)
     return final, actual
 
 
+def _trusted(cached: Path, revision: str) -> None:
+    """Record the revision a cached built-in's name vouches for, once (a cache made before
+    revisions were recorded); it is then checked at load like any record."""
+    if recorded(cached) is None:
+        write_record(cached, revision)
+
+
 def _shipped_gguf(key: str, entry: dict, home: str | None) -> tuple[Path, str]:
-    """(directory, revision) of a built-in shipped as a GGUF file in an installed package.
+    """(directory, revision) of a built-in shipped as a GGUF file in installed packages.
 
-    A cached directory is trusted by the file digest in its name, like any cached built-in; a
-    fresh dequantization is hashed and checked against the registry's pin.
+    The cached directory is named by the file's published SHA-256 (its RECORD, or the sums file
+    of a file split into chunk packages), so finding it reads no weights; a fresh
+    dequantization is hashed and checked against the registry's pin before it is kept.
     """
-    from causalab.models.gguf import cached_directory, shipped_file
+    from causalab.models import gguf, shipped
 
-    path, made = cached_directory(shipped_file(entry["distribution"], entry["file"]),
-                                  models_home(home))
-    if made and directory_digest(path) != entry["revision"]:
-        raise ModelError(_REVISION, f"{key}: dequantizing gave revision {directory_digest(path)}"
-                                    f", the registry pins {entry['revision']}; reinstall "
-                                    f"{entry['distribution']}")
+    if entry.get("chunks"):
+        sha256 = shipped.published_sha256(entry["distribution"], entry["sums"], entry["file"])
+
+        def source(staging: Path) -> Path:
+            (staging / gguf.SOURCE_FOLDER).mkdir()
+            joined = staging / gguf.SOURCE_FOLDER / entry["file"]
+            shipped.join_chunks(tuple(entry["chunks"]), entry["file"], sha256, joined)
+            return joined
+    else:
+        sha256 = shipped.recorded_sha256(entry["distribution"], entry["file"])
+
+        def source(staging: Path) -> Path:
+            return shipped.shipped_file(entry["distribution"], entry["file"])
+    path, _ = gguf.materialise(sha256, models_home(home), source, entry["revision"])
+    _trusted(path, entry["revision"])
     return path, entry["revision"]
 
 
@@ -143,27 +160,61 @@ def _gguf_file(key: str, revision: str | None, home: str | None) -> Resolved:
     from causalab.models.gguf import cached_directory
 
     path, _ = cached_directory(key, models_home(home))
+    if recorded(path) is None:  # a cache entry made before revisions were recorded
+        write_record(path, directory_digest(path))
     return _directory(str(path), revision, key=key)
 
 
 def _directory(path: str, revision: str | None, *, key: str | None = None) -> Resolved:
-    """A local Hugging Face directory; its revision is the digest of its tensors.
+    """A local Hugging Face directory; its revision is the digest of its tensors, as recorded.
 
-    A directory of config and tokenizer only (enough to compile and explain) has no tensors to
-    pin, so its revision passes through; pinning it by digest is refused at ``model.key``.
+    No weight is read here: a recorded digest (``digest.RECORD``) is the revision; without one,
+    a pinned digest is checked when the weights are loaded (``verify_weights``) and a floating
+    revision stays as given. A directory of config and tokenizer only (enough to compile and
+    explain) has no tensors to pin, so pinning it by digest is refused at ``model.key``.
     """
     key = key or path
     path = str(Path(path).resolve())
     if not (Path(path) / "config.json").is_file():
         raise ModelError(_KEY, f"{key} is a directory without config.json, so not a model "
                                "directory (a Hugging Face checkpoint folder has one)")
-    if not looks_like_digest(revision) and not any(Path(path).glob("*.safetensors")):
+    has_weights = any(Path(path).glob("*.safetensors"))
+    if not has_weights and looks_like_digest(revision):
+        raise ModelError(_KEY, f"{key} holds no *.safetensors weights, so its tensor digest "
+                               "(the pinned revision) cannot be checked")
+    actual = recorded(path) if has_weights else None
+    if actual is None:
+        if has_weights and revision not in _FLOATING and not looks_like_digest(revision):
+            raise ModelError(_REVISION, f"{key} holds weights, whose revision is a tensor "
+                                        f"digest; the document pins {revision}, which is not one")
         return Resolved(key=key, path=path, revision=revision or "main", builtin=False)
-    actual = directory_digest(path)
     if revision not in _FLOATING and revision != actual:
         raise ModelError(_REVISION, f"{key} has tensor digest {actual}, "
                                     f"the document pins {revision}")
     return Resolved(key=key, path=path, revision=actual, builtin=False)
+
+
+def verify_weights(key: str, path: str, revision: str | None) -> str:
+    """At load: the tensor digest of the weights in ``path``, refused unless it is the pin.
+
+    The pin is the document's digest, else a built-in's registry revision. A directory without
+    a current record is hashed (its weights are about to be read anyway) and the digest
+    recorded beside them where the folder may be written (never inside this package).
+    """
+    entry = BUILTINS.get(key[len(SCHEME):]) if key.startswith(SCHEME) else None
+    expected = revision if looks_like_digest(revision) else (entry or {}).get("revision")
+    if not any(Path(path).glob("*.safetensors")):
+        return revision or "main"
+    actual = recorded(path)
+    if actual is None:
+        actual = directory_digest(path)
+        if not Path(path).resolve().is_relative_to(Path(__file__).resolve().parents[1]):
+            write_record(path, actual)
+    if expected and actual != expected:
+        raise ModelError(_REVISION, f"{key}: the weights in {path} have tensor digest {actual}, "
+                                    f"the {'document' if expected == revision else 'registry'} "
+                                    f"pins {expected}")
+    return actual
 
 
 def _hub(key: str, revision: str | None) -> Resolved:

@@ -1,6 +1,7 @@
 """Resolving model keys as the compile path does: local directories and shipped built-ins.
 
-Only ``resolve`` and the tensor digest are exercised; no model is loaded into nnterp.
+Only ``resolve``, the tensor digest and the check the loader makes (``verify_weights``) are
+exercised; no model is loaded into nnterp.
 """
 from __future__ import annotations
 
@@ -21,22 +22,30 @@ def test_a_local_directory_pinned_by_digest_without_weights_is_refused_at_model_
     assert caught.value.path == ("model", "key")
 
 
-def test_a_shipped_built_in_is_hashed_once_per_process_until_its_weights_change(tmp_path):
-    first = resolve("causalab:weekday-gpt2")
+def test_a_shipped_built_in_resolves_without_reading_its_weights_and_a_changed_copy_is_refused_at_load(
+        tmp_path):
+    from causalab.models import verify_weights
+
     before = digest._digest_of.cache_info()
+    first = resolve("causalab:weekday-gpt2")
     again = resolve("causalab:weekday-gpt2", first.revision)
-    after = digest._digest_of.cache_info()
+    assert digest._digest_of.cache_info() == before  # nothing was hashed
     assert again.revision == first.revision == BUILTINS["weekday-gpt2"]["revision"]
-    assert after.hits == before.hits + 1 and after.misses == before.misses
+    assert verify_weights(first.key, first.path, None) == first.revision
     copy = tmp_path / "copy"
     shutil.copytree(first.path, copy)
     assert resolve(str(copy), first.revision).revision == first.revision
+    assert verify_weights(str(copy), str(copy), first.revision) == first.revision
     weights = sorted(copy.glob("*.safetensors"))[0]
     tensors = load_file(str(weights))
     name = sorted(tensors)[0]
     tensors[name] = tensors[name] + 1
     save_file(tensors, str(weights))
+    assert resolve(str(copy), first.revision).revision == first.revision  # checked at load
     with pytest.raises(ModelError) as caught:
+        verify_weights(str(copy), str(copy), first.revision)
+    assert caught.value.path == ("model", "revision") and first.revision in caught.value.message
+    with pytest.raises(ModelError) as caught:  # the record made at load is now current
         resolve(str(copy), first.revision)
     assert caught.value.path == ("model", "revision")
 
