@@ -101,7 +101,7 @@ def _report_tracking(events) -> None:
     """What was logged where, once the tracking worker has stored it."""
     if events is None:
         return
-    from causalab.tracking import naming, ui_command
+    from causalab.tracking import landing, naming, summary, ui_command
     from causalab.tracking import runs as store
 
     for label, run_id in events.skipped.items():
@@ -113,7 +113,15 @@ def _report_tracking(events) -> None:
     runs = len(events.point_runs)
     skipped = f", {len(events.skipped)} reused as done" if events.skipped else ""
     print(f"mlflow: {runs} run(s){skipped} in experiment {events.experiment!r} at {events.uri}")
-    print(f"see them: {ui_command(events.uri, events.experiment_id)}")
+    found = events.sweep_run_id and events.call(landing.landed, events.experiment_id,
+                                                events.sweep_run_id)
+    if not found:
+        print(f"see them: {ui_command(events.uri, events.experiment_id)}")
+        return
+    if not events.uri.startswith(("http://", "https://")):
+        print(f"see them: {ui_command(events.uri)}")
+    for line in summary.where(events.uri, events.experiment_id, found["view"], found["runs"]):
+        print(line)
 
 
 def _run(config) -> None:

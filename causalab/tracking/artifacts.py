@@ -200,12 +200,13 @@ def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> None:
         log_files(mlflow, run_id, [(str(local), artifact)])
 
 
-def log_sweep_plots(mlflow, run_id: str, points: list, *, title: str) -> None:
-    """Draw a sweep's pictures (:func:`causalab.tracking.plots.sweep_plots`) and log them."""
-    from causalab.tracking import plots
+def log_sweep_plots(mlflow, run_id: str, points: list, *, title: str = "") -> dict:
+    """A sweep parent's plots, summary metrics, ``summary.html`` and saved view, drawn from
+    its points as stored (``points`` only when the store has none):
+    :func:`causalab.tracking.landing.land`."""
+    from causalab.tracking import landing
 
-    for name, png in plots.sweep_plots(points, title=title).items():
-        log_bytes(mlflow, run_id, png, name)
+    return landing.land(mlflow, run_id, points, title=title)
 
 
 def log_loss_curve(mlflow, run_id: str, artifact: str, losses: list, evals: list, *,

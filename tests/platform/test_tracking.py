@@ -83,11 +83,11 @@ def test_each_child_has_its_metric_tables_as_artifacts_and_a_metric_per_table(he
         assert {"document.json", "iia.json", "logit_diff.json"} <= names
         table = json.loads((head_sweep["out"] / run.info.run_name / "logit_diff.json").read_text())
         values = [row["value"] for row in table if row["eligible"]]
-        # The step names each metric (patch/…); row counts group apart under eligible/.
-        assert run.data.metrics["patch/logit_diff"] == pytest.approx(sum(values) / len(values),
+        # Each metric is named metric first, then its step (…/patch); row counts group apart under n/.
+        assert run.data.metrics["logit_diff/patch"] == pytest.approx(sum(values) / len(values),
                                                                      abs=1e-6)
-        assert run.data.metrics["eligible/patch/logit_diff"] == len(values)
-        assert run.data.metrics["eligible/patch/iia"] == len(values)
+        assert run.data.metrics["n/logit_diff/patch"] == len(values)
+        assert run.data.metrics["n/iia/patch"] == len(values)
 
 
 def test_the_parent_holds_the_swept_document_and_the_run_record(head_sweep):
@@ -120,7 +120,7 @@ def test_list_runs_finds_a_point_by_its_digest(head_sweep, mlflow_server):
     found = list_runs(produced_by=run.data.tags[store.PRODUCED_BY], tracking_uri=mlflow_server,
                       experiment=head_sweep["experiment"])
     assert [r["run_id"] for r in found] == [run.info.run_id]
-    assert found[0]["status"] == "FINISHED" and found[0]["metrics"]["eligible/patch/iia"] == 4
+    assert found[0]["status"] == "FINISHED" and found[0]["metrics"]["n/iia/patch"] == 4
 
 
 def _failing_sweep() -> dict:
@@ -218,7 +218,7 @@ def test_a_point_with_two_fits_logs_each_fits_numbers_under_its_step(
     assert history("gate/eval/logit_diff") == [(0, 1.25)]
     assert history("gate/eval/kept") == [(0, 0.5)]
     assert not history("das/eval/kept") and not history("train/loss")
-    assert run.data.metrics["test/iia"] == 0.5 and run.info.status == "FINISHED"
+    assert run.data.metrics["iia/test"] == 0.5 and run.info.status == "FINISHED"
 
 
 def test_a_listener_lets_its_background_thread_go_once_its_run_has_ended(
