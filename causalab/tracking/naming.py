@@ -18,6 +18,8 @@ from typing import Any, Mapping
 MAX_PARAMS = 40
 COUNT = "n"
 SERIES = ("train", "eval")  # a fit's per-update and per-epoch keys start with one of these
+MAIN = "iia"  # the quantity a sweep is read by first, where its points have it
+CONTROLS = ("control", "random")  # the steps that score a control
 _FIT_KEYS = ("epochs", "pairs", "seed", "batch_size")
 _OPTIMIZER_KEYS = ("name", "lr", "weight_decay")
 
@@ -40,6 +42,20 @@ def is_score(key: str) -> bool:
 
 def is_count(key: str) -> bool:
     return key.split("/", 1)[0] == COUNT and key.count("/") == 2
+
+
+def log_order(metrics: list) -> list:
+    """Metric points (``.key`` each) in the order a run logs them: scores first (``iia``
+    first, a test before its control), then fit series, then row counts; stably, so each
+    key's history keeps its order. MLflow's compare page plots the first logged metric
+    against the params by default, and it should be the score."""
+    def rank(point) -> tuple:
+        key = point.key
+        if is_score(key):
+            name, step = split_score(key)
+            return (0, name != MAIN, step in CONTROLS)
+        return (2 if is_count(key) else 1, False, False)
+    return sorted(metrics, key=rank)
 
 
 def split_score(key: str) -> tuple[str, str]:

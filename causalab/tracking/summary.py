@@ -18,11 +18,9 @@ import json
 import math
 from typing import Any, Mapping, Sequence
 
-from causalab.tracking.naming import COUNT, SERIES, is_score, split_score
+from causalab.tracking.naming import CONTROLS, COUNT, MAIN, SERIES, is_score, split_score
 
 Point = tuple[Mapping[str, Any], Mapping[str, float]]  # (coordinates, metrics)
-CONTROLS = ("control", "random")
-MAIN = "iia"
 BEST = "best"
 VIEW_TAG = "mlflow.sharedViewState."
 VIEW_KEY = "viewStateShareKey"
