@@ -4,7 +4,7 @@
     python -m causalab.run -m experiment=layer_sweep model=llama,gpt2
     python -m causalab.run -m hydra/launcher=joblib experiment=patching site.layer=0,1
 
-The document is what ``causalab.render`` makes of the composed config; ``run`` and
+The document is what ``causalab.rendering.render`` makes of the composed config; ``run`` and
 ``tracking`` are options of the run and never enter it. Files go to ``run.out`` or, when that
 is null, to the job's Hydra output directory. In a multirun, the jobs' runs nest under the
 parent run that ``causalab.tracking.callbacks.MultirunParent`` opened in the launching process.
@@ -30,7 +30,7 @@ from causalab.cli import process_settings
 from causalab.errors import CausalabError, UsageError, fault_line
 from causalab.files import DEFAULT_DATA_ROOT
 from causalab.interrupts import INTERRUPTED, exit_status, interrupts, leave, one_line
-from causalab.render import CONF, document_of
+from causalab.rendering import CONF, document_of
 
 _GROUPS = ("experiment", "model", "site", "data")
 

@@ -209,6 +209,24 @@ def log_sweep_plots(mlflow, run_id: str, points: list, *, title: str = "") -> di
     return landing.land(mlflow, run_id, points, title=title)
 
 
+def download_run(mlflow, run_id: str, destination: str) -> list[str]:
+    """Every file run ``run_id`` logged, copied under ``destination`` (a file already there is
+    kept); their paths relative to it. A notebook's rerun reads a reused point back so."""
+    from causalab.progress import mlflow_bars
+
+    with tempfile.TemporaryDirectory(prefix="causalab-reused-") as staging, mlflow_bars():
+        local = Path(mlflow.download_artifacts(run_id, "", staging))
+        found = []
+        for path in sorted(p for p in local.rglob("*") if p.is_file()):
+            relative = path.relative_to(local)
+            target = Path(destination) / relative
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+            found.append(relative.as_posix())
+    return found
+
+
 def log_loss_curve(mlflow, run_id: str, artifact: str, losses: list, evals: list, *,
                    title: str, eval_name: str) -> None:
     """Draw a fit's loss curve (:func:`causalab.tracking.plots.loss_curve`) and log it."""

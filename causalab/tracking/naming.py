@@ -44,18 +44,20 @@ def is_count(key: str) -> bool:
     return key.split("/", 1)[0] == COUNT and key.count("/") == 2
 
 
+def order(key: str) -> tuple:
+    """Where a key goes among a run's: scores first (``iia`` first, a test before its
+    control), then a fit's series, then row counts."""
+    if is_score(key):
+        name, step = split_score(key)
+        return (0, name != MAIN, name, step in CONTROLS)
+    return (2 if is_count(key) else 1, False, "", False)
+
+
 def log_order(metrics: list) -> list:
-    """Metric points (``.key`` each) in the order a run logs them: scores first (``iia``
-    first, a test before its control), then fit series, then row counts; stably, so each
-    key's history keeps its order. MLflow's compare page plots the first logged metric
-    against the params by default, and it should be the score."""
-    def rank(point) -> tuple:
-        key = point.key
-        if is_score(key):
-            name, step = split_score(key)
-            return (0, name != MAIN, step in CONTROLS)
-        return (2 if is_count(key) else 1, False, False)
-    return sorted(metrics, key=rank)
+    """Metric points (``.key`` each) in the order a run logs them (:func:`order`), stably,
+    so each key's history keeps its order: MLflow's compare page plots the first logged
+    metric against the params by default, and it should be the main score."""
+    return sorted(metrics, key=lambda point: order(point.key))
 
 
 def split_score(key: str) -> tuple[str, str]:

@@ -17,7 +17,7 @@ import pytest
 from mlflow import MlflowClient
 
 import causalab
-from causalab.render import render
+from causalab.rendering import render
 from causalab.tracking import runs as store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,7 +187,7 @@ def test_a_runs_uri_resolves_with_no_track_when_a_tracking_uri_is_set(das, mlflo
     status = main(["run", str(document), "--no-track", "--device-map", "cpu",
                    "--out", str(tmp_path / "out"), "--data-root", DATA])
     assert status == 0, capsys.readouterr().err
-    applied = json.loads((tmp_path / "out" / "iia.json").read_text())
+    applied = json.loads((tmp_path / "out" / "logit_diff.json").read_text())
     scored = json.loads((das["out"] / "k=4" / "test_logit_diff.json").read_text())
     # The same rotation at the same site on the same rows: equal within float32 noise.
     assert [r["value"] for r in applied] == pytest.approx([r["value"] for r in scored], abs=1e-5)

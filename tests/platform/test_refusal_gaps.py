@@ -208,7 +208,7 @@ def test_a_bundle_holding_nan_is_refused_at_load_naming_the_tensor(tmp_path, mon
         run_document(doc, out=str(tmp_path / "out"), device_map="cpu", data_root=DATA)
     assert refused.value.path == ("featurizers", "rot", "file_path")
     assert "weight" in refused.value.message
-    assert not (tmp_path / "out" / "iia.json").exists()
+    assert not (tmp_path / "out" / "logit_diff.json").exists()
 
 
 def test_a_fault_in_a_hydra_job_is_one_line_and_exit_one_unless_its_traceback_is_asked_for(

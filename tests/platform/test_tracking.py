@@ -258,12 +258,12 @@ def das_run(mlflow_server, tmp_path_factory):
 def test_a_fit_logs_its_loss_per_update_and_its_eval_metric_per_epoch(das_run, mlflow_server):
     client = MlflowClient(mlflow_server)
     losses = client.get_metric_history(das_run["run_id"], "train/loss")
-    evals = client.get_metric_history(das_run["run_id"], "eval/iia")
+    evals = client.get_metric_history(das_run["run_id"], "eval/logit_diff")
     assert [m.step for m in sorted(losses, key=lambda m: m.step)] == list(range(len(losses)))
     assert [m.step for m in sorted(evals, key=lambda m: m.step)] == list(range(len(evals)))
     assert 1 <= len(evals) <= 10 and len(losses) >= len(evals)
     names = {a.path for a in client.list_artifacts(das_run["run_id"])}
-    assert {"rot.safetensors", "heldout_iia.json", "run.json", "document.json"} <= names
+    assert {"rot.safetensors", "heldout_logit_diff.json", "run.json", "document.json"} <= names
     assert "plots/fit_loss.png" in {a.path for a in client.list_artifacts(das_run["run_id"],
                                                                           "plots")}
 
@@ -309,8 +309,8 @@ def test_a_das_rotation_applied_from_its_runs_uri_gives_the_score_the_fit_run_ga
     apply["featurizers"]["rot"]["file_path"] = f"runs:/{das_run['run_id']}/rot.safetensors"
     apply["steps"]["apply"]["rows"] = _corpus("das")["steps"]["score"]["rows"]
     _track(apply, mlflow_server, experiment_name, tmp_path / "out")
-    applied = json.loads((tmp_path / "out" / "iia.json").read_text())
-    scored = json.loads((das_run["out"] / "train_iia.json").read_text())
+    applied = json.loads((tmp_path / "out" / "logit_diff.json").read_text())
+    scored = json.loads((das_run["out"] / "train_logit_diff.json").read_text())
     assert [r["example_id"] for r in applied] == [r["example_id"] for r in scored]
     assert [r["value"] for r in applied] == pytest.approx([r["value"] for r in scored], abs=1e-6)
 
