@@ -49,12 +49,17 @@ def verb_vocab(args: argparse.Namespace) -> dict:
 
 def verb_validate(args: argparse.Namespace) -> dict:
     """Lower every sweep point and check it offline; refusals name the JSON path."""
-    from causalab.document import validate
+    from causalab.document import naming_warnings, validate
 
-    points = validate(_read_document(args.document))
+    raw = _read_document(args.document)
+    points = validate(raw)
     labels = [point.label for point, _ in points]
+    warned = [{"path": ".".join(map(str, path)), "message": message}
+              for path, message in naming_warnings(raw)]
+    for warning in warned:  # a warning is one line on stderr; the document is still valid
+        print(f"warning: {warning['path']}: {warning['message']}", file=sys.stderr)
     return {"text": f"ok: {args.document} is a valid document", "ok": True,
-            "points": len(points), "labels": labels}
+            "points": len(points), "labels": labels, "warnings": warned}
 
 
 def verb_data(args: argparse.Namespace) -> dict:
@@ -195,7 +200,7 @@ def verb_render(args: argparse.Namespace) -> dict:
     """The canonical document a Hydra composition renders to (docs/platform.md §4); one that
     would not validate is refused at its path, as a run of it would be."""
     from causalab.document import validate
-    from causalab.render import render
+    from causalab.rendering import render
 
     document = render(list(args.overrides), config_dir=args.config_dir)
     validate(document)

@@ -4,7 +4,7 @@
     python -m causalab.run -m experiment=layer_sweep model=llama,gpt2
     python -m causalab.run -m hydra/launcher=joblib experiment=patching site.layer=0,1
 
-The document is what ``causalab.render`` makes of the composed config; ``run`` and
+The document is what ``causalab.rendering.render`` makes of the composed config; ``run`` and
 ``tracking`` are the run's options (:mod:`causalab.options`, validated once, a null taking the
 option's default) and never enter it. Files go to ``run.out`` or, when that is null, to the
 job's Hydra output directory. In a multirun, the jobs' runs nest under the
@@ -31,7 +31,7 @@ from causalab.cli import process_settings
 from causalab.errors import CausalabError, fault_line
 from causalab.interrupts import INTERRUPTED, exit_status, interrupts, leave, one_line
 from causalab.options import RunOptions, check_device, run_options
-from causalab.render import CONF, document_of
+from causalab.rendering import CONF, document_of
 
 _GROUPS = ("experiment", "model", "site", "data")
 
@@ -100,7 +100,7 @@ def _report_tracking(events) -> None:
     """What was logged where, once the tracking worker has stored it."""
     if events is None:
         return
-    from causalab.tracking import naming, ui_command
+    from causalab.tracking import landing, naming, summary, ui_command
     from causalab.tracking import runs as store
 
     for label, run_id in events.skipped.items():
@@ -112,7 +112,15 @@ def _report_tracking(events) -> None:
     runs = len(events.point_runs)
     skipped = f", {len(events.skipped)} reused as done" if events.skipped else ""
     print(f"mlflow: {runs} run(s){skipped} in experiment {events.experiment!r} at {events.uri}")
-    print(f"see them: {ui_command(events.uri, events.experiment_id)}")
+    found = events.sweep_run_id and events.call(landing.landed, events.experiment_id,
+                                                events.sweep_run_id)
+    if not found:
+        print(f"see them: {ui_command(events.uri, events.experiment_id)}")
+        return
+    if not events.uri.startswith(("http://", "https://")):
+        print(f"see them: {ui_command(events.uri)}")
+    for line in summary.where(events.uri, events.experiment_id, found["view"], found["runs"]):
+        print(line)
 
 
 def _run(config) -> None:

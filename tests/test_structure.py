@@ -24,7 +24,7 @@ FORBIDDEN = {
     "compile": {"nnsight", "nnterp", "mlflow", "hydra", "omegaconf", "causalab.engine",
                 "causalab.tracking"},
     "engine": {"mlflow", "hydra", "omegaconf", "causalab.cli", "causalab.tracking",
-               "causalab.render", "causalab.run"},
+               "causalab.rendering", "causalab.run"},
     "models": {"mlflow", "hydra", "nnsight", "causalab.engine", "causalab.tracking",
                "causalab.cli"},
 }

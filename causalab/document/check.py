@@ -124,3 +124,29 @@ def validate(raw: dict) -> list[tuple[Point, Document]]:
         except DocumentError as error:
             raise DocumentError(authored_path(point, error.path), error.message) from None
     return checked
+
+
+def naming_warnings(raw: Any) -> list[tuple[Path, str]]:
+    """Names a reader would misread, as ``(path, message)``: never a refusal. ``iia`` (the
+    interchange-intervention accuracy) names a ``match`` metric only; MLflow, the plots and
+    the tables show a metric by its name, so a logit difference called ``iia`` reads as an
+    accuracy there.
+
+    >>> naming_warnings({"interventions": {"das": {"metrics": {"iia": {"kind": "logit_diff"}}}}})
+    [(('interventions', 'das', 'metrics', 'iia'), "a metric named 'iia' is an interchange-intervention accuracy, a match; this one is a logit_diff: name it for what it is (e.g. 'logit_diff')")]
+    """
+    found: list[tuple[Path, str]] = []
+    interventions = raw.get("interventions") if isinstance(raw, dict) else None
+    for name, body in (interventions or {}).items():
+        entries = list(enumerate(body)) if isinstance(body, list) else [(None, body)]
+        for index, entry in entries:
+            metrics = entry.get("metrics") if isinstance(entry, dict) else None
+            metric = (metrics or {}).get("iia") if isinstance(metrics, dict) else None
+            kind = metric.get("kind") if isinstance(metric, dict) else None
+            if isinstance(kind, str) and kind != "match":
+                at = ("interventions", name) + (() if index is None else (index,))
+                found.append((at + ("metrics", "iia"),
+                              f"a metric named 'iia' is an interchange-intervention accuracy, "
+                              f"a match; this one is a {kind}: name it for what it is "
+                              f"(e.g. {kind!r})"))
+    return found

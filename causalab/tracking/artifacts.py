@@ -220,12 +220,31 @@ def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> None:
         log_files(mlflow, run_id, [(str(local), artifact)])
 
 
-def log_sweep_plots(mlflow, run_id: str, points: list, *, title: str) -> None:
-    """Draw a sweep's pictures (:func:`causalab.tracking.plots.sweep_plots`) and log them."""
-    from causalab.tracking import plots
+def log_sweep_plots(mlflow, run_id: str, points: list, *, title: str = "") -> dict:
+    """A sweep parent's plots, summary metrics, ``summary.html`` and saved view, drawn from
+    its points as stored (``points`` only when the store has none):
+    :func:`causalab.tracking.landing.land`."""
+    from causalab.tracking import landing
 
-    for name, png in plots.sweep_plots(points, title=title).items():
-        log_bytes(mlflow, run_id, png, name)
+    return landing.land(mlflow, run_id, points, title=title)
+
+
+def download_run(mlflow, run_id: str, destination: str) -> list[str]:
+    """Every file run ``run_id`` logged, copied under ``destination`` (a file already there is
+    kept); their paths relative to it. A notebook's rerun reads a reused point back so."""
+    from causalab.progress import mlflow_bars
+
+    with tempfile.TemporaryDirectory(prefix="causalab-reused-") as staging, mlflow_bars():
+        local = Path(mlflow.download_artifacts(run_id, "", staging))
+        found = []
+        for path in sorted(p for p in local.rglob("*") if p.is_file()):
+            relative = path.relative_to(local)
+            target = Path(destination) / relative
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+            found.append(relative.as_posix())
+    return found
 
 
 def log_loss_curve(mlflow, run_id: str, artifact: str, losses: list, evals: list, *,

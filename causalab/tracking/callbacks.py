@@ -24,11 +24,10 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from causalab.tracking import artifacts, attribution_plots, jobs, owners, plots
+from causalab.tracking import artifacts, attribution_plots, jobs, owners, summary
 from causalab.tracking import runs as store
 
 PARENT_FILE = ".mlflow_parent.json"
-RANKING = "plots/ranking.png"
 _OPEN: list["MultirunParent"] = []  # parents opened in this process and not yet ended
 
 
@@ -121,11 +120,8 @@ class MultirunParent(Callback):
             mlflow.delete_run(parent["run_id"])
             return
         if status != "KILLED":
-            points = [(_coordinates(run), dict(run.data.metrics)) for run in children]
-            artifacts.log_sweep_plots(mlflow, parent["run_id"], points, title=self._title)
-            ranking = plots.ranking_chart(points)
-            if ranking is not None:
-                artifacts.log_bytes(mlflow, parent["run_id"], ranking, RANKING)
+            landed = artifacts.log_sweep_plots(mlflow, parent["run_id"], [], title=self._title)
+            _say_where(parent, landed)
             attribution_plots.log_comparison(mlflow, parent["run_id"], parent["experiment_id"],
                                              title=self._title)
         good = reason is None and all(run.info.status == "FINISHED" for run in children)
@@ -158,9 +154,12 @@ def _naming(config: Any) -> list[str]:
             if o.partition("=")[0].lstrip("+~") not in excluded]
 
 
-def _coordinates(run) -> dict:
-    """A child's place in the sweep: its job's overrides plus its document coordinates."""
-    tags = run.data.tags
-    place = json.loads(tags.get(store.OVERRIDES) or "{}")
-    place.update(json.loads(tags.get(store.COORDINATES) or "{}"))
-    return place
+def _say_where(parent: dict, landed: dict) -> None:
+    """The addresses that open the multirun's points in MLflow's UI, on stdout."""
+    if landed.get("view") is None:
+        return
+    best = f"; best {landed['best']}" if landed.get("best") else ""
+    print(f"multirun: {landed['points']} point(s) under run {parent['run_id']}{best}")
+    for line in summary.where(parent["tracking_uri"], parent["experiment_id"], landed["view"],
+                              landed.get("runs", [])):
+        print(line)

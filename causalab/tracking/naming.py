@@ -3,9 +3,12 @@
 A reader compares points on what was swept and on a handful of document facts (the model,
 the written site, its component, layer and position, the featurizer's kind and rank, the
 mechanism, a fit's hyper-parameters); the full document and composed config stay artifacts.
-Metric keys put the step first (``test/iia``, ``control/iia``) so MLflow's charts group a
-step's scores, and row counts under ``eligible/`` so they form a group of their own. This
-module sees only plain data: the lowered point document and its coordinates.
+Metric keys put the metric first and the step second (``iia/test``, ``iia/control``): MLflow
+lists a run's metrics alphabetically and charts them by the part before the first ``/``, so a
+score sits beside its control, in one chart section. The rows a mean was taken over go under
+one prefix of their own (``n/iia/test``), which sorts after the scores and charts apart; a
+fit's series are ``train/loss`` and ``eval/<metric>`` (docs/platform.md §5). This module sees
+only plain data: the lowered point document and its coordinates.
 """
 from __future__ import annotations
 
@@ -13,26 +16,54 @@ import json
 from typing import Any, Mapping
 
 MAX_PARAMS = 40
-ELIGIBLE = "eligible"
+COUNT = "n"
+SERIES = ("train", "eval")  # a fit's per-update and per-epoch keys start with one of these
+MAIN = "iia"  # the quantity a sweep is read by first, where its points have it
+CONTROLS = ("control", "random")  # the steps that score a control
 _FIT_KEYS = ("epochs", "pairs", "seed", "batch_size")
 _OPTIMIZER_KEYS = ("name", "lr", "weight_decay")
 
 
 def metric_key(step: str, name: str) -> str:
-    """``test`` + ``iia`` -> ``test/iia``: one key per (step, metric) pair."""
-    return f"{step}/{name}"
+    """``test`` + ``iia`` -> ``iia/test``: one key per (step, metric) pair, metric first."""
+    return f"{name}/{step}"
 
 
 def eligible_key(step: str, name: str) -> str:
-    """``eligible/test/iia``: the rows a mean was taken over, grouped apart from scores."""
-    return f"{ELIGIBLE}/{step}/{name}"
+    """``n/iia/test``: how many rows the mean of ``iia/test`` was taken over."""
+    return f"{COUNT}/{metric_key(step, name)}"
 
 
 def is_score(key: str) -> bool:
-    """A point's final score: not a row count, not a per-update or per-epoch series."""
-    head = key.split("/", 1)[0]
-    return head not in (ELIGIBLE, "train", "eval") and "/train/" not in key \
-        and "/eval/" not in key and not key.endswith("/eligible")
+    """A point's final score (``iia/test``): not a row count, not a fit's series."""
+    parts = key.split("/")
+    return len(parts) == 2 and parts[0] not in (COUNT, *SERIES)
+
+
+def is_count(key: str) -> bool:
+    return key.split("/", 1)[0] == COUNT and key.count("/") == 2
+
+
+def order(key: str) -> tuple:
+    """Where a key goes among a run's: scores first (``iia`` first, a test before its
+    control), then a fit's series, then row counts."""
+    if is_score(key):
+        name, step = split_score(key)
+        return (0, name != MAIN, name, step in CONTROLS)
+    return (2 if is_count(key) else 1, False, "", False)
+
+
+def log_order(metrics: list) -> list:
+    """Metric points (``.key`` each) in the order a run logs them (:func:`order`), stably,
+    so each key's history keeps its order: MLflow's compare page plots the first logged
+    metric against the params by default, and it should be the main score."""
+    return sorted(metrics, key=lambda point: order(point.key))
+
+
+def split_score(key: str) -> tuple[str, str]:
+    """``iia/test`` -> (``iia``, ``test``): the metric and the step of a score key."""
+    name, _, step = key.partition("/")
+    return name, step
 
 
 def _text(value: Any) -> str:

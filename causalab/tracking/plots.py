@@ -1,11 +1,17 @@
-"""PNG pictures of a sweep or a fit, the kind a paper draft shows: curves, heatmaps, losses.
+"""PNG pictures of a sweep or a fit, the kind a paper draft shows: curves, heatmaps, rankings.
 
-Every figure is titled with the model and the site; a step's score and its control share one
-axis (``test/iia`` beside ``control/iia``); a rank axis is log2, a layer axis has integer
-ticks; layer × head and layer × position grids are heatmaps with a colour bar. Figures are
-built on ``matplotlib.figure.Figure`` with the Agg canvas, never through pyplot, so nothing
-here touches matplotlib's global backend; matplotlib is imported on first use (``warm``).
-Inputs are plain numbers (coordinates and metric means); this module knows no runs.
+Every figure is titled with the model and the site. A curve has one panel per quantity
+(``iia``, ``logit_diff``) and one line per step measuring it (``test``, and ``control``
+dashed beside it), labelled by the step and by any other swept coordinate, never by the
+overrides; points that differ in their model get a column of panels per model. A rank axis
+is log2, a layer axis has integer ticks, and no axis has more than :data:`MAX_TICKS` labels
+(a 30-layer sweep is ticked every third layer). Layer × head and layer × position grids are
+heatmaps with a colour bar. A method comparison is a ranking: a bar per method, its control
+beside it, every value written on it, zero drawn. Figures are built on
+``matplotlib.figure.Figure`` with the Agg canvas, never through pyplot, so nothing here
+touches matplotlib's global backend; matplotlib is imported on first use (``warm``). Inputs
+are plain numbers (coordinates and metrics, :mod:`causalab.tracking.summary`); this module
+knows no runs.
 """
 from __future__ import annotations
 
@@ -13,15 +19,20 @@ import io
 import math
 from typing import Any, Mapping, Sequence
 
-from causalab.tracking.naming import is_score, site_facts, writes_of
+from causalab.tracking import summary
+from causalab.tracking.naming import site_facts, writes_of
+from causalab.tracking.summary import CONTROLS, Point, numeric, plain, short
 
-Point = tuple[Mapping[str, Any], Mapping[str, float]]  # (coordinates, metric means)
+MAX_TICKS = 12
 _LAYER = ("layers", "layer")
 _HEAD = ("heads", "head")
 _POSITION = ("pos", "position", "positions")
 _RANK = ("k", "rank")
-_MAX_GROUPS = 4
-_PANEL_GAP = 0.9  # inches between stacked heatmaps (a panel's title and axis labels)
+_GROUP = ("model",)  # a coordinate that splits a figure into columns of panels
+_MAX_QUANTITIES = 3
+_MAX_COLUMNS = 4
+_MAX_LEGEND = 8
+CONTROL_METHOD = "random"
 
 
 def warm() -> None:
@@ -30,19 +41,16 @@ def warm() -> None:
 
 
 def _figure(size: tuple[float, float]):
+    """A figure whose layout engine keeps titles, labels and legends apart."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    # Fixed margins, not a layout engine: constrained layout doubles the drawing time.
-    figure = Figure(figsize=size)
-    figure.subplots_adjust(left=0.14, right=0.95, bottom=0.16 / max(1.0, size[1] / 3.4),
-                           top=1 - 0.65 / size[1], hspace=0.55, wspace=0.3)
+    figure = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(figure)
     return figure
 
 
-def _png(figure) -> bytes:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(figure)
+def png(figure) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     return buffer.getvalue()
@@ -50,62 +58,59 @@ def _png(figure) -> bytes:
 
 def title_of(document: Mapping[str, Any] | None, swept: Sequence[str] = ()) -> str:
     """``causalab:weekday-llama · block_input L2 pos -1``: the model and the written site;
-    a layer or position that is a ``swept`` coordinate is left out (a sweep's parent is
-    titled by one point's document, and that point's layer is not the sweep's)."""
+    a layer or position that is a ``swept`` coordinate is left out."""
     if not document:
         return ""
     model = (document.get("model") or {}).get("key") or ""
     facts = site_facts(document, writes_of(document))
+    return _title(model, facts, {short(k) for k in swept})
+
+
+def title_from_params(params: Sequence[Mapping[str, str]]) -> str:
+    """The same title from the points' params (``model.key``, ``component``, ``layer``,
+    ``position``): what every point shares; several models are counted."""
+    def shared(key: str) -> str | None:
+        values = {p.get(key) for p in params}
+        return values.pop() if len(values) == 1 else None
+
+    models = {p.get("model.key") for p in params if p.get("model.key")}
+    model = shared("model.key") or (f"{len(models)} models" if len(models) > 1 else "")
+    facts = {key: shared(key) for key in ("component", "site", "layer", "position")}
+    return _title(model, facts, set())
+
+
+def _title(model: str, facts: Mapping[str, str | None], swept: set) -> str:
     place = [facts.get("component") or facts.get("site") or ""]
-    if facts.get("layer") and not set(swept) & set(_LAYER):
+    if facts.get("layer") and not swept & set(_LAYER):
         place.append(f"L{facts['layer']}")
-    if facts.get("position") and not set(swept) & set(_POSITION):
+    if facts.get("position") and not swept & set(_POSITION):
         place.append(f"pos {facts['position']}")
     return " · ".join(part for part in (model, " ".join(p for p in place if p)) if part)
-
-
-def _scalar(value: Any) -> Any:
-    """A coordinate value as its label shows it: a one-element list is its element."""
-    if isinstance(value, (list, tuple)) and len(value) == 1:
-        value = value[0]
-    if isinstance(value, Mapping) and "index" in value:
-        value = value["index"]
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    return value
-
-
-def _axis(coordinates: Mapping[str, Any], names: Sequence[str]) -> str | None:
-    for key in coordinates:
-        if key.rsplit(".", 1)[-1] in names:
-            return key
-    return None
-
-
-def _values(points: Sequence[Point], key: str) -> list:
-    return sorted({_scalar(c.get(key)) for c, _ in points}, key=lambda v: (str(type(v)), v))
 
 
 def varied(coordinates: Sequence[Mapping[str, Any]]) -> list[str]:
     """The coordinate names whose value differs between points, in the first point's order
     (compared as their labels show them; a swept site is a mapping, hence ``repr``)."""
     return [key for key in (coordinates[0] if coordinates else {})
-            if len({repr(_scalar(c.get(key))) for c in coordinates}) > 1]
+            if len({repr(plain(c.get(key))) for c in coordinates}) > 1]
 
 
-def _groups(points: Sequence[Point]) -> dict[str, list[str]]:
-    """Metric name -> the step keys scoring it: ``iia`` -> [``test/iia``, ``control/iia``]."""
-    groups: dict[str, list[str]] = {}
-    for _, means in points:
-        for key in means:
-            name = key.rsplit("/", 1)[-1]
-            if key not in groups.setdefault(name, []):
-                groups[name].append(key)
-    return dict(list(groups.items())[:_MAX_GROUPS])
+def _values(points: Sequence[Point], key: str) -> list:
+    return sorted({plain(c.get(key)) for c, _ in points}, key=lambda v: (str(type(v)), v))
 
 
-def loss_curve(losses: Sequence[float], evals: Sequence[float] = (), *, title: str = "",
-               eval_name: str = "eval") -> bytes:
+def _axis(keys: Sequence[str], names: Sequence[str]) -> str | None:
+    return next((key for key in keys if short(key) in names), None)
+
+
+def ticks(values: Sequence[Any]) -> list[Any]:
+    """At most :data:`MAX_TICKS` of ``values``, evenly strided from the first."""
+    stride = math.ceil(len(values) / MAX_TICKS) or 1
+    return list(values)[::stride]
+
+
+def loss_figure(losses: Sequence[float], evals: Sequence[float] = (), *, title: str = "",
+                eval_name: str = "eval"):
     """``train/loss`` per update and, beside it, the watched eval metric per epoch."""
     figure = _figure((9 if evals else 5, 3.4))
     grid = figure.subplots(1, 2 if evals else 1, squeeze=False)
@@ -114,162 +119,247 @@ def loss_curve(losses: Sequence[float], evals: Sequence[float] = (), *, title: s
     axes.set_xlabel("update")
     axes.set_ylabel("train/loss")
     axes.grid(alpha=0.3)
+    _limit_ticks(axes)
     if evals:
         right = grid[0][1]
         right.plot(range(len(evals)), [math.nan if e is None else e for e in evals],
                    color="tab:orange", marker="o")
         right.set_xlabel("epoch")
         right.set_ylabel(eval_name)
-        right.xaxis.get_major_locator().set_params(integer=True)
         right.grid(alpha=0.3)
+        _limit_ticks(right, integer=True)
     figure.suptitle(title or "fit")
-    return _png(figure)
+    return figure
 
 
-def curve(points: Sequence[Point], axis: str, *, title: str = "") -> bytes:
-    """One panel per metric; each step (score and control) and each other-axis combination is a
-    line on it. A rank axis is log2; a layer axis has integer ticks."""
-    groups = _groups(points)
-    figure = _figure((6.4, 2.9 * len(groups) + 0.4))
-    grid = figure.subplots(len(groups), 1, squeeze=False)
+def loss_curve(losses: Sequence[float], evals: Sequence[float] = (), *, title: str = "",
+               eval_name: str = "eval") -> bytes:
+    return png(loss_figure(losses, evals, title=title, eval_name=eval_name))
+
+
+def _limit_ticks(axes, integer: bool = False) -> None:
+    """Automatic tick locators that never place more than :data:`MAX_TICKS` labels (fixed
+    ticks, set where a coordinate is plotted, are already at most that many)."""
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in (axes.xaxis, axes.yaxis):
+        if axis.get_scale() == "linear" and isinstance(axis.get_major_locator(), MaxNLocator):
+            axis.set_major_locator(MaxNLocator(nbins=8, steps=[1, 2, 2.5, 5, 10],
+                                                integer=integer and axis is axes.xaxis))
+
+
+def _split(points: Sequence[Point], swept: Sequence[str]) -> tuple[str | None, list]:
+    """(the grouping coordinate, its values) when points differ in their model, else one group."""
+    group = _axis(swept, _GROUP)
+    if group is None:
+        return None, [None]
+    return group, _values(points, group)[:_MAX_COLUMNS]
+
+
+def curve_figure(points: Sequence[Point], axis: str, *, title: str = ""):
+    """One panel per quantity (and per model); one line per step and per other swept value."""
+    swept = varied([c for c, _ in points])
+    found = dict(list(summary.quantities(points).items())[:_MAX_QUANTITIES])
+    group, columns = _split(points, swept)
+    rest = [k for k in swept if k not in (axis, group)]
+    figure = _figure((1.0 + 4.6 * len(columns), 0.5 + 2.6 * len(found)))
+    grid = figure.subplots(len(found), len(columns), squeeze=False)
     xs = _values(points, axis)
-    for row, (name, keys) in enumerate(groups.items()):
-        axes = grid[row][0]
-        for key in keys:
-            for rest, pairs in _lines(points, axis, key).items():
-                pairs.sort()
-                style = "--" if key.split("/", 1)[0] in ("control", "random") else "-"
-                label = key if not rest else f"{key} {rest}"
-                axes.plot([p[0] for p in pairs], [p[1] for p in pairs], style, marker="o",
-                          label=label)
-        _x_axis(axes, axis, xs)
-        axes.set_ylabel(name)
-        axes.grid(alpha=0.3)
-        axes.legend(fontsize="small")
+    for row, (name, steps) in enumerate(found.items()):
+        for column, model in enumerate(columns):
+            axes = grid[row][column]
+            chosen = [p for p in points if group is None or plain(p[0].get(group)) == model]
+            lines = _lines(chosen, axis, name, steps, rest)
+            for label, (step, pairs) in lines.items():
+                control = step in CONTROLS
+                axes.plot([x for x, _ in pairs], [y for _, y in pairs], "--" if control else "-",
+                          marker="o", label=label, color="tab:grey" if control and
+                          len(lines) <= 2 else None)
+            _x_axis(axes, axis, xs)
+            axes.set_ylabel(name)
+            axes.grid(alpha=0.3)
+            if model is not None and row == 0:
+                axes.set_title(str(model), fontsize="medium")
+            if lines and len(lines) <= _MAX_LEGEND:
+                axes.legend(fontsize="small")
     figure.suptitle(title or "sweep")
-    return _png(figure)
+    return figure
 
 
-def _x_axis(axes, axis: str, xs: list) -> None:
-    short = axis.rsplit(".", 1)[-1]
-    numeric = [x for x in xs if isinstance(x, (int, float)) and not isinstance(x, bool)]
-    if short in _RANK and numeric and min(numeric) > 0:
-        axes.set_xscale("log", base=2)
-    if numeric and all(float(x).is_integer() for x in numeric):
-        axes.set_xticks(numeric, [str(int(x)) for x in numeric])
-    axes.set_xlabel({"layers": "layer", "heads": "head"}.get(short, short))
-
-
-def _lines(points: Sequence[Point], axis: str, key: str) -> dict[str, list]:
-    lines: dict[str, list] = {}
-    for coordinates, means in points:
-        value = means.get(key)
-        if value is None or not math.isfinite(value):
-            continue
-        rest = ",".join(f"{k}={_scalar(v)}" for k, v in coordinates.items() if k != axis)
-        lines.setdefault(rest, []).append((_scalar(coordinates[axis]), value))
+def _lines(points: Sequence[Point], axis: str, name: str, steps: Sequence[str],
+           rest: Sequence[str]) -> dict[str, tuple[str, list]]:
+    """Label -> (step, sorted (x, y) pairs): ``test``, ``control``, or ``test pos=-1``."""
+    lines: dict[str, tuple[str, list]] = {}
+    for step in steps:
+        for coordinates, metrics in points:
+            found = summary.value(metrics, name, step)
+            if found is None:
+                continue
+            other = " ".join(f"{short(k)}={plain(coordinates.get(k))}" for k in rest)
+            label = f"{_step_label(step)} {other}" if other else _step_label(step)
+            lines.setdefault(label, (step, []))[1].append((plain(coordinates[axis]), found))
+    for _, pairs in lines.values():
+        pairs.sort()
     return lines
 
 
-def heatmap(points: Sequence[Point], rows: str, columns: str, *, title: str = "") -> bytes:
-    """Each metric key's mean on a ``rows`` × ``columns`` grid (layer × head, layer × position),
+def _step_label(step: str) -> str:
+    """A step as a legend says it; a fit's series by when its value was taken."""
+    last = step.rsplit(" ", 1)[-1]
+    return {"eval": f"{step} (last epoch)", "train": f"{step} (last update)"}.get(last, step)
+
+
+def _x_axis(axes, axis: str, xs: list) -> None:
+    from matplotlib.ticker import NullFormatter
+
+    name = short(axis)
+    numbers = [x for x in xs if numeric(x)]
+    if name in _RANK and numbers and min(numbers) > 0:
+        axes.set_xscale("log", base=2)
+        axes.xaxis.set_minor_formatter(NullFormatter())
+    if numbers and all(float(x).is_integer() for x in numbers):
+        shown = ticks(numbers)
+        axes.set_xticks(shown, [str(int(x)) for x in shown])
+        axes.set_xticks([], minor=True)
+    axes.set_xlabel({"layers": "layer", "heads": "head", "pos": "position"}.get(name, name))
+    _limit_ticks(axes)
+
+
+def heatmap_figure(points: Sequence[Point], rows: str, columns: str, *, title: str = ""):
+    """The main quantity's steps (and, per model, again) on a ``rows`` × ``columns`` grid
     with a colour bar; a blank cell is a point not run."""
-    keys = [k for keys in _groups(points).values() for k in keys][:_MAX_GROUPS]
+    from matplotlib.ticker import MaxNLocator
+
+    swept = varied([c for c, _ in points])
+    name, steps = next(iter(summary.quantities(points).items()), ("", []))
+    group, models = _split(points, swept)
+    panels = [(step, model) for model in models for step in steps][:4]
     ys, xs = _values(points, rows), _values(points, columns)
-    panel = 0.25 * len(ys) + 0.6 if len(ys) > 12 else 0.4 * len(ys) + 1.0
-    height = 1.2 + (panel + _PANEL_GAP) * len(keys)
-    figure = _figure((max(6.0, 2.8 + 0.45 * len(xs)), height))
-    # Margins and gaps in inches, so a 30-layer grid is as tight as a 4-layer one.
-    figure.subplots_adjust(top=1 - 0.9 / height, bottom=0.7 / height,
-                           hspace=_PANEL_GAP / panel)
-    grid = figure.subplots(len(keys), 1, squeeze=False)
-    for row, key in enumerate(keys):
+    height = 0.5 * len(ys) + 1.2 if len(ys) <= 12 else 0.16 * len(ys) + 1.6
+    figure = _figure((max(6.0, 2.8 + 0.4 * min(len(xs), 24)), 0.6 + height * len(panels)))
+    grid = figure.subplots(len(panels), 1, squeeze=False)
+    for index, (step, model) in enumerate(panels):
         cells = [[math.nan] * len(xs) for _ in ys]
-        for coordinates, means in points:
-            value = means.get(key)
-            if value is not None:
-                cells[ys.index(_scalar(coordinates[rows]))][xs.index(_scalar(coordinates[columns]))] = value
-        axes = grid[row][0]
+        for coordinates, metrics in points:
+            found = summary.value(metrics, name, step)
+            if found is not None and (group is None or plain(coordinates.get(group)) == model):
+                cells[ys.index(plain(coordinates[rows]))][xs.index(plain(coordinates[columns]))] = found
+        axes = grid[index][0]
         image = axes.imshow(cells, aspect="auto", cmap="viridis", origin="lower")
-        axes.set_xticks(range(len(xs)), [str(x) for x in xs])
-        axes.set_yticks(range(len(ys)), [str(y) for y in ys])
-        axes.set_xlabel({"heads": "head", "pos": "position"}.get(columns.rsplit(".", 1)[-1],
-                                                                  columns))
+        shown_x, shown_y = ticks(range(len(xs))), ticks(range(len(ys)))
+        axes.set_xticks(shown_x, [str(xs[i]) for i in shown_x])
+        axes.set_yticks(shown_y, [str(ys[i]) for i in shown_y])
+        axes.set_xlabel({"heads": "head", "pos": "position"}.get(short(columns), short(columns)))
         axes.set_ylabel("layer")
-        axes.set_title(key, fontsize="medium")
-        figure.colorbar(image, ax=axes, label=key.rsplit("/", 1)[-1])
+        axes.set_title(f"{name}/{step}" + (f" · {model}" if model is not None else ""),
+                       fontsize="medium")
+        bar = figure.colorbar(image, ax=axes, label=name)
+        bar.locator = MaxNLocator(nbins=8)
     figure.suptitle(title or "sweep")
-    return _png(figure)
+    return figure
+
+
+def ranking_figure(points: Sequence[Point], axis: str = "method", *, title: str = ""):
+    """Bars of each ``axis`` value's main test score, best first, with its control's bar
+    beside it; the control method's own bar is hatched; every bar carries its value and zero
+    is drawn. None unless the points differ in ``axis`` and carry a score."""
+    name, test, control = summary.main_keys(points)
+    scored = [(str(plain(c[axis])), summary.value(m, name, test), summary.value(m, name, control))
+              for c, m in points if axis in c and summary.value(m, name, test) is not None]
+    if len({method for method, _, _ in scored}) < 2:
+        return None
+    scored.sort(key=lambda row: (-row[1], row[0]))
+    figure = _figure((1.6 + 1.1 * len(scored), 3.8))
+    axes = figure.subplots()
+    heights = [v for _, score, other in scored for v in (score, other) if v is not None]
+    span = (max(heights + [0.0]) - min(heights + [0.0])) or 1.0
+    for x, (method, score, other) in enumerate(scored):
+        hatched = method == CONTROL_METHOD
+        _bar(axes, x - 0.2 if other is not None else x, score, span,
+             color="lightgrey" if hatched else "tab:blue", hatch="//" if hatched else None)
+        if other is not None:
+            _bar(axes, x + 0.2, other, span, color="tab:grey", hatch=None)
+    axes.axhline(0.0, color="black", linewidth=1.0)
+    low, high = min(heights + [0.0]), max(heights + [0.0])
+    axes.set_ylim(low - 0.12 * span, high + 0.15 * span)
+    axes.set_xticks(range(len(scored)), [method for method, _, _ in scored])
+    axes.set_xlim(-0.6, len(scored) - 0.4)
+    axes.set_ylabel(f"{name} ({test})")
+    axes.set_xlabel(axis)
+    _limit_ticks(axes)
+    _legend(figure, any(other is not None for _, _, other in scored),
+            any(method == CONTROL_METHOD for method, _, _ in scored), test, control)
+    figure.suptitle(f"{title or 'ranking'} · {name} by {axis}")
+    return figure
+
+
+def _bar(axes, x: float, height: float, span: float, *, color: str, hatch: str | None) -> None:
+    axes.bar(x, height, width=0.38, color=color, hatch=hatch, edgecolor="black", linewidth=0.8)
+    # A cap at the bar's value, so that a score of exactly zero is still a visible mark.
+    axes.plot([x - 0.19, x + 0.19], [height, height], color="black", linewidth=2.5,
+              solid_capstyle="butt")
+    offset = 0.02 * span
+    axes.text(x, height + offset if height >= 0 else height - offset, f"{height:.2f}",
+              ha="center", va="bottom" if height >= 0 else "top", fontsize=7)
+
+
+def _legend(figure, controls: bool, method: bool, test: str, control: str | None) -> None:
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor="tab:blue", edgecolor="black", label=test)]
+    if controls:
+        handles.append(Patch(facecolor="tab:grey", edgecolor="black",
+                             label=f"{control} (same method, untrained)"))
+    if method:
+        handles.append(Patch(facecolor="lightgrey", hatch="//", edgecolor="black",
+                             label=f"{CONTROL_METHOD} (the floor)"))
+    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles),
+                  fontsize="small", frameon=False)
+
+
+def ranking_chart(points: Sequence[Point], axis: str = "method", *, title: str = "") -> bytes | None:
+    figure = ranking_figure(points, axis, title=title)
+    return None if figure is None else png(figure)
+
+
+def sweep_figures(points: Sequence[Point], *, title: str = "") -> dict[str, Any]:
+    """The pictures a sweep deserves, by artifact name: a layer × head or layer × position
+    heatmap when points differ in both, a layer curve when they differ in a layer, a curve
+    against another numeric coordinate (a rank sweep, a penalty sweep), a ranking when they
+    differ in their method; nothing for fewer than two scored points."""
+    points = [(c, m) for c, m in points if c and summary.scores(m)]
+    if len(points) < 2:
+        return {}
+    swept = varied([c for c, _ in points])
+    layer = _axis(swept, _LAYER)
+    figures: dict[str, Any] = {}
+    for names, picture in ((_HEAD, "head_heatmap"), (_POSITION, "position_heatmap")):
+        other = _axis(swept, names)
+        if layer and other and not figures:
+            figures[f"plots/{picture}.png"] = heatmap_figure(points, layer, other, title=title)
+    axis = layer or _numeric_axis(points, swept)
+    if axis and not figures:
+        name = "layer_curve" if axis == layer else "sweep_curve"
+        figures[f"plots/{name}.png"] = curve_figure(points, axis, title=title)
+    method = _axis(swept, ("method",)) or (None if figures else _category(points, swept))
+    ranking = ranking_figure(points, method, title=title) if method else None
+    if ranking is not None:
+        figures["plots/ranking.png"] = ranking
+    return figures
+
+
+def _category(points: Sequence[Point], swept: Sequence[str]) -> str | None:
+    """A swept coordinate that is not a number (a model, a mechanism): ranked when nothing
+    numeric was swept."""
+    return next((k for k in swept if not all(numeric(v) for v in _values(points, k))), None)
 
 
 def sweep_plots(points: Sequence[Point], *, title: str = "") -> dict[str, bytes]:
-    """The pictures a sweep deserves: a layer × head or layer × position heatmap when points
-    differ in both, a layer curve when they differ in a layer, else a curve against the first
-    numeric coordinate (a rank sweep, a penalty sweep), nothing otherwise."""
-    points = [(c, {k: v for k, v in m.items() if is_score(k)}) for c, m in points if c]
-    if len(points) < 2 or not any(m for _, m in points):
-        return {}
-    coordinates = points[0][0]
-    varies = set(varied([c for c, _ in points]))
-    layer = _axis(coordinates, _LAYER)
-    layer = layer if layer in varies else None
-    for names, picture in ((_HEAD, "head_heatmap"), (_POSITION, "position_heatmap")):
-        other = _axis(coordinates, names)
-        if layer and other in varies:
-            return {f"plots/{picture}.png": heatmap(points, layer, other, title=title)}
-    if layer:
-        return {"plots/layer_curve.png": curve(points, layer, title=title)}
-    numeric = _numeric_axis(points, varies)
-    if numeric:
-        return {"plots/sweep_curve.png": curve(points, numeric, title=title)}
-    return {}
+    return {name: png(figure) for name, figure in sweep_figures(points, title=title).items()}
 
 
-def _numeric_axis(points: Sequence[Point], varies: set) -> str | None:
-    for key in points[0][0]:
-        values = _values(points, key)
-        if key in varies and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                 for v in values):
+def _numeric_axis(points: Sequence[Point], swept: Sequence[str]) -> str | None:
+    for key in swept:
+        if key not in _GROUP and all(numeric(v) for v in _values(points, key)):
             return key
     return None
-
-
-RANKED = ("test/iia", "iia")  # the score a ranking sorts by, in the naming of either era
-CONTROL = ("control/iia",)
-CONTROL_METHOD = "random"
-
-
-def _first(means: Mapping[str, float], keys: Sequence[str]) -> float | None:
-    return next((means[key] for key in keys if means.get(key) is not None), None)
-
-
-def ranking_chart(points: Sequence[Point], axis: str = "method") -> bytes | None:
-    """Bars of each ``axis`` value's held-out score, best first, for a method comparison;
-    the control method's bar is hatched and each method's own control score is a black tick.
-    None unless the points differ in ``axis`` and carry a score."""
-    scored = [(str(_scalar(c[axis])), _first(m, RANKED), _first(m, CONTROL))
-              for c, m in points if axis in c and _first(m, RANKED) is not None]
-    if len({name for name, _, _ in scored}) < 2:
-        return None
-    scored.sort(key=lambda row: (-row[1], row[0]))
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(1.2 + 0.8 * len(scored), 3.4), layout="constrained")
-    axes = figure.subplots()
-    ticked = False
-    for x, (name, score, control) in enumerate(scored):
-        is_control = name == CONTROL_METHOD
-        axes.bar(x, score, color="lightgrey" if is_control else "tab:blue",
-                 hatch="//" if is_control else None, edgecolor="black",
-                 label="control (random subspace)" if is_control else None)
-        if control is not None:
-            axes.plot([x - 0.4, x + 0.4], [control, control], color="black", linewidth=3,
-                      clip_on=False, label=None if ticked else "its rank-matched control")
-            ticked = True
-        axes.text(x, score + 0.02, f"{score:.2f}", ha="center", fontsize="small")
-    axes.set_xticks(range(len(scored)), [name for name, _, _ in scored])
-    axes.set_ylim(-0.03, 1.35)
-    axes.set_ylabel("held-out IIA (test/iia)")
-    axes.set_title(f"ranking by {axis}")
-    axes.legend(fontsize="small", loc="upper right")
-    return _png(figure)

@@ -70,7 +70,8 @@ class PointRun:
     def flush(self, call: Callable[..., Any]) -> None:
         """The point's params and every number it buffered, in one request when they fit."""
         if (self.metrics or self.params) and self.run_id is not None:
-            call(store.log_batch, self.run_id, metrics=self.metrics, params=self.params)
+            call(store.log_batch, self.run_id, metrics=naming.log_order(self.metrics),
+                 params=self.params)
             self.metrics, self.params = [], {}
 
 

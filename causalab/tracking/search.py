@@ -3,8 +3,9 @@
 Built on MLflow's run search (``MlflowClient.search_runs``, the call ``mlflow.search_runs``
 wraps, here bound to one explicit tracking URI rather than the process-global one). Columns:
 ``run_id``, ``status``, ``name``, ``model``, ``parent_run_id``, ``produced_by``,
-``reused_from``, one column per swept coordinate, then one per score (``test/iia``, …); row
-counts (``eligible/…``) and per-update series are left out.
+``reused_from``, one column per swept coordinate, then one per metric with its last value:
+the scores (``iia/test``, ``iia/control``, …, main score first), a fit's final series values
+(``train/loss``, ``eval/iia``) and the row counts (``n/iia/test``).
 """
 from __future__ import annotations
 
@@ -42,8 +43,12 @@ def point_rows(experiment: str | None = None, *, tracking_uri: str | None = None
     if filter_string:
         query.append(filter_string)
     rows = [_row(run) for run in _runs(mlflow, found.experiment_id, " and ".join(query))]
+    if not rows:
+        return pandas.DataFrame(columns=_FIXED)
     frame = pandas.DataFrame.from_records(rows)
-    return frame if rows else pandas.DataFrame(columns=_FIXED)
+    metrics = sorted({k for row in rows for k in row["_metrics"]}, key=lambda k: (naming.order(k), k))
+    places = [c for c in frame.columns if c not in _FIXED and c != "_metrics" and c not in metrics]
+    return frame[_FIXED + places + metrics]
 
 
 _FIXED = ["run_id", "status", "name", "model", "parent_run_id", "produced_by", "reused_from"]
@@ -56,7 +61,7 @@ def _row(run) -> dict:
            "produced_by": tags.get(store.PRODUCED_BY), "reused_from": tags.get(store.REUSED_FROM)}
     for key, value in json.loads(tags.get(store.COORDINATES) or "{}").items():
         row.setdefault(key, value[0] if isinstance(value, list) and len(value) == 1 else value)
-    for key, value in sorted(run.data.metrics.items()):
-        if naming.is_score(key):
-            row.setdefault(key, value)
+    for key, value in run.data.metrics.items():
+        row.setdefault(key, value)
+    row["_metrics"] = list(run.data.metrics)
     return row

@@ -110,8 +110,8 @@ def test_a_das_fit_on_the_tiny_llama_ends_with_a_lower_train_loss_than_it_starts
 # matmuls in cayley_basis round differently off that alignment, so a loaded W gives a basis a
 # few ulps from the live one. Cloning in engine/bundles.read_bundle makes this pass.
 def test_das_apply_on_the_bundle_das_wrote_reproduces_the_fits_score_row_by_row(das, applied):
-    fitted = _values(das / "train_iia.json")
-    loaded = _values(applied / "iia.json")
+    fitted = _values(das / "train_logit_diff.json")
+    loaded = _values(applied / "logit_diff.json")
     assert [eid for eid, _ in loaded] == [eid for eid, _ in fitted]
     assert all(value is not None for _, value in fitted)
     assert loaded == fitted  # exact equality, not closeness
@@ -165,7 +165,7 @@ def test_das_apply_scores_match_a_hooked_swap_through_the_bundles_cayley_basis(a
     a = w @ e.T - e @ w.T
     q = torch.linalg.solve(torch.eye(d, dtype=torch.float64) - a, (torch.eye(d, dtype=torch.float64) + a) @ e)
     expected = _hooked_scores(q, int(metadata["layer"]), tiny, oracle)
-    got = [value for _, value in _values(applied / "iia.json")]
+    got = [value for _, value in _values(applied / "logit_diff.json")]
     assert got == pytest.approx(expected, abs=1e-5)
 
 
@@ -175,7 +175,7 @@ def test_the_bundle_carries_its_orthonormal_basis_which_a_plain_hook_uses_as_it_
     assert q.shape == tensors["weight"].shape
     assert (q.T @ q - torch.eye(q.shape[1], dtype=torch.float64)).abs().max() < 1e-5  # float32 basis
     expected = _hooked_scores(q, int(metadata["layer"]), tiny, oracle)
-    got = [value for _, value in _values(applied / "iia.json")]
+    got = [value for _, value in _values(applied / "logit_diff.json")]
     assert got == pytest.approx(expected, abs=1e-5)
 
 
@@ -201,7 +201,7 @@ def test_das_apply_moved_off_the_bundles_stamp_is_refused_at_its_file_path_namin
         run_document(_moved(das, key), out=str(tmp_path), device_map="cpu", data_root=DATA)
     assert refused.value.path == ("featurizers", "rot", "file_path")
     assert refused.value.message.startswith(f"{key}:")
-    assert not (tmp_path / "iia.json").exists()
+    assert not (tmp_path / "logit_diff.json").exists()
 
 
 @pytest.mark.parametrize("key", list(MOVES))
@@ -259,7 +259,7 @@ def test_the_rank_sweep_writes_one_bundle_per_rank_shaped_d_by_k(tmp_path_factor
         tensors, stamp = _bundle(directory / "rot.safetensors")
         assert tensors["weight"].shape == (16, k)
         assert (stamp["k"], stamp["d"]) == (str(k), "16")
-        assert (directory / "heldout_iia.json").is_file()
+        assert (directory / "heldout_logit_diff.json").is_file()
         ranks.append(k)
     assert sorted(ranks) == [1, 4, 16]
 
@@ -276,7 +276,7 @@ def test_the_matched_rank_control_runs_an_untrained_subspace_and_pca_at_the_fitt
     assert specs["rot"].trained_by == "fit"
     assert specs["untrained"].trained_by is None and specs["pca"].trained_by is None
     out = _run(raw, tmp_path_factory.mktemp("control"))
-    tables = {name: _values(out / "compare" / name / "iia.json") for name in ("das", "untrained", "pca")}
+    tables = {name: _values(out / "compare" / name / "logit_diff.json") for name in ("das", "untrained", "pca")}
     ids = [eid for eid, _ in tables["das"]]
     assert len(ids) == 12
     for table in tables.values():
@@ -332,7 +332,7 @@ def test_the_shipped_pca_bundle_is_what_pca_harvest_writes_now(tmp_path_factory)
 
 def test_das_apply_as_shipped_runs_on_the_shipped_rotation(tmp_path_factory):
     out = _run(_document("das_apply"), tmp_path_factory.mktemp("shipped_apply"))
-    for name in ("iia", "ce"):
+    for name in ("logit_diff", "ce"):
         table = json.loads((out / f"{name}.json").read_text())
         assert [row["example_id"] for row in table] and all(row["metric"] == name for row in table)
         assert all(row["eligible"] and row["value"] is not None for row in table)

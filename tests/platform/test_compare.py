@@ -19,8 +19,8 @@ METHODS = ["das", "dbm", "full", "pca", "sae", "neurons", "random"]
 
 
 def _score(metrics: dict, step: str, name: str) -> float:
-    """``<step>/<name>``; before the tracking naming merged, the first step's was bare."""
-    return metrics.get(f"{step}/{name}", metrics.get(name) if step == "test" else None)
+    """``<name>/<step>``: a score is named metric first, then the step that scored it."""
+    return metrics.get(f"{name}/{step}")
 
 
 def _mean(rows: list[dict]) -> float:

@@ -22,7 +22,7 @@ from hydra.core.utils import setup_globals
 from hydra._internal.callbacks import Callbacks
 from hydra.types import HydraContext
 
-from causalab.render import CONF
+from causalab.rendering import CONF
 from causalab.run import job
 from causalab.tracking import jobs
 

@@ -51,7 +51,7 @@ def test_a_joblib_multirun_of_three_jobs_is_one_parent_with_three_finished_child
     for child in children:
         names = {a.path for a in client.list_artifacts(child.info.run_id)}
         assert {"document.json", "run.json", "hydra_config.yaml", "iia.json"} <= names
-        assert "patch/logit_diff" in child.data.metrics
+        assert "logit_diff/patch" in child.data.metrics
     assert "mlflow ui" not in done.stdout and "see them" in done.stdout
 
 
@@ -111,7 +111,7 @@ def test_a_multirun_repeated_links_every_done_job_into_its_new_parent_and_says_s
     linked = [r for r in runs if r.data.tags.get(store.PARENT) == newest.info.run_id]
     assert sorted(r.data.params["model"] for r in linked) == ["tiny_gpt2", "tiny_llama"]
     assert all(r.data.tags.get(store.REUSED_FROM) for r in linked)
-    assert all("patch/iia" in r.data.metrics for r in linked)
+    assert all("iia/patch" in r.data.metrics for r in linked)
     assert again.stdout.count("linked here as run") == 2
     assert "job 0: " in again.stdout and "job 1: " in again.stdout
 

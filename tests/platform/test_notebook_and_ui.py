@@ -17,7 +17,7 @@ import pytest
 from mlflow import MlflowClient
 
 import causalab
-from causalab.render import render
+from causalab.rendering import render
 from causalab.tracking import runs as store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,10 +63,13 @@ def test_a_das_point_logs_at_most_forty_params_with_its_rank_and_site(das):
 def test_each_test_metric_has_its_control_beside_it_and_counts_apart(das):
     for run in das["points"].values():
         metrics = run.data.metrics
+        listed = sorted(metrics)  # the order MLflow's metric list and compare table show
         for name in ("iia", "logit_diff", "ce"):
-            assert f"test/{name}" in metrics and f"control/{name}" in metrics
-            assert metrics[f"eligible/test/{name}"] == 12
-        assert not any(k.endswith("/eligible") for k in metrics)
+            test, control = f"{name}/test", f"{name}/control"
+            assert abs(listed.index(test) - listed.index(control)) == 1, listed
+            assert metrics[f"n/{name}/test"] == 12
+        counts = [key for key in listed if key.startswith("n/")]
+        assert listed[-len(counts) - 1:-1] == counts and listed[-1] == "train/loss"
 
 
 def test_read_table_of_a_runs_uri_is_the_saved_table_and_its_mean_is_the_metric(das,
@@ -79,7 +82,7 @@ def test_read_table_of_a_runs_uri_is_the_saved_table_and_its_mean_is_the_metric(
     assert table["example_id"].tolist() == [row["example_id"] for row in local]
     kept = [row["value"] for row in local if row["eligible"]]
     # The metric is a float32 mean logged as float64: equal to the plain mean within 1e-6.
-    assert run.data.metrics["test/iia"] == pytest.approx(sum(kept) / len(kept), abs=1e-6)
+    assert run.data.metrics["iia/test"] == pytest.approx(sum(kept) / len(kept), abs=1e-6)
 
 
 def test_the_run_result_holds_every_points_tables_as_one_dataframe(das):
@@ -94,8 +97,8 @@ def test_search_points_is_one_row_per_point_with_its_rank_and_scores(das, mlflow
     assert sorted(frame["k"].tolist()) == [1, 4, 16]
     for _, row in frame.iterrows():
         run = das["points"][f"k={row['k']}"]
-        assert row["test/iia"] == run.data.metrics["test/iia"]
-        assert row["control/iia"] == run.data.metrics["control/iia"]
+        assert row["iia/test"] == run.data.metrics["iia/test"]
+        assert row["iia/control"] == run.data.metrics["iia/control"]
         assert row["produced_by"] == run.data.tags[store.PRODUCED_BY]
         assert row["model"] == "causalab:tiny-llama"
 
@@ -125,14 +128,14 @@ def test_a_new_parent_asking_for_done_points_links_each_one_with_its_metrics(das
     for link in links:
         origin = das["points"][link.info.run_name]
         assert link.data.tags[store.REUSED_FROM] == origin.info.run_id
-        assert link.data.metrics["test/iia"] == origin.data.metrics["test/iia"]
+        assert link.data.metrics["iia/test"] == origin.data.metrics["iia/test"]
         assert link.data.params["k"] == origin.data.params["k"]
     assert store.finished_run(client, das["experiment_id"],
                               das["points"]["k=4"].data.tags[store.PRODUCED_BY]) \
         == das["points"]["k=4"].info.run_id
 
 
-def test_the_ui_opens_on_the_runs_table_and_compares_k_with_test_and_control_iia(
+def test_the_ui_opens_on_the_runs_table_and_compares_k_with_both_iia_scores(
         das, mlflow_server, tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -153,15 +156,15 @@ def test_the_ui_opens_on_the_runs_table_and_compares_k_with_test_and_control_iia
             assert "/runs" in page.url and "matching runs" in body
             assert "No data available for the selected time range" not in body
             page.goto(compare)
-            page.get_by_text("control/iia").first.wait_for(timeout=60_000)
+            page.get_by_text("iia/control").first.wait_for(timeout=60_000)
             page.screenshot(path=str(shot), full_page=True)
             rows = page.inner_text("body").splitlines()
         finally:
             browser.close()
     print(f"compare page screenshot: {shot}")
-    assert {"k", "test/iia", "control/iia"} <= {row.strip() for row in rows}
+    assert {"k", "iia/test", "iia/control"} <= {row.strip() for row in rows}
     assert shot.stat().st_size > 10_000
-    assert not math.isnan(das["points"]["k=1"].data.metrics["control/iia"])
+    assert not math.isnan(das["points"]["k=1"].data.metrics["iia/control"])
 
 
 def test_a_runs_uri_resolves_with_no_track_when_a_tracking_uri_is_set(das, mlflow_server,
@@ -184,7 +187,7 @@ def test_a_runs_uri_resolves_with_no_track_when_a_tracking_uri_is_set(das, mlflo
     status = main(["run", str(document), "--no-track", "--device-map", "cpu",
                    "--out", str(tmp_path / "out"), "--data-root", DATA])
     assert status == 0, capsys.readouterr().err
-    applied = json.loads((tmp_path / "out" / "iia.json").read_text())
+    applied = json.loads((tmp_path / "out" / "logit_diff.json").read_text())
     scored = json.loads((das["out"] / "k=4" / "test_logit_diff.json").read_text())
     # The same rotation at the same site on the same rows: equal within float32 noise.
     assert [r["value"] for r in applied] == pytest.approx([r["value"] for r in scored], abs=1e-5)

@@ -215,7 +215,7 @@ def test_a_bundle_holding_nan_is_refused_by_explain_and_run_naming_the_tensor(tm
     for error in (explained, refused.value):
         assert error.path == ("featurizers", "rot", "file_path")
         assert "tensor weight holds 1 NaN or Inf" in error.message
-    assert not (tmp_path / "out" / "iia.json").exists()
+    assert not (tmp_path / "out" / "logit_diff.json").exists()
 
 
 def test_a_fault_in_a_hydra_job_is_one_line_and_exit_one_unless_its_traceback_is_asked_for(

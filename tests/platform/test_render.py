@@ -10,8 +10,8 @@ from hydra import compose, initialize_config_dir
 
 from causalab.document import digest, lower, validate
 from causalab.errors import UsageError
-from causalab.render import CONF, SCAFFOLDING, render
-from causalab.render import compose as compose_documents
+from causalab.rendering import CONF, SCAFFOLDING, render
+from causalab.rendering import compose as compose_documents
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))

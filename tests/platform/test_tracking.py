@@ -83,11 +83,11 @@ def test_each_child_has_its_metric_tables_as_artifacts_and_a_metric_per_table(he
         assert {"document.json", "iia.json", "logit_diff.json"} <= names
         table = json.loads((head_sweep["out"] / run.info.run_name / "logit_diff.json").read_text())
         values = [row["value"] for row in table if row["eligible"]]
-        # The step names each metric (patch/…); row counts group apart under eligible/.
-        assert run.data.metrics["patch/logit_diff"] == pytest.approx(sum(values) / len(values),
+        # Each metric is named metric first, then its step (…/patch); row counts group apart under n/.
+        assert run.data.metrics["logit_diff/patch"] == pytest.approx(sum(values) / len(values),
                                                                      abs=1e-6)
-        assert run.data.metrics["eligible/patch/logit_diff"] == len(values)
-        assert run.data.metrics["eligible/patch/iia"] == len(values)
+        assert run.data.metrics["n/logit_diff/patch"] == len(values)
+        assert run.data.metrics["n/iia/patch"] == len(values)
 
 
 def test_the_parent_holds_the_swept_document_and_the_run_record(head_sweep):
@@ -120,7 +120,7 @@ def test_list_runs_finds_a_point_by_its_digest(head_sweep, mlflow_server):
     found = list_runs(produced_by=run.data.tags[store.PRODUCED_BY], tracking_uri=mlflow_server,
                       experiment=head_sweep["experiment"])
     assert [r["run_id"] for r in found] == [run.info.run_id]
-    assert found[0]["status"] == "FINISHED" and found[0]["metrics"]["eligible/patch/iia"] == 4
+    assert found[0]["status"] == "FINISHED" and found[0]["metrics"]["n/iia/patch"] == 4
 
 
 def _failing_sweep() -> dict:
@@ -218,7 +218,7 @@ def test_a_point_with_two_fits_logs_each_fits_numbers_under_its_step(
     assert history("gate/eval/logit_diff") == [(0, 1.25)]
     assert history("gate/eval/kept") == [(0, 0.5)]
     assert not history("das/eval/kept") and not history("train/loss")
-    assert run.data.metrics["test/iia"] == 0.5 and run.info.status == "FINISHED"
+    assert run.data.metrics["iia/test"] == 0.5 and run.info.status == "FINISHED"
 
 
 def test_a_listener_lets_its_background_thread_go_once_its_run_has_ended(
@@ -258,12 +258,12 @@ def das_run(mlflow_server, tmp_path_factory):
 def test_a_fit_logs_its_loss_per_update_and_its_eval_metric_per_epoch(das_run, mlflow_server):
     client = MlflowClient(mlflow_server)
     losses = client.get_metric_history(das_run["run_id"], "train/loss")
-    evals = client.get_metric_history(das_run["run_id"], "eval/iia")
+    evals = client.get_metric_history(das_run["run_id"], "eval/logit_diff")
     assert [m.step for m in sorted(losses, key=lambda m: m.step)] == list(range(len(losses)))
     assert [m.step for m in sorted(evals, key=lambda m: m.step)] == list(range(len(evals)))
     assert 1 <= len(evals) <= 10 and len(losses) >= len(evals)
     names = {a.path for a in client.list_artifacts(das_run["run_id"])}
-    assert {"rot.safetensors", "heldout_iia.json", "run.json", "document.json"} <= names
+    assert {"rot.safetensors", "heldout_logit_diff.json", "run.json", "document.json"} <= names
     assert "plots/fit_loss.png" in {a.path for a in client.list_artifacts(das_run["run_id"],
                                                                           "plots")}
 
@@ -309,8 +309,8 @@ def test_a_das_rotation_applied_from_its_runs_uri_gives_the_score_the_fit_run_ga
     apply["featurizers"]["rot"]["file_path"] = f"runs:/{das_run['run_id']}/rot.safetensors"
     apply["steps"]["apply"]["rows"] = _corpus("das")["steps"]["score"]["rows"]
     _track(apply, mlflow_server, experiment_name, tmp_path / "out")
-    applied = json.loads((tmp_path / "out" / "iia.json").read_text())
-    scored = json.loads((das_run["out"] / "train_iia.json").read_text())
+    applied = json.loads((tmp_path / "out" / "logit_diff.json").read_text())
+    scored = json.loads((das_run["out"] / "train_logit_diff.json").read_text())
     assert [r["example_id"] for r in applied] == [r["example_id"] for r in scored]
     assert [r["value"] for r in applied] == pytest.approx([r["value"] for r in scored], abs=1e-6)
 

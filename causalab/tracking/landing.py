@@ -1,0 +1,83 @@
+"""A sweep's parent run as a reader lands on it: plots, its own summary metrics, a table, a view.
+
+At a sweep's end (a document sweep, or a Hydra multirun, whose jobs may be sweeps of their
+own) the parent's points are read back from the store, with every metric's last value, so
+the parent shows what was stored whoever logged it (a point run, a link to a reused one, a
+job on another host). The parent then gets the sweep's plots, the best point's main scores
+as its own metrics (``iia/test``, ``iia/control``, ``best/k``), ``summary.html`` (a row per
+point) and a saved view of the experiment's runs page whose columns are the swept params
+and those scores (:func:`causalab.tracking.summary.view_address` opens it). Runs in the
+tracking worker: every call goes through the client it is given.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from causalab.tracking import plots, summary
+from causalab.tracking import runs as store
+from causalab.tracking.artifacts import log_bytes
+
+
+def stored_points(mlflow, experiment: str, parent: str) -> list:
+    """The point runs below ``parent`` (its children, and the children of a child that is a
+    sweep: a multirun's job), in the order they started."""
+    found = []
+    for child in store.children(mlflow, experiment, parent):
+        if child.data.tags.get(store.KIND) == "sweep":
+            found += store.children(mlflow, experiment, child.info.run_id)
+        else:
+            found.append(child)
+    points = [run for run in found if run.data.tags.get(store.KIND) == "point"]
+    return sorted(points, key=lambda run: (run.info.start_time or 0, run.info.run_id))
+
+
+def coordinates_of(run) -> dict[str, Any]:
+    """A point's place: its job's overrides, then its document coordinates; a ``model``
+    override shown as the model key it chose."""
+    tags = run.data.tags
+    place = json.loads(tags.get(store.OVERRIDES) or "{}")
+    place.update(json.loads(tags.get(store.COORDINATES) or "{}"))
+    if "model" in place and tags.get(store.MODEL_KEY):
+        place["model"] = tags[store.MODEL_KEY]
+    return place
+
+
+def land(mlflow, run_id: str, points: list | None = None, *, title: str = "") -> dict:
+    """Give the parent ``run_id`` its plots, summary metrics, table and view, from its points
+    as stored (``points``, ``(coordinates, metrics)`` pairs, only when the store has none).
+    Returns what was made: ``{"view": key or None, "points": n, "best": label or None,
+    "runs": the point runs' ids}``."""
+    parent = mlflow.get_run(run_id)
+    experiment = parent.info.experiment_id
+    runs = stored_points(mlflow, experiment, run_id)
+    if runs:
+        points = [(coordinates_of(run), dict(run.data.metrics)) for run in runs]
+        title = plots.title_from_params([run.data.params for run in runs]) or title
+    points = [(c, m) for c, m in points or [] if summary.scores(m)]
+    if not points:
+        return {"view": None, "points": 0, "best": None}
+    for name, png in plots.sweep_plots(points, title=title).items():
+        log_bytes(mlflow, run_id, png, name)
+    swept = plots.varied([c for c, _ in points])
+    now = int(time.time() * 1000)
+    numbers = summary.parent_metrics(points, swept)
+    store.log_batch(mlflow, run_id, metrics=[store.metric(k, v, 0, now) for k, v in numbers.items()])
+    page = summary.html_table(points, swept, title=title or parent.info.run_name)
+    log_bytes(mlflow, run_id, page.encode(), summary.TABLE)
+    view = summary.view_state(points, swept, name=f"{parent.info.run_name or 'sweep'} "
+                                                  f"({len(points)} points)", created_ms=now)
+    mlflow.set_experiment_tag(experiment, f"{summary.VIEW_TAG}{run_id}", view)
+    index = summary.best(points)
+    return {"view": run_id, "points": len(points), "runs": [run.info.run_id for run in runs],
+            "best": None if index is None else summary.label(points[index][0], swept)}
+
+
+def landed(mlflow, experiment: str, parent: str) -> dict | None:
+    """``{"view": key, "runs": point ids}`` of a parent :func:`land` gave a view, else None."""
+    tags = mlflow.get_experiment(experiment).tags
+    if f"{summary.VIEW_TAG}{parent}" not in tags:
+        return None
+    return {"view": parent, "runs": [run.info.run_id for run in
+                                     stored_points(mlflow, experiment, parent)]}

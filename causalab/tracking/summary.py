@@ -1,0 +1,234 @@
+"""What a sweep's parent run says first: its points' scores as quantities, the best point, a
+small HTML table, and the MLflow view that opens on them.
+
+A point's stored metrics (``iia/test``, ``iia/control``, ``n/iia/test``, ``train/loss``,
+``eval/iia``) are read here as *quantities* (``iia``) measured by *steps* (``test``,
+``control``); a point that only fits is read by the final value of its fit's series
+(``eval/iia`` is ``iia`` measured by ``eval``). The main quantity is ``iia`` where a point has
+one, else the first scored; its test step is ``test`` (else the first step that is not a
+control) and its control ``control`` (else ``random``). The view is MLflow 3.17's saved view
+of an experiment's runs page (an experiment tag ``mlflow.sharedViewState.<key>`` that the
+address's ``viewStateShareKey=<key>`` opens): which columns the runs table shows. Plain
+data in, plain data out; this module knows no runs and no MLflow client.
+"""
+from __future__ import annotations
+
+import html
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+from causalab.tracking.naming import CONTROLS, COUNT, MAIN, SERIES, is_score, split_score
+
+Point = tuple[Mapping[str, Any], Mapping[str, float]]  # (coordinates, metrics)
+BEST = "best"
+VIEW_TAG = "mlflow.sharedViewState."
+VIEW_KEY = "viewStateShareKey"
+TABLE = "summary.html"
+_MAX_COLUMNS = 8
+
+
+def fit_finals(metrics: Mapping[str, float]) -> dict[tuple[str, str], float]:
+    """(quantity, step) of each fit series' final value: ``eval/iia`` -> (``iia``, ``eval``),
+    ``das/train/loss`` -> (``loss``, ``das train``)."""
+    found = {}
+    for key, value in metrics.items():
+        parts = key.split("/")
+        if parts[0] == COUNT or len(parts) not in (2, 3):
+            continue
+        series, name = parts[-2], parts[-1]
+        if series in SERIES:
+            step = series if len(parts) == 2 else f"{parts[0]} {series}"
+            found[(name, step)] = value
+    return found
+
+
+def scores(metrics: Mapping[str, float]) -> dict[tuple[str, str], float]:
+    """(quantity, step) -> value of a point: its final scores, else its fit's final values."""
+    found = {split_score(k): v for k, v in metrics.items() if is_score(k)}
+    return found or fit_finals(metrics)
+
+
+def quantities(points: Sequence[Point]) -> dict[str, list[str]]:
+    """Quantity -> the steps measuring it, main quantity first, each test step before its
+    control; a loss comes last (it is what a fit minimised, not what it found)."""
+    found: dict[str, list[str]] = {}
+    for _, metrics in points:
+        for name, step in scores(metrics):
+            if step not in found.setdefault(name, []):
+                found[name].append(step)
+    order = sorted(found, key=lambda name: (name != MAIN, name == "loss"))
+    return {name: sorted(found[name], key=_step_order) for name in order}
+
+
+def _step_order(step: str) -> tuple:
+    return (step in CONTROLS, step != "test")
+
+
+def main_keys(points: Sequence[Point]) -> tuple[str, str | None, str | None]:
+    """(quantity, test step, control step) a sweep is ranked by; steps None when absent."""
+    found = quantities(points)
+    if not found:
+        return MAIN, None, None
+    name, steps = next(iter(found.items()))
+    tests = [s for s in steps if s not in CONTROLS]
+    controls = [s for s in CONTROLS if s in steps]
+    return name, (tests or [None])[0], (controls or [None])[0]
+
+
+def value(metrics: Mapping[str, float], name: str, step: str | None) -> float | None:
+    found = scores(metrics).get((name, step)) if step else None
+    return found if found is not None and math.isfinite(found) else None
+
+
+def best(points: Sequence[Point]) -> int | None:
+    """The index of the point with the highest main test score (a loss: the lowest)."""
+    name, test, _ = main_keys(points)
+    scored = [(value(m, name, test), index) for index, (_, m) in enumerate(points)]
+    scored = [(v, index) for v, index in scored if v is not None]
+    if not scored:
+        return None
+    sign = 1 if name == "loss" else -1
+    return min(scored, key=lambda row: (sign * row[0], row[1]))[1]
+
+
+def label(coordinates: Mapping[str, Any], swept: Sequence[str]) -> str:
+    """``k=16`` or ``model=causalab:weekday-gpt2,k=16``: a point by what was swept."""
+    return ",".join(f"{short(k)}={plain(coordinates.get(k))}" for k in swept) or "point"
+
+
+def short(key: str) -> str:
+    """``site.layer`` -> ``layer``, ``featurizers.rot.k`` -> ``k``: a coordinate's last word."""
+    return key.rsplit(".", 1)[-1]
+
+
+def plain(value: Any) -> Any:
+    """A coordinate value as a label shows it: a one-element list is its element, a position
+    its index, a string of digits its integer."""
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    if isinstance(value, Mapping) and "index" in value:
+        value = value["index"]
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return value
+
+
+def numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def parent_metrics(points: Sequence[Point], swept: Sequence[str]) -> dict[str, float]:
+    """A sweep parent's own metrics: the best point's main test and control scores under the
+    points' keys (``iia/test``, ``iia/control``) and its numeric coordinates (``best/k``)."""
+    index = best(points)
+    if index is None:
+        return {}
+    coordinates, metrics = points[index]
+    name, test, control = main_keys(points)
+    found = {}
+    for step in (test, control):
+        score = value(metrics, name, step)
+        if score is not None:
+            found[_key(name, step)] = score
+    for key in swept:
+        number = plain(coordinates.get(key))
+        if numeric(number):
+            found[f"{BEST}/{short(key)}"] = float(number)
+    return found
+
+
+def _key(name: str, step: str) -> str:
+    """The stored key of a quantity's step: a score (``iia/test``) or a fit's series."""
+    if step in SERIES:
+        return f"{step}/{name}"
+    if " " in step:
+        fit, series = step.split(" ", 1)
+        return f"{fit}/{series}/{name}"
+    return f"{name}/{step}"
+
+
+def table_columns(points: Sequence[Point]) -> list[tuple[str, str]]:
+    """(quantity, step) columns of the summary table: every step of the main quantity, then
+    the test step of each other quantity, at most :data:`_MAX_COLUMNS`."""
+    found = quantities(points)
+    columns = []
+    for index, (name, steps) in enumerate(found.items()):
+        columns += [(name, step) for step in (steps if index == 0 else steps[:1])]
+    return columns[:_MAX_COLUMNS]
+
+
+def html_table(points: Sequence[Point], swept: Sequence[str], *, title: str = "",
+               names: Sequence[str] = ()) -> str:
+    """The sweep as one small HTML page: a row per point (its run name, what was swept, the
+    scores), the best point's row in bold."""
+    columns = table_columns(points)
+    winner = best(points)
+    head = ["point", *[short(k) for k in swept], *[_key(n, s) for n, s in columns]]
+    rows = []
+    for index, (coordinates, metrics) in enumerate(points):
+        name = names[index] if index < len(names) else label(coordinates, swept)
+        cells = [name, *[plain(coordinates.get(k)) for k in swept]]
+        cells += [_number(value(metrics, n, s)) for n, s in columns]
+        style = ' style="font-weight:bold"' if index == winner else ""
+        rows.append(f"<tr{style}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
+                    + "</tr>")
+    caption = html.escape(title or "sweep")
+    header = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    note = ("" if winner is None else
+            f"<p>best: {html.escape(str(names[winner] if winner < len(names) else label(points[winner][0], swept)))}"
+            f" (highest {html.escape(_key(*main_keys(points)[:2]))})</p>")
+    return (f"<!doctype html><meta charset=\"utf-8\"><title>{caption}</title>"
+            "<style>body{font-family:sans-serif}table{border-collapse:collapse}"
+            "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>"
+            f"<h3>{caption}</h3>{note}<table><tr>{header}</tr>{''.join(rows)}</table>")
+
+
+def _number(found: float | None) -> str:
+    return "" if found is None else f"{found:.3f}"
+
+
+def view_columns(points: Sequence[Point], swept: Sequence[str]) -> list[str]:
+    """The runs table's columns for this sweep: its swept params, then its main scores."""
+    params = [f"params.`{short(k)}`" for k in swept if short(k) != "model"]
+    if any(short(k) == "model" for k in swept):
+        params.insert(0, "params.`model.key`")
+    metrics = [f"metrics.`{_key(n, s)}`" for n, s in table_columns(points)]
+    return params + metrics
+
+
+def view_state(points: Sequence[Point], swept: Sequence[str], *, name: str,
+               created_ms: int) -> str:
+    """The experiment tag value of a saved runs-page view (MLflow 3.17's envelope: ``name``,
+    ``createdAt``, ``updatedAt`` and the view's state as a JSON string)."""
+    state = {"selectedColumns": view_columns(points, swept), "runsHiddenMode": "SHOW_ALL",
+             "runListHidden": False, "viewMaximized": False}
+    return json.dumps({"name": name, "createdAt": created_ms, "updatedAt": created_ms,
+                       "state": json.dumps(state)})
+
+
+def view_address(base: str, experiment_id: str, key: str) -> str:
+    """The runs page of ``experiment_id`` opened on the saved view ``key``."""
+    return (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
+            f"?{VIEW_KEY}={key}&workflowType=machine_learning")
+
+
+def compare_address(base: str, experiment_id: str, run_ids: Sequence[str]) -> str:
+    """MLflow's compare page for these runs: params and metrics side by side, one column a run."""
+    ids = json.dumps(list(run_ids), separators=(",", ":"))
+    return (f"{base.rstrip('/')}/#/compare-runs?runs={ids}"
+            f"&experiments={json.dumps([experiment_id], separators=(',', ':'))}")
+
+
+LOCAL_UI = "http://127.0.0.1:5000"  # where ``mlflow ui`` serves a SQLite store by default
+
+
+def where(uri: str, experiment_id: str, view: str, run_ids: Sequence[str]) -> list[str]:
+    """The lines a finished sweep prints: the runs page on its saved view and, for up to 20
+    points, the compare page of its points (a SQLite store is shown by ``mlflow ui``, whose
+    command the line before says)."""
+    base = uri if uri.startswith(("http://", "https://")) else LOCAL_UI
+    lines = [f"open the sweep: {view_address(base, experiment_id, view)}"]
+    if 1 < len(run_ids) <= 20:
+        lines.append(f"compare its points: {compare_address(base, experiment_id, run_ids)}")
+    return lines

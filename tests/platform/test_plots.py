@@ -1,0 +1,163 @@
+"""Every picture a run or a sweep parent carries reads: each is drawn here from plain numbers and
+checked on the figure itself, as the Agg renderer lays it out: no two texts (tick labels, axis
+labels, titles, legend entries, values on bars) overlap, none leaves the figure, no axis has
+more than 12 tick labels, every figure is titled with its model, and legend labels are short."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from causalab.tracking import plots
+
+TITLE = "causalab:weekday-llama · block_input L2 pos -1"
+
+
+def _das(model=None, ks=(1, 4, 16)):
+    points = []
+    for k in ks:
+        place = {"experiment": "das", "model": model, "k": k} if model else {"k": k}
+        points.append((place, {"iia/test": min(1.0, k / 16 + 0.1), "iia/control": 0.0,
+                               "logit_diff/test": k / 2 - 6, "logit_diff/control": -9.6,
+                               "ce/test": 8 - k / 2, "ce/control": 9.6, "n/iia/test": 12.0}))
+    return points
+
+
+def _kinds():
+    wave = [({"layers": [layer]}, {"logit_diff/patch": 5 * math.sin(layer / 5),
+                                   "iia/patch": layer / 30}) for layer in range(30)]
+    heads = [({"layers": [layer], "heads": [head]}, {"logit_diff/patch": -4.9 + head / 90})
+             for layer in range(30) for head in range(9)]
+    places = [({"layers": [layer], "pos": pos}, {"iia/patch": layer / 4, "logit_diff/patch": 1.0})
+              for layer in range(4) for pos in (-5, -4, -1)]
+    methods = ["das", "dbm", "full", "pca", "sae", "neurons", "random"]
+    ranking = [({"method": m, "model": "llama"},
+                {"iia/test": v, "logit_diff/test": 9 * v - 8.95,
+                 **({"iia/control": 0.0} if m in ("das", "pca") else {})})
+               for m, v in zip(methods, [1.0, 0.92, 1.0, 1.0, 1.0, 0.42, 0.0])]
+    fit_only = [({"featurizers.rot.k": k}, {"eval/logit_diff": k / 3, "train/loss": 3 - k / 8})
+                for k in (1, 4, 16)]
+    grid = [({"k": k, "fit.lr": lr}, {"iia/test": k / 16, "iia/control": 0.0})
+            for k in (1, 2, 4, 8, 16) for lr in (0.001, 0.003, 0.01, 0.03)]
+    return {
+        "rank curve": plots.sweep_figures(_das(), title=TITLE),
+        "multi-model multirun": plots.sweep_figures(
+            _das("causalab:weekday-llama") + _das("causalab:weekday-gpt2")
+            + _das("causalab:weekday-qwen2"), title="3 models · block_input L2 pos -1"),
+        "30-layer curve": plots.sweep_figures(wave, title="causalab:smollm2-135m · block_output"),
+        "30x9 head heatmap": plots.sweep_figures(heads, title="causalab:smollm2-135m"),
+        "layer x position heatmap": plots.sweep_figures(places, title=TITLE),
+        "method ranking": plots.sweep_figures(ranking, title=TITLE),
+        "fit-only rank sweep": plots.sweep_figures(fit_only, title=TITLE),
+        "rank x learning rate": plots.sweep_figures(grid, title=TITLE),
+        "loss curve": {"loss": plots.loss_figure(
+            [3 - i / 40 for i in range(300)], [i / 30 for i in range(30)],
+            title=f"{TITLE} · fit", eval_name="eval/iia")},
+    }
+
+
+KINDS = _kinds()
+
+
+def _texts(figure):
+    """(text, window box) of every text the renderer draws."""
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    found = [figure._suptitle] if figure._suptitle is not None else []
+    for legend in figure.legends:
+        found += legend.get_texts()
+    for axes in figure.axes:
+        found += [axes.title, axes._left_title, axes._right_title, axes.xaxis.label,
+                  axes.yaxis.label, *axes.texts]
+        found += _tick_labels(axes, renderer)
+        if axes.get_legend() is not None:
+            found += axes.get_legend().get_texts()
+    return [(t.get_text(), t.get_window_extent(renderer)) for t in found
+            if t.get_visible() and t.get_text().strip()]
+
+
+def _tick_labels(axes, renderer) -> list:
+    """The tick labels drawn: a locator also names ticks just past the view, never drawn."""
+    frame = axes.get_window_extent(renderer)
+    found = []
+    for axis, low, high, centre in ((axes.xaxis, frame.x0, frame.x1, lambda b: (b.x0 + b.x1) / 2),
+                                    (axes.yaxis, frame.y0, frame.y1, lambda b: (b.y0 + b.y1) / 2)):
+        for label in axis.get_ticklabels(which="both"):
+            if low - 1 <= centre(label.get_window_extent(renderer)) <= high + 1:
+                found.append(label)
+    return found
+
+
+def _overlap(a, b, slack=1.0) -> bool:
+    return (a.x0 < b.x1 - slack and b.x0 < a.x1 - slack
+            and a.y0 < b.y1 - slack and b.y0 < a.y1 - slack)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_no_two_texts_of_a_picture_overlap_and_none_leaves_it(kind):
+    assert KINDS[kind], f"{kind}: no picture drawn"
+    for name, figure in KINDS[kind].items():
+        texts = _texts(figure)
+        width, height = figure.canvas.get_width_height()
+        for index, (text, box) in enumerate(texts):
+            assert box.x0 >= -2 and box.y0 >= -2 and box.x1 <= width + 2 \
+                and box.y1 <= height + 2, f"{kind} {name}: {text!r} leaves the figure"
+            for other, other_box in texts[index + 1:]:
+                assert not _overlap(box, other_box), f"{kind} {name}: {text!r} overlaps {other!r}"
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_no_axis_of_a_picture_has_more_than_twelve_tick_labels(kind):
+    for name, figure in KINDS[kind].items():
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()
+        for axes in figure.axes:
+            drawn = _tick_labels(axes, renderer)
+            for axis in (axes.xaxis, axes.yaxis):
+                shown = [t for t in axis.get_ticklabels(which="both") if t in drawn
+                         and t.get_visible() and t.get_text().strip()]
+                assert len(shown) <= 12, f"{kind} {name}: {[t.get_text() for t in shown]}"
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_picture_is_titled_with_its_model_and_its_legends_are_short(kind):
+    for name, figure in KINDS[kind].items():
+        assert "causalab:" in figure.get_suptitle() or "models" in figure.get_suptitle()
+        legends = [a.get_legend() for a in figure.axes if a.get_legend()] + figure.legends
+        for legend in legends:
+            for text in legend.get_texts():
+                assert len(text.get_text()) <= 32 and "experiment=" not in text.get_text()
+
+
+def test_a_thirty_layer_axis_is_ticked_every_third_layer():
+    (figure,) = KINDS["30-layer curve"].values()
+    figure.canvas.draw()
+    shown = [t.get_text() for t in figure.axes[0].xaxis.get_ticklabels()]
+    assert shown == [str(layer) for layer in range(0, 30, 3)]
+
+
+def test_a_multi_model_multirun_has_a_column_of_panels_per_model():
+    (figure,) = KINDS["multi-model multirun"].values()
+    titles = sorted({a.get_title() for a in figure.axes if a.get_title()})
+    assert titles == ["causalab:weekday-gpt2", "causalab:weekday-llama", "causalab:weekday-qwen2"]
+    # one row per quantity (iia, logit_diff, ce) in each of the three columns
+    assert len(figure.axes) == 9
+
+
+def test_a_fit_only_sweep_is_plotted_by_its_fits_last_values():
+    (name,) = KINDS["fit-only rank sweep"]
+    assert name == "plots/sweep_curve.png"
+    (figure,) = KINDS["fit-only rank sweep"].values()
+    ys = {a.get_ylabel() for a in figure.axes}
+    assert ys == {"logit_diff", "loss"}
+    axes = next(a for a in figure.axes if a.get_ylabel() == "logit_diff")
+    (line,) = axes.lines
+    assert list(line.get_ydata()) == pytest.approx([1 / 3, 4 / 3, 16 / 3])
+
+
+def test_a_test_score_and_its_control_are_two_lines_of_one_panel():
+    (figure,) = KINDS["rank curve"].values()
+    axes = next(a for a in figure.axes if a.get_ylabel() == "iia")
+    assert sorted(t.get_text() for t in axes.get_legend().get_texts()) == ["control", "test"]
+    control = next(line for line in axes.lines if line.get_label() == "control")
+    assert list(control.get_ydata()) == [0.0, 0.0, 0.0]
