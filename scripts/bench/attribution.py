@@ -1,15 +1,17 @@
-"""Benchmark: attribution patching against exact patching on SmolLM2-135M's IOI rows.
+"""Benchmark: attribution patching against exact patching on a real model's IOI rows.
 
 Rows: every ``--every``-th row of documents/data/ioi/data.json, from the first (the table is
 ordered by template, then ABBA/BABA: every 10th row, the default, is 12 rows covering all ten
 templates and both orders, which keeps the whole bench near 9 minutes on 2 loaded cores); the
 same rows for every document. Documents:
 
-* exact heads: documents/real/ioi_head_patching.json (270 points, one head's premix slice at
-  END swapped from the name-swapped prompt), against experiment=ioi_head_attribution;
-* exact END layers: documents/real/ioi_layer_sweep.json with its position axis fixed at END
-  (30 points, the stream leaving each block), against experiment=ioi_layer_attribution with
-  its positions cut to END.
+* exact heads: experiment=ioi_head_patching (on SmolLM2 270 points, one head's premix slice
+  at END swapped from the name-swapped prompt), against experiment=ioi_head_attribution;
+* exact END layers: experiment=ioi_layer_sweep with its position axis fixed at END (one
+  point per block, the stream leaving it), against experiment=ioi_layer_attribution with its
+  positions cut to END;
+
+each rendered for ``--model`` (``smollm2``, the default, or ``gemma3``).
 
 Each attribution document runs as AtP (``steps: 1``) and with integrated gradients
 (``--ig-steps``). In one process, after a warm-up run (the model loaded, kernels warm), each
@@ -24,6 +26,7 @@ counterfactual's). Printed, per sweep and estimate:
 
     CAUSALAB_HOME=/work/cache/home .venv/bin/python scripts/bench/attribution.py
     .venv/bin/python scripts/bench/attribution.py --every 5 --sweeps heads --ig-steps 8
+    .venv/bin/python scripts/bench/attribution.py --model gemma3
 """
 from __future__ import annotations
 
@@ -79,12 +82,12 @@ def _end_only(value):
     return value
 
 
-def documents(sweep: str, ig_steps: int) -> dict[str, dict]:
-    from causalab.render import render
+def documents(sweep: str, ig_steps: int, model: str = "smollm2") -> dict[str, dict]:
+    from causalab.rendering import render
 
-    exact = json.loads((ROOT / "documents" / "real" / f"{EXACT[sweep]}.json").read_text())
+    exact = render([f"experiment={EXACT[sweep]}", f"model={model}"])
     exact = _end_only(exact) if sweep == "layers" else exact
-    atp = render([f"experiment={ATTRIBUTION[sweep]}", "model=smollm2"])
+    atp = render([f"experiment={ATTRIBUTION[sweep]}", f"model={model}"])
     step = atp["steps"]["attribute"]
     if sweep == "layers":
         step["positions"] = {"END": step["positions"]["END"]}
@@ -163,8 +166,8 @@ def _spell(unit: tuple) -> str:
     return "L{}H{}".format(*unit) if len(unit) == 2 else f"L{unit[0]}"
 
 
-def bench(sweep: str, ig_steps: int, data_root: str, tmp: Path) -> None:
-    docs = documents(sweep, ig_steps)
+def bench(sweep: str, ig_steps: int, data_root: str, tmp: Path, model: str) -> None:
+    docs = documents(sweep, ig_steps, model)
     walls, means = {}, {}
     for name, document in docs.items():
         out = tmp / f"{sweep}-{name}"
@@ -183,15 +186,16 @@ def main() -> None:
     parser.add_argument("--ig-steps", type=int, default=4,
                         help="integrated-gradients steps (1: AtP alone)")
     parser.add_argument("--sweeps", default="heads,layers", help="heads, layers or both")
+    parser.add_argument("--model", default="smollm2", help="a conf/model name: smollm2, gemma3")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="causalab-attribution-") as folder:
         tmp = Path(folder)
         data_root = _subset(args.every, tmp / "data")
-        warm = documents("heads", 1)["atp"]
+        warm = documents("heads", 1, args.model)["atp"]
         print(f"warm-up: {_timed(warm, tmp / 'warm', data_root):.1f} s (model load included)",
               flush=True)
         for sweep in args.sweeps.split(","):
-            bench(sweep, args.ig_steps, data_root, tmp)
+            bench(sweep, args.ig_steps, data_root, tmp, args.model)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def _retarget(document: dict, key: str, revision: str | None) -> dict:
 @pytest.fixture(scope="module")
 def explained(tmp_path_factory, smollm2_dir, gemma3_dir):
     from causalab.models import BUILTINS, SCHEME
-    from causalab.render import render
+    from causalab.rendering import render
 
     root = tmp_path_factory.mktemp("explain")
     documents = [str(p) for p in sorted(DOCUMENTS.glob("*/*.json"))
