@@ -220,15 +220,6 @@ def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> None:
         log_files(mlflow, run_id, [(str(local), artifact)])
 
 
-def log_sweep_plots(mlflow, run_id: str, points: list, *, title: str = "") -> dict:
-    """A sweep parent's plots, summary metrics, ``summary.html`` and saved view, drawn from
-    its points as stored (``points`` only when the store has none):
-    :func:`causalab.tracking.landing.land`."""
-    from causalab.tracking import landing
-
-    return landing.land(mlflow, run_id, points, title=title)
-
-
 def download_run(mlflow, run_id: str, destination: str) -> list[str]:
     """Every file run ``run_id`` logged, copied under ``destination`` (a file already there is
     kept); their paths relative to it. A notebook's rerun reads a reused point back so."""

@@ -24,7 +24,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from causalab.tracking import artifacts, attribution_plots, jobs, owners, summary
+from causalab.tracking import attribution_plots, jobs, landing, owners, summary
 from causalab.tracking import runs as store
 
 PARENT_FILE = ".mlflow_parent.json"
@@ -120,7 +120,7 @@ class MultirunParent(Callback):
             mlflow.delete_run(parent["run_id"])
             return
         if status != "KILLED":
-            landed = artifacts.log_sweep_plots(mlflow, parent["run_id"], [], title=self._title)
+            landed = landing.land(mlflow, parent["run_id"], [], title=self._title)
             _say_where(parent, landed)
             attribution_plots.log_comparison(mlflow, parent["run_id"], parent["experiment_id"],
                                              title=self._title)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from causalab.files import DOCUMENT, HYDRA_CONFIG
-from causalab.tracking import artifacts, links, owners
+from causalab.tracking import artifacts, landing, links, owners
 from causalab.tracking import runs as store
 from causalab.tracking.points import PointRun
 
@@ -86,7 +86,7 @@ class StoreWrites:
         self.call(artifacts.log_files, self.sweep_run_id,
                   [f for f in files if Path(f[0]).is_file()])
         done = self._done + self.call(links.means_of, list(self.linked.values()))
-        self.call(artifacts.log_sweep_plots, self.sweep_run_id, done, title=self._title)
+        self.call(landing.land, self.sweep_run_id, done, title=self._title)
         self._end(self.sweep_run_id, RuntimeError("a point failed") if self.failed else None)
 
     def _log_config(self, run_id: str) -> None:
