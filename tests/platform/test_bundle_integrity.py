@@ -98,7 +98,7 @@ def test_an_untouched_bundle_scores_bit_for_bit_as_the_same_tensors_without_a_di
         status, _, err = _cli(capsys, "run", document, "--no-track", "--device-map", "cpu",
                               "--out", str(tmp_path / name), "--data-root", DATA)
         assert status == 0, err
-        rows = json.loads((tmp_path / name / "iia.json").read_text())
+        rows = json.loads((tmp_path / name / "logit_diff.json").read_text())
         tables[name] = [(row["example_id"], row["value"]) for row in rows]
         if name == "plain":  # the digest check could not run, and says so
             assert err.splitlines() == [f"note: featurizers.rot.file_path: {plain}: tensors not "
