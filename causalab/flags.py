@@ -61,10 +61,13 @@ def digest(text: str) -> str:
 
 
 def check_device(value: str, where: JsonPath) -> None:
-    """Refuse a device this machine lacks before any weight is read (imports torch)."""
+    """Refuse a device this machine lacks before any weight is read (imports torch, except
+    for ``cpu`` and ``auto``, which every machine has)."""
     problem = _placement_problem(value)
     if problem:
         raise UsageError(where, problem)
+    if value in ("cpu", "auto"):
+        return
     import torch
 
     name = f"cuda:{value}" if value.isdigit() else value

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from causalab.document.vocab import DTYPES
 from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT, DOCUMENT
 
 
@@ -48,11 +49,8 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     """
     from causalab.engine import record
     from causalab.engine.bundles import check_plan_bundles
-    from causalab.engine.cache import DocumentCache
     from causalab.engine.containment import check_plan
     from causalab.engine.events import Events
-    from causalab.engine.load import load_model, served_dtype
-    from causalab.engine.planner import alike_later, groups
     from causalab.errors import UsageError
 
     for flag, value, low in (("--batch-size", batch_size, 1), ("--resume-mib", resume_mib, 0)):
@@ -65,25 +63,56 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     points = points_of(plan)
     check_plan(plan, out)
     check_plan_bundles(plan, resolver=events.resolve)
-    model = load_model(plan.model or points[0].model, device_map=device_map)
     events.run_start(raw, points)
     written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
+    verdicts = _leading_verdicts(events, points)
+    if any(verdicts.values()):
+        saves, engine, dtype = _run_points(plan, points, verdicts, out=out, events=events,
+                                           batch_size=batch_size, device_map=device_map,
+                                           resume_mib=resume_mib)
+    else:  # every point was done before: no model loads, no tensor library is imported
+        saves, engine, dtype = [], ENGINE, DTYPES[(plan.model or points[0].model).dtype]
+    written.append(record.write_run_record(out, engine, batch_size, dtype))
+    written += saves
+    events.run_end(written)
+    return written
+
+
+ENGINE = "StandardizedTransformer"  # what the engine loads a checkpoint as (run.json's engine)
+
+
+def _leading_verdicts(events, points: list) -> dict[int, bool]:
+    """``point_start`` of each point in order, up to the first that runs: a rerun whose
+    points are all done ends with these; otherwise the groups take the verdicts given."""
+    verdicts: dict[int, bool] = {}
+    for point in points:
+        verdicts[id(point)] = events.point_start(point) is not False
+        if verdicts[id(point)]:
+            break
+    return verdicts
+
+
+def _run_points(plan, points: list, verdicts: dict[int, bool], *, out: str, events,
+                batch_size: int | None, device_map: str, resume_mib: int | None):
+    """Load the model and run every fused group: ``(saves, engine name, served dtype)``;
+    the first error is raised once every point has run."""
+    from causalab.engine.cache import DocumentCache
+    from causalab.engine.load import load_model, served_dtype
+    from causalab.engine.planner import alike_later, groups
+
+    model = load_model(plan.model or points[0].model, device_map=device_map)
     saves: list[str] = []
     cache = DocumentCache(None if resume_mib is None else resume_mib * 2 ** 20)
     failed: Exception | None = None
     runs = groups(points, batch_size)
     for group, ahead in zip(runs, alike_later(runs)):
         done, error = _run_group(group, model, out=out, batch_size=batch_size, events=events,
-                                 cache=cache, ahead=ahead)
+                                 cache=cache, ahead=ahead, verdicts=verdicts)
         saves += done
         failed = failed or error
     if failed is not None:
         raise failed
-    written.append(record.write_run_record(out, type(model).__name__, batch_size,
-                                           served_dtype(model)))
-    written += saves
-    events.run_end(written)
-    return written
+    return saves, type(model).__name__, served_dtype(model)
 
 
 def _unchecked(plan, events, strict: bool) -> None:
@@ -96,13 +125,18 @@ def _unchecked(plan, events, strict: bool) -> None:
         events.note(f"{format_path(path)}: {why}")
 
 
-def _run_group(group: list, model, *, out: str, batch_size: int | None, events,
-               cache, ahead: list = ()) -> tuple[list[str], Exception | None]:
+def _run_group(group: list, model, *, out: str, batch_size: int | None, events, cache,
+               ahead: list = (), verdicts: dict[int, bool] | None = None
+               ) -> tuple[list[str], Exception | None]:
     """Start, compute and end one fused group of points: ``(their saves, first error)``.
-    ``ahead``: later points of the group's kind, whose shared values it computes too."""
+    ``ahead``: later points of the group's kind, whose shared values it computes too;
+    ``verdicts``: the points already asked whether they run (``point_start``)."""
     from causalab.engine.walk import discard_prefetched, prefetch, run_plan
 
-    started = [point for point in group if events.point_start(point) is not False]
+    asked = verdicts or {}
+    started = [point for point in group
+               if (asked[id(point)] if id(point) in asked
+                   else events.point_start(point) is not False)]
     try:
         prefetch(started, model, batch_size=batch_size, cache=cache, ahead=ahead)
     except BaseException as error:
