@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from causalab.tracking import plots
 from causalab.tracking import runs as store
-from causalab.tracking.naming import is_score
+from causalab.tracking.naming import is_score, split_score
 
 TAG = "causalab.attribution"
 FOLDER = "attribution"
@@ -112,7 +112,7 @@ def pairs(exact: Sequence[plots.Point], estimated: Mapping[str, list]) -> dict[s
         for coordinates, means in exact:
             key = _unit(coordinates)
             value = next((v for k, v in means.items()
-                          if is_score(k) and k.rsplit("/", 1)[-1] == metric), None)
+                          if is_score(k) and split_score(k)[0] == metric), None)
             mine = _match(key, cells)
             if key and mine is not None and value is not None and math.isfinite(value):
                 found.setdefault(metric, []).append((value, mine))

@@ -78,8 +78,8 @@ def test_the_parent_plots_attribution_against_the_exact_sweep_of_the_same_heads(
 
 
 def test_units_pair_by_their_coordinates_as_the_exact_points_label_them():
-    exact = [({"heads": [h], "layers": 1}, {"patch/logit_diff": float(h), "patch/iia": 0.5,
-                                            "eligible/patch/logit_diff": 4.0})
+    exact = [({"heads": [h], "layers": 1}, {"logit_diff/patch": float(h), "iia/patch": 0.5,
+                                            "n/logit_diff/patch": 4.0})
              for h in range(3)]
     grid = {"logit_diff": [({"layers": 1, "heads": h}, 10.0 - h) for h in range(4)]}
     assert attribution_plots.pairs(exact, grid) == {"logit_diff": [(0.0, 10.0), (1.0, 9.0),
