@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from causalab.claims import claim
 from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT, DOCUMENT
 
 
@@ -41,15 +42,13 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     computed together, then written and ended one by one; each point still sees
     ``point_start``, its metrics and ``point_end`` in that order. A point that raises is
     reported to ``point_end`` with its error and the other points still run; the first error
-    is raised once they have. An interrupt stops at once, ending every started point.
+    is raised once they have. An interrupt stops at once, ending every started point. The run
+    holds ``out`` from before the model loads to its end (``causalab.claims``): a second run
+    into the same folder meanwhile is refused.
     """
-    from causalab.engine import record
     from causalab.engine.bundles import check_plan_bundles
-    from causalab.engine.cache import DocumentCache
     from causalab.engine.containment import check_plan
     from causalab.engine.events import Events
-    from causalab.engine.load import load_model, served_dtype
-    from causalab.engine.fusion import alike_later, groups
     from causalab.errors import UsageError
 
     for flag, value, low in (("--batch-size", batch_size, 1), ("--resume-mib", resume_mib, 0)):
@@ -61,6 +60,19 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     points = points_of(plan)
     check_plan(plan, out)
     check_plan_bundles(plan, resolver=events.resolve)
+    with claim(out):
+        return _run_claimed(raw, plan, points, out=out, batch_size=batch_size,
+                            device_map=device_map, events=events, resume_mib=resume_mib)
+
+
+def _run_claimed(raw: dict, plan, points: list, *, out: str, batch_size: int | None,
+                 device_map: str, events, resume_mib: int | None) -> list[str]:
+    """Load the model and run every point into ``out``, which this run holds."""
+    from causalab.engine import record
+    from causalab.engine.cache import DocumentCache
+    from causalab.engine.fusion import alike_later, groups
+    from causalab.engine.load import load_model, served_dtype
+
     model = load_model(plan.model or points[0].model, device_map=device_map)
     events.run_start(raw, points)
     written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]

@@ -14,6 +14,12 @@ from causalab.compile.positions import CHAT_ANCHOR
 from causalab.compile.rows import is_chat
 from causalab.errors import CompileError
 
+# Characters per position of a long prompt's head, tokenized to refuse it before tokenizing
+# all of it. A token covers about four characters of prose, so the head of a prompt past the
+# position table holds more tokens than the table; where it does not (tokens of long runs),
+# the whole prompt is tokenized and counted.
+_HEAD_CHARS = 32
+
 
 class RememberingTokenizer:
     """A tokenizer that remembers its encodings for one compile.
@@ -60,11 +66,34 @@ def render(value: Any, tokenizer, path: tuple) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False)
 
 
+def _refuse_past_positions(text: str, tokenizer, positions: int, name: str, path: tuple) -> None:
+    """A prompt far longer than the position table is refused from its head alone, so a
+    50 MB cell is never tokenized whole: the head of ``positions * _HEAD_CHARS`` characters
+    already holds more tokens than the table."""
+    if len(text) <= positions * _HEAD_CHARS:
+        return
+    head = len(tokenizer(text[:positions * _HEAD_CHARS])["input_ids"])
+    if head > positions + 1:  # C20; the cut may split one token in two
+        raise CompileError(path, f"row {name} is {len(text):,} characters, at least {head - 1} "
+                                 f"tokens; the checkpoint has {positions} positions")
+
+
 def prompt_batch(role: str, field: str, values: tuple, tokenizer, anchors: dict,
-                 path: tuple) -> PromptBatch:
-    """Tokenize every row of one role and left-pad to the longest; mask marks the content."""
+                 path: tuple, *, positions: int | None = None,
+                 example_ids: tuple = ()) -> PromptBatch:
+    """Tokenize every row of one role and left-pad to the longest; mask marks the content.
+    ``positions``: the checkpoint's position table, which no row may outgrow (named by its
+    ``example_ids`` entry)."""
     prompts = tuple(render(v, tokenizer, path) for v in values)
-    encoded = [list(tokenizer(p)["input_ids"]) for p in prompts]
+    encoded = []
+    for row, text in enumerate(prompts):
+        name = example_ids[row] if row < len(example_ids) else str(row)
+        if positions:
+            _refuse_past_positions(text, tokenizer, positions, name, path)
+        encoded.append(list(tokenizer(text)["input_ids"]))
+        if positions and len(encoded[-1]) > positions:  # C20
+            raise CompileError(path, f"row {name} is {len(encoded[-1])} tokens; the checkpoint "
+                                     f"has {positions} positions")
     width = max((len(ids) for ids in encoded), default=0)
     pad = pad_id(tokenizer)
     input_ids = tuple(tuple([pad] * (width - len(ids)) + ids) for ids in encoded)

@@ -15,6 +15,8 @@ IDENTITY = "identity"  # the implicit featurizer; never declared
 FEATURIZERS_NODE = "featurizers"  # the compiler's node ahead of the steps; no step may take it
 
 DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
+# The largest finite value of each dtype: a write's number past it enters the forward as inf.
+DTYPE_LARGEST = {"fp32": 3.4028234663852886e38, "bf16": 3.3895313892515355e38}
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 STEP_KINDS = ("observe", "fit", "weights")
 VIEWS = ("raw", "logits")

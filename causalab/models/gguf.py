@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import shutil
-import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
 
 from causalab.errors import ModelError
 from causalab.models import bars
-from causalab.models.staging import publish
+from causalab.models.staging import publish, staging_folder
 
 _KEY = ("model", "key")
 _CHUNK = 1 << 22
@@ -56,10 +54,9 @@ def cached_directory(path: str | Path, root: Path) -> tuple[Path, bool]:
         return final, False
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale(root, final.name)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+    staging = staging_folder(root, final.name)
     try:
         dequantize(source, staging)
-        os.chmod(staging, 0o755)
         publish(staging, final, "config.json")
     finally:
         shutil.rmtree(staging, ignore_errors=True)

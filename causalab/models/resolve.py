@@ -18,12 +18,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from causalab.errors import ModelError, reason
-from causalab.models.staging import publish
+from causalab.models.staging import publish, staging_folder
 from causalab.models.digest import directory_digest, looks_like_digest
 from causalab.models.json_files import read_json
 from causalab.models.registry import BUILTINS, SCHEME
@@ -108,7 +107,7 @@ def _materialise(name: str, entry: dict, revision: str | None, home: str | None)
         if (cached / "config.json").is_file() and (cached / "tokenizer.json").is_file():
             return cached, wanted
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    staging = staging_folder(root, name)
     try:
         from causalab.models.build import build
 

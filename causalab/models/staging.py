@@ -1,12 +1,26 @@
 """Cache entries appear whole or not at all: built in a staging folder, then one rename.
 
 A first use killed half-way leaves only a dot-named staging folder, which no lookup trusts.
-Knows nothing of what is built inside.
+Folders are made with the process's umask, like any folder the user makes, so a cache shared
+by a group (``CAUSALAB_HOME`` on a cluster, ``umask 002``) is readable by the group; a
+``tempfile`` folder would be 0700 whatever the umask. Knows nothing of what is built inside.
 """
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
+
+
+def staging_folder(root: Path, name: str) -> Path:
+    """A new hidden folder ``root/.<name>-<random>`` to build into, its mode from the umask."""
+    while True:
+        folder = root / f".{name}-{secrets.token_hex(6)}"
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
 
 
 def publish(staging: Path, final: Path, marker: str) -> None:
