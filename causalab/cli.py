@@ -1,7 +1,10 @@
 """The ``causalab`` command: schema | vocab | model | tokens | data | validate | explain | run |
-render | fetch | runs, each printing text or, with ``--json``, the whole result object.
+render | fetch | runs | restamp | server, each printing text or, with ``--json``, the whole result object.
 
-Every verb is a function from parsed arguments to a dict with a ``text`` key and prints nothing
+This module is the command: its parser, its verb table and its one error boundary. The verbs
+live in :mod:`causalab.cli_verbs` (those that read a document, a config or a dataset) and
+:mod:`causalab.cli_tracking` (those that run a document or reach the tracking store). Every
+verb is a function from parsed arguments to a dict with a ``text`` key and prints nothing
 itself; ``main`` prints only after the verb returned, so a refusal leaves nothing half-written on
 stdout. Heavy libraries (torch, transformers, nnterp, mlflow, hydra) are imported inside the verbs
 that need them: ``schema``, ``vocab`` and ``validate`` import none of them. One boundary turns a
@@ -15,24 +18,24 @@ is shown only with ``--debug``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
 import sys
 import traceback
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from causalab import flags
+from causalab.cli_tracking import verb_fetch, verb_restamp, verb_run, verb_runs, verb_server
+from causalab.cli_verbs import (verb_data, verb_explain, verb_model, verb_render, verb_schema,
+                                verb_tokens, verb_validate, verb_vocab)
 from causalab.document import vocab
-from causalab.engine.events import Events
 from causalab.errors import CausalabError, UsageError, format_path
 from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT
 from causalab.interrupts import INTERRUPTED, exit_status, interrupts, leave, one_line
+from causalab.options import RunOptions
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE = 0, 1, 2
-_SAMPLE_CHARS = 200
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,293 +45,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError((), f"{message} (see '{self.prog} --help')")
 
 
-def _read_document(path: str) -> dict:
-    """The document at ``path`` as raw JSON (bytes checked by ``causalab.document.load``)."""
-    from causalab.document import load_json
-
-    try:
-        data = Path(path).read_bytes()
-    except OSError as err:
-        raise UsageError((), f"cannot read document {path!r}: {err.strerror or err}") from None
-    return load_json(data, name=path)
-
-
-# --- verbs that need no model -------------------------------------------------------------
-
-def verb_schema(args: argparse.Namespace) -> dict:
-    """The JSON Schema of a document as written (sweeps allowed), the point form in its $defs."""
-    from causalab.document import json_schema
-
-    schema = json_schema()
-    return {"text": json.dumps(schema, indent=2), "schema": schema}
-
-
-def verb_vocab(args: argparse.Namespace) -> dict:
-    """Every closed vocabulary: components, mechanisms, featurizer and metric kinds, positions."""
-    from causalab.document import vocab
-
-    return {"text": vocab.render_vocab(), **vocab.vocab_payload()}
-
-
-def verb_validate(args: argparse.Namespace) -> dict:
-    """Lower every sweep point and check it offline; refusals name the JSON path."""
-    from causalab.document import validate
-
-    points = validate(_read_document(args.document))
-    labels = [point.label for point, _ in points]
-    return {"text": f"ok: {args.document} is a valid document", "ok": True,
-            "points": len(points), "labels": labels}
-
-
-def verb_data(args: argparse.Namespace) -> dict:
-    """A dataset reference's rows: count, columns, columns with empty cells, splits, a sample."""
-    from causalab.compile.rows import load_rows
-
-    table = load_rows(args.ref, args.data_root, (args.ref,))
-    columns: list[str] = []
-    for row in table.rows:
-        columns += [name for name in row if name not in columns]
-    empty = [name for name in columns
-             if any(row.get(name) in (None, "", []) for row in table.rows)]
-    splits: dict[str, int] = {}
-    for row in table.rows:
-        split = str(row.get("split", ""))
-        splits[split] = splits.get(split, 0) + 1
-    sample = table.rows[0]
-    sample_text = json.dumps(sample, ensure_ascii=False)
-    if len(sample_text) > _SAMPLE_CHARS:
-        sample_text = sample_text[:_SAMPLE_CHARS] + "…"
-    text = "\n".join([
-        f"{args.ref}: {len(table.rows)} rows from {table.file}",
-        f"columns: {', '.join(columns)}",
-        f"empty cells in: {', '.join(empty) if empty else '(none)'}",
-        "splits: " + ", ".join(f"{name or '(none)'}={n}" for name, n in splits.items()),
-        f"sample ({table.example_ids[0]}): {sample_text}",
-    ])
-    return {"text": text, "ref": args.ref, "file": table.file, "rows": len(table.rows),
-            "columns": columns, "empty_columns": empty, "splits": splits,
-            "example_ids": list(table.example_ids), "sample": sample}
-
-
-# --- verbs that need a tokenizer or a config ---------------------------------------------
-
-def verb_model(args: argparse.Namespace) -> dict:
-    """A checkpoint's facts without its weights: path, shape, padding, every component's place."""
-    from causalab.compile.addresses import component_table, facts
-    from causalab.models import load_config, load_tokenizer, resolve
-
-    resolved = resolve(args.key, args.revision)
-    config = load_config(resolved.path)
-    tokenizer = load_tokenizer(resolved.path)
-    found = facts(config)
-    table = component_table(config, args.attn_implementation)
-    payload = {
-        "key": resolved.key, "path": resolved.path, "revision": resolved.revision,
-        "builtin": resolved.builtin, "dtype": args.dtype,
-        "attn_implementation": args.attn_implementation,
-        "num_layers": found.layers, "hidden_size": found.hidden, "num_heads": found.q_heads,
-        "num_kv_heads": found.kv_heads, "head_dim": found.head_dim,
-        "intermediate_size": found.intermediate, "vocab_size": found.vocab,
-        "padding_side": tokenizer.padding_side, "components": table,
-    }
-    lines = [
-        f"{resolved.key}  revision={resolved.revision}",
-        f"path: {resolved.path}",
-        f"layers={found.layers} hidden={found.hidden} heads={found.q_heads} "
-        f"kv_heads={found.kv_heads} head_dim={found.head_dim} "
-        f"intermediate={found.intermediate} vocab={found.vocab} "
-        f"padding_side={tokenizer.padding_side}",
-        "components at layer 0:",
-    ]
-    for name, row in table.items():
-        if row["resolves"]:
-            width = f"width={row['width']}" if row["width"] is not None else "no width"
-            lines.append(f"  {name:<22} ok {width:<12} {row['op']}")
-        else:
-            lines.append(f"  {name:<22} -- {row['why']}")
-    return {"text": "\n".join(lines), **payload}
-
-
-def verb_tokens(args: argparse.Namespace) -> dict:
-    """Each string's token count on a checkpoint's tokenizer; a metric column needs exactly 1."""
-    from causalab.models import load_tokenizer, resolve
-
-    for index, string in enumerate(args.strings, start=1):
-        try:
-            string.encode("utf-8")
-        except UnicodeEncodeError:  # argv bytes that were not UTF-8, kept as surrogates
-            raise UsageError(("strings",), f"string {index} ({os.fsencode(string)!r}) is not "
-                                           "UTF-8 text, so no tokenizer can read it") from None
-    tokenizer = load_tokenizer(resolve(args.key, args.revision).path)
-    found, lines = [], []
-    for string in args.strings:
-        ids = tokenizer(string, add_special_tokens=False)["input_ids"]
-        pieces = [tokenizer.decode([i]) for i in ids]
-        single = len(ids) == 1
-        found.append({"string": string, "count": len(ids), "ids": ids, "pieces": pieces,
-                      "single": single})
-        flag = "" if single else "  <- not one token: cannot be a metric column"
-        noun = "token" if len(ids) == 1 else "tokens"
-        lines.append(f"{string!r:<16} {len(ids)} {noun} {pieces!r}{flag}")
-    return {"text": "\n".join(lines), "key": args.key, "tokens": found,
-            "all_single": all(t["single"] for t in found)}
-
-
-def verb_explain(args: argparse.Namespace) -> dict:
-    """The compiled plan tree, against config, tokenizer and data; no weights."""
-    import causalab.compile
-
-    raw = _read_document(args.document)
-    plan = causalab.compile.compile_document(raw, data_root=args.data_root,
-                                             resolver=_known_store(args))
-    if not args.json:  # the serialised plan costs as much as compiling it; text needs none
-        return {"text": causalab.compile.explain(plan)}
-    return causalab.compile.explain_payload(plan)
-
-
-def _known_store(args: argparse.Namespace):
-    """A ``runs:/`` resolver when a tracking URI is known (flag, MLFLOW_TRACKING_URI or an
-    ./mlflow.db already there), so explain checks tracked bundles' stamps; else None."""
-    if not (args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or os.path.exists("mlflow.db")):
-        return None
-
-    def resolve(uri: str) -> str:  # imports the tracking layer only when a URI is met
-        from causalab.tracking import resolve_artifact
-
-        return resolve_artifact(uri, args.tracking_uri)
-    return resolve
-
-
-# --- verbs that run or reach the tracking store ------------------------------------------
-
-class _Resolving(Events):
-    """With ``--no-track``: log nothing, still read ``runs:/`` bundles from the tracking URI
-    (MLFLOW_TRACKING_URI, ``--tracking-uri``, else ./mlflow.db); mlflow loads only if asked."""
-
-    def __init__(self, tracking_uri: str | None) -> None:
-        self.uri = tracking_uri
-        self.skipped: dict[str, str] = {}
-
-    def resolve(self, uri: str) -> str:
-        from causalab.tracking import resolve_artifact
-
-        return resolve_artifact(uri, self.uri)
-
-
-def _tracking_events(args: argparse.Namespace) -> Any:
-    """The MLflow listener for a run (docs/platform.md §5), or a ``runs:/`` reader with ``--no-track``."""
-    if args.no_track:
-        return _Resolving(args.tracking_uri)
-    from causalab.tracking import TrackingEvents
-
-    return TrackingEvents(tracking_uri=args.tracking_uri, rerun=args.rerun, out=args.out,
-                          argv=list(args.argv))
-
-
-def verb_run(args: argparse.Namespace) -> dict:
-    """Run a document and list the files written, in order; nothing else is printed.
-
-    With tracking on, a point that raises or is interrupted ends its MLflow run FAILED or
-    KILLED (the listener's context exit), never left looking finished.
-    """
-    from causalab.engine.events import Chain
-    from causalab.pipeline import run_document
-    from causalab.progress import PointProgress
-
-    raw = _read_document(args.document)
-    events = _tracking_events(args)
-    tracked = not args.no_track
-    with events if tracked else contextlib.nullcontext():
-        written = run_document(raw, out=args.out, batch_size=args.batch_size,
-                               device_map=args.device_map, data_root=args.data_root,
-                               events=Chain(events, PointProgress()),
-                               resume_mib=args.resume_mib)
-    written = [str(p) for p in written]
-    skipped = [{"point": label or "<root>", "reused_run_id": run_id,
-                "linked_run_id": getattr(events, "linked", {}).get(label)}
-               for label, run_id in events.skipped.items()]
-    for entry in skipped:  # stdout stays the list of files; what was reused is said beside it
-        print(f"skipped {entry['point']}: done in run {entry['reused_run_id']}", file=sys.stderr)
-    return {"text": "\n".join(written), "written": written, "out": args.out,
-            "skipped": skipped}
-
-
-def verb_render(args: argparse.Namespace) -> dict:
-    """The canonical document a Hydra composition renders to (docs/platform.md §4); one that
-    would not validate is refused at its path, as a run of it would be."""
-    from causalab.document import validate
-    from causalab.render import render
-
-    document = render(list(args.overrides), config_dir=args.config_dir)
-    validate(document)
-    return {"text": json.dumps(document, indent=2, ensure_ascii=False), "document": document}
-
-
-def verb_fetch(args: argparse.Namespace) -> dict:
-    """Download one tracked artifact (``runs:/<run_id>/<path>``) to a local path."""
-    from causalab.tracking import fetch
-
-    convert = _basis_of(args.uri) if args.basis else None
-    path = str(fetch(args.uri, args.output, tracking_uri=args.tracking_uri, convert=convert))
-    return {"text": path, "path": path, "uri": args.uri}
-
-
-def _basis_of(uri: str) -> Callable[[str, str], None]:
-    """``fetch --basis``'s rewrite of the downloaded file, refused at ``--basis`` naming the
-    URI (not the temporary file) when it is no subspace bundle."""
-    def convert(source: str, target: str) -> None:
-        from safetensors import SafetensorError
-
-        from causalab.engine.featurizers.subspace import export_basis
-
-        try:
-            export_basis(source, target, named=uri)
-        except (SafetensorError, OSError):
-            raise UsageError(("--basis",), f"{uri} is not a safetensors bundle, so it has no "
-                                           "basis to write") from None
-    return convert
-
-
-def verb_runs(args: argparse.Namespace) -> dict:
-    """Tracked runs, newest first, optionally only those of one point digest."""
-    from causalab.tracking import list_runs
-
-    runs = list_runs(produced_by=args.produced_by, tracking_uri=args.tracking_uri)
-    if not runs:
-        from causalab.tracking.runs import resolve_uri, store_exists
-
-        uri = resolve_uri(args.tracking_uri)  # list_runs creates no store that is not there
-        if not store_exists(uri):
-            return {"text": f"(no runs: there is no tracking store at {uri})", "runs": []}
-    lines = [f"{r['run_id']}  {r['status']:<9} {(r.get('model') or '-'):<24} "
-             f"{(r.get('job') or '-'):<32} {(r.get('name') or ''):<20} "
-             f"{(r.get('produced_by') or '')[:12]}"
-             f"{'  reuses ' + r['reused_from'] if r.get('reused_from') else ''}".rstrip()
-             for r in runs]
-    return {"text": "\n".join(lines) if lines else "(no runs)", "runs": runs}
-
-
-def verb_server(args: argparse.Namespace) -> dict:
-    """Start, stop or look at the team tracking stack (PostgreSQL + mlflow server)."""
-    from causalab import server
-
-    return server.verb(args)
-
-
 # --- the parser ---------------------------------------------------------------------------
-
-def _at_least(low: int) -> Callable[[str], int]:
-    """An ``argparse`` type: an integer no smaller than ``low``."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be {low} or more, got {value}")
-        return value
-    return parse
-
 
 def _common(parser: argparse.ArgumentParser, *, top: bool) -> None:
     """``--json`` and ``--debug`` before or after the verb (after: only set when given)."""
@@ -345,20 +62,26 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_args(parser: argparse.ArgumentParser) -> None:
+    """``run``'s flags: read as text here, validated as the run's options (causalab.options)."""
+    device = RunOptions.model_fields["device_map"].default
     parser.add_argument("document")
-    parser.add_argument("--out", default=DEFAULT_OUT, help="output directory (default: out)")
-    parser.add_argument("--device-map", default="auto", type=flags.device_map,
-                        help="accelerate device map (default: auto; use cpu without a GPU)")
-    parser.add_argument("--batch-size", type=_at_least(1), default=None,
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help=f"output directory (default: {DEFAULT_OUT})")
+    parser.add_argument("--device-map", default=None,
+                        help=f"accelerate device map (default: {device}: the accelerator when "
+                             "there is one, else cpu)")
+    parser.add_argument("--batch-size", default=None,
                         help="rows per forward window (default: the whole pass)")
-    parser.add_argument("--resume-mib", type=_at_least(0), default=None,
+    parser.add_argument("--resume-mib", default=None,
                         help="MiB of un-intervened values kept for prefix resume "
                              "(default: 256; 0 turns resume off)")
     parser.add_argument("--data-root", default=None, help=f"default: {DEFAULT_DATA_ROOT}")
     parser.add_argument("--no-track", action="store_true", help="skip MLflow tracking")
-    parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)
+    parser.add_argument("--tracking-uri", default=None)
     parser.add_argument("--rerun", action="store_true",
                         help="run points even when a finished run with their digest exists")
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse when a bundle check cannot run (a stamp without a digest)")
 
 
 VERBS: dict[str, tuple[Callable[[argparse.Namespace], dict], str]] = {
@@ -373,6 +96,7 @@ VERBS: dict[str, tuple[Callable[[argparse.Namespace], dict], str]] = {
     "render": (verb_render, "render Hydra overrides to a canonical document"),
     "fetch": (verb_fetch, "download a tracked artifact"),
     "runs": (verb_runs, "list tracked runs"),
+    "restamp": (verb_restamp, "re-stamp a bundle's tensor digest after an intended edit"),
     "server": (verb_server, "run the tracking server: PostgreSQL + mlflow server on 127.0.0.1"),
 }
 
@@ -395,6 +119,11 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
         if name == "explain":
             parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri,
                                 help="store to fetch runs:/ bundles from, to check their stamps")
+            parser.add_argument("--strict", action="store_true",
+                                help="refuse when a check cannot run (a runs:/ bundle with no "
+                                     "store known, a stamp without a digest)")
+            parser.add_argument("--traces", action="store_true",
+                                help="print the traces a run opens instead (no weights loaded)")
     elif name == "run":
         _run_args(parser)
     elif name == "render":
@@ -407,6 +136,8 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--basis", action="store_true",
                             help="write a subspace bundle's orthonormal basis alone: "
                                  "safetensors {'basis': (d, k)}, x @ basis = features")
+    elif name == "restamp":
+        parser.add_argument("file", help="a .safetensors bundle or a SAELens folder")
     elif name == "runs":
         parser.add_argument("--produced-by", default=None, type=flags.digest,
                             help="a point digest")
@@ -459,8 +190,10 @@ def _check_flags(args: argparse.Namespace) -> None:
         flags.check_writable(args.out, ("--out",))
     if getattr(args, "output", None) is not None:
         flags.check_writable(args.output, ("-o/--output",), file_ok=True)
-    if hasattr(args, "device_map"):
-        flags.check_device(args.device_map, ("--device-map",))
+    overriding = os.environ.get("MLFLOW_TRACKING_URI")
+    if getattr(args, "tracking_uri", None) and overriding and overriding != args.tracking_uri:
+        print(f"note: tracking store {overriding} (MLFLOW_TRACKING_URI is set and wins over "
+              f"--tracking-uri {args.tracking_uri})", file=sys.stderr)
 
 
 # --- the one error boundary ---------------------------------------------------------------

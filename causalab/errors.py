@@ -7,17 +7,47 @@ one line and exit non-zero without a traceback.
 """
 from __future__ import annotations
 
+import re
 from typing import Iterable
 
 PathPart = str | int
 Path = tuple[PathPart, ...]
 
+QUOTE_LIMIT = 80  # characters of one user string a refusal quotes; longer ones are cut
+# A quoted string in a message (a repr or a JSON string): opened and closed off a word, so an
+# apostrophe inside prose ("the bundle's") never opens one.
+_QUOTED = re.compile(r"""(?<!\w)(['"])((?:(?!\1)[^\\\n]|\\.){%d,})\1(?!\w)""" % (QUOTE_LIMIT + 1))
+# An unquoted run of twice that (a name in a "declared: …" list); a long path stays whole.
+_LONG_WORD = re.compile(r"\S{%d,}" % (2 * QUOTE_LIMIT + 1))
+
+
+def shorten(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, its middle given up to one ellipsis, so the end
+    of a long name (a file's name, a key's suffix) still shows.
+
+    >>> shorten("x" * 100 + ".json", 12)
+    'xxxxxx….json'
+    """
+    if len(text) <= limit:
+        return text
+    tail = (limit - 1) // 2
+    return text[:limit - 1 - tail] + "…" + text[len(text) - tail:]
+
+
+def _quoted_cut(message: str) -> str:
+    """Every quoted string in ``message`` longer than QUOTE_LIMIT, and every unquoted word
+    longer than twice that, cut (``shorten``)."""
+    message = _QUOTED.sub(lambda m: m.group(1) + shorten(m.group(2)) + m.group(1), message)
+    return _LONG_WORD.sub(lambda m: shorten(m.group(0)), message)
+
 
 def _printable(part: str) -> str:
-    """A key as one line of text: control characters and lone surrogates escaped."""
-    if part.isprintable() and part.encode("utf-8", "surrogatepass") == part.encode("utf-8", "ignore"):
-        return part
-    return part.encode("unicode_escape").decode("ascii")
+    """A key as one line of text: control characters and lone surrogates escaped, cut to
+    QUOTE_LIMIT characters."""
+    if not (part.isprintable()
+            and part.encode("utf-8", "surrogatepass") == part.encode("utf-8", "ignore")):
+        part = part.encode("unicode_escape").decode("ascii")
+    return shorten(part)
 
 
 def format_path(path: Iterable[PathPart]) -> str:
@@ -41,13 +71,14 @@ def fault_line(error: BaseException, hint: str) -> str:
 
 
 class CausalabError(Exception):
-    """Base of every error causalab raises on purpose. ``path`` is where it is."""
+    """Base of every error causalab raises on purpose. ``path`` is where it is (kept whole);
+    the message's quoted user strings are cut to QUOTE_LIMIT characters, once, here."""
 
     stage = "run"
 
     def __init__(self, path: Iterable[PathPart], message: str):
         self.path: Path = tuple(path)
-        self.message = message
+        self.message = _quoted_cut(message)
         super().__init__(f"{format_path(self.path)}: {message}")
 
     def __reduce__(self):

@@ -18,6 +18,14 @@ DEFAULT_DATA_ROOT = "documents/data"
 DEFAULT_OUT = "out"
 SAELENS_CONFIG = "cfg.json"
 SAELENS_WEIGHTS = "sae_weights.safetensors"
+HOME_VARIABLE = "CAUSALAB_HOME"
+
+
+def causalab_home() -> Path:
+    """Where causalab keeps what it makes once and reuses: ``$CAUSALAB_HOME``, else
+    ~/.cache/causalab; built-in models under ``models/``, downloaded artifacts under
+    ``artifacts/`` (docs/platform.md §5)."""
+    return Path(os.environ.get(HOME_VARIABLE) or Path.home() / ".cache" / "causalab")
 
 
 def stamp(path: "str | os.PathLike") -> tuple | None:

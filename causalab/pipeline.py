@@ -31,14 +31,17 @@ def points_of(plan) -> list:
 
 def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = None,
                  device_map: str = "cpu", data_root: str = DEFAULT_DATA_ROOT,
-                 events=None, resume_mib: int | None = None) -> list[str]:
+                 events=None, resume_mib: int | None = None, strict: bool = False) -> list[str]:
     """Run a raw document end to end and return the written paths, in order.
+
+    A bundle check compile could not make (a stamp without a digest) goes to ``events.note``
+    as one line, or with ``strict`` is refused.
 
     ``resume_mib``: MiB of un-intervened values kept for prefix resume (docs/platform.md §7;
     default ``RESUME_BUDGET``, 0 turns resume off).
 
     ``events`` (a ``causalab.engine.events.Events``) may veto a point from ``point_start``.
-    Points whose intervened forwards fuse (``causalab.engine.fusion``) are started together,
+    Points whose intervened forwards fuse (``causalab.engine.planner``) are started together,
     computed together, then written and ended one by one; each point still sees
     ``point_start``, its metrics and ``point_end`` in that order. A point that raises is
     reported to ``point_end`` with its error and the other points still run; the first error
@@ -57,6 +60,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
             raise UsageError((flag,), f"must be an integer, {low} or more, not {value!r}")
     events = events or Events()
     plan = compile_only(raw, data_root, resolver=events.resolve)
+    _unchecked(plan, events, strict)
     points = points_of(plan)
     check_plan(plan, out)
     check_plan_bundles(plan, resolver=events.resolve)
@@ -70,7 +74,7 @@ def _run_claimed(raw: dict, plan, points: list, *, out: str, batch_size: int | N
     """Load the model and run every point into ``out``, which this run holds."""
     from causalab.engine import record
     from causalab.engine.cache import DocumentCache
-    from causalab.engine.fusion import alike_later, groups
+    from causalab.engine.planner import alike_later, groups
     from causalab.engine.load import load_model, served_dtype
 
     model = load_model(plan.model or points[0].model, device_map=device_map)
@@ -92,6 +96,16 @@ def _run_claimed(raw: dict, plan, points: list, *, out: str, batch_size: int | N
     written += saves
     events.run_end(written)
     return written
+
+
+def _unchecked(plan, events, strict: bool) -> None:
+    import causalab.compile
+    from causalab.errors import CompileError, format_path
+
+    for path, why in causalab.compile.unchecked(plan):
+        if strict:
+            raise CompileError(path, why)
+        events.note(f"{format_path(path)}: {why}")
 
 
 def _run_group(group: list, model, *, out: str, batch_size: int | None, events,

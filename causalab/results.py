@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from causalab.engine.events import Chain, Events
 from causalab.errors import UsageError
-from causalab.files import DEFAULT_DATA_ROOT, TABLE_SUFFIX, TENSOR_SUFFIX
+from causalab.files import TABLE_SUFFIX, TENSOR_SUFFIX
 
 
 @dataclass
@@ -90,27 +90,36 @@ def _tensor(published: Any) -> Any:
 
 def run(document: Mapping[str, Any] | str | Path, *, out: str | None = None,
         track: bool = False, tracking_uri: str | None = None, experiment: str | None = None,
-        rerun: bool = False, data_root: str = DEFAULT_DATA_ROOT, device_map: str = "cpu",
-        batch_size: int | None = None) -> Result:
+        rerun: bool | None = None, data_root: str | None = None, device_map: str | None = None,
+        batch_size: int | None = None, resume_mib: int | None = None) -> Result:
     """Run a document (a dict or a JSON file) and return its tables and values as data.
 
     ``out`` defaults to a new temporary folder. With ``track`` the run is logged to MLflow
-    exactly as ``causalab run`` logs it; a point done before is then reused, not rerun.
+    exactly as ``causalab run`` logs it; a point done before is then reused, not rerun. The
+    other keywords are the run's options (:class:`causalab.options.RunOptions`, whose
+    defaults a ``None`` takes); a bad one is refused naming it.
     """
+    from causalab.options import check_device, run_options
     from causalab.pipeline import run_document
 
+    options = run_options("python", out=out, track=track, tracking_uri=tracking_uri,
+                          experiment=experiment, rerun=rerun, data_root=data_root,
+                          device_map=device_map, batch_size=batch_size, resume_mib=resume_mib)
+    check_device(options, "python")
     raw = _document(document)
-    out = out or tempfile.mkdtemp(prefix="causalab-run-")
+    out = options.out or tempfile.mkdtemp(prefix="causalab-run-")
     collect = _Collect()
     tracker = None
-    if track:
+    if options.track:
         from causalab.tracking import TrackingEvents
 
-        tracker = TrackingEvents(tracking_uri=tracking_uri, experiment=experiment,
-                                 rerun=rerun, out=out)
+        tracker = TrackingEvents(tracking_uri=options.tracking_uri,
+                                 experiment=options.experiment, rerun=options.rerun, out=out,
+                                 uri_option=("tracking_uri",))
     try:
-        written = run_document(raw, out=out, batch_size=batch_size, device_map=device_map,
-                               data_root=data_root, events=Chain(tracker, collect))
+        written = run_document(raw, out=out, batch_size=options.batch_size,
+                               device_map=options.device_map, data_root=options.data_root,
+                               events=Chain(tracker, collect), resume_mib=options.resume_mib)
         if tracker is not None:
             tracker.wait()  # Result.runs names the stored runs
     except BaseException as error:

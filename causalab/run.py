@@ -5,8 +5,9 @@
     python -m causalab.run -m hydra/launcher=joblib experiment=patching site.layer=0,1
 
 The document is what ``causalab.render`` makes of the composed config; ``run`` and
-``tracking`` are options of the run and never enter it. Files go to ``run.out`` or, when that
-is null, to the job's Hydra output directory. In a multirun, the jobs' runs nest under the
+``tracking`` are the run's options (:mod:`causalab.options`, validated once, a null taking the
+option's default) and never enter it. Files go to ``run.out`` or, when that is null, to the
+job's Hydra output directory. In a multirun, the jobs' runs nest under the
 parent run that ``causalab.tracking.callbacks.MultirunParent`` opened in the launching process.
 This module holds no experiment logic: the pipeline runs, tracking logs.
 """
@@ -27,9 +28,9 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 
 from causalab.cli import process_settings
-from causalab.errors import CausalabError, UsageError, fault_line
-from causalab.files import DEFAULT_DATA_ROOT
+from causalab.errors import CausalabError, fault_line
 from causalab.interrupts import INTERRUPTED, exit_status, interrupts, leave, one_line
+from causalab.options import RunOptions, check_device, run_options
 from causalab.render import CONF, document_of
 
 _GROUPS = ("experiment", "model", "site", "data")
@@ -54,30 +55,28 @@ def _job() -> tuple[str | None, dict[str, str], dict | None]:
     return name, {**choices, **overrides}, parent
 
 
-def _switch(tracking: Any, key: str, default: bool) -> bool:
-    """A ``tracking`` switch: true or false, never a string read as true (``rerun=no``)."""
-    value = tracking.get(key, default)
-    if not isinstance(value, bool):
-        raise UsageError(("tracking", key), f"must be true or false, not {value!r}")
-    return value
+def run_options_of(config: Any) -> RunOptions:
+    """The job's ``run`` and ``tracking`` keys as the run's options (:mod:`causalab.options`),
+    validated once; a refusal names the key (``tracking.rerun``, ``run.batch_size``)."""
+    run = dict(config.get("run") or {})
+    tracking = dict(config.get("tracking") or {})
+    named = {"enabled": "track", "uri": "tracking_uri"}
+    return run_options("hydra", **run, **{named.get(k, k): v for k, v in tracking.items()})
 
 
-def tracking_events(config: Any, out: str):
+def tracking_events(config: Any, out: str, options: RunOptions | None = None):
     """The job's MLflow listener, or None when ``tracking.enabled`` is false."""
-    tracking = config.get("tracking") or {}
-    rerun = _switch(tracking, "rerun", False)
-    if not _switch(tracking, "enabled", True):
+    options = options or run_options_of(config)
+    if not options.track:
         return None
-    if tracking.get("experiment") is not None and not str(tracking.get("experiment")).strip():
-        raise UsageError(("tracking", "experiment"), "must name an experiment, not be empty")
     from causalab.tracking import TrackingEvents
 
     name, params, parent = _job()
     parent = parent or {}
     return TrackingEvents(
-        tracking_uri=parent.get("tracking_uri") or tracking.get("uri"),
-        experiment=parent.get("experiment") or tracking.get("experiment"),
-        rerun=rerun, hydra_config=config, out=out,
+        tracking_uri=parent.get("tracking_uri") or options.tracking_uri,
+        experiment=parent.get("experiment") or options.experiment,
+        rerun=options.rerun, hydra_config=config, out=out,
         parent_run_id=parent.get("run_id"), run_name=name, job_params=params)
 
 
@@ -121,24 +120,17 @@ def _run(config) -> None:
     from causalab.pipeline import run_document
     from causalab.progress import PointProgress, Summary
 
-    from causalab import flags
-
     document = document_of(config)
-    options = config.get("run") or {}
-    device_map = options.get("device_map") or "cpu"
-    flags.check_device(device_map, ("run", "device_map"))
-    out = options.get("out") or HydraConfig.get().runtime.output_dir
-    events = tracking_events(config, out)
+    options = run_options_of(config)
+    check_device(options, "hydra")
+    out = options.out or HydraConfig.get().runtime.output_dir
+    events = tracking_events(config, out, options)
     summary = Summary()
-    # A refusal of a run option names the config key that gave it, not the CLI flag.
-    blame = flags.blamed_on({("--batch-size",): ("run", "batch_size"),
-                             ("--resume-mib",): ("run", "resume_mib")})
-    with events if events is not None else nullcontext(), blame:
-        written = run_document(document, out=out, batch_size=options.get("batch_size"),
-                               device_map=device_map,
-                               data_root=options.get("data_root") or DEFAULT_DATA_ROOT,
+    with events if events is not None else nullcontext():
+        written = run_document(document, out=out, batch_size=options.batch_size,
+                               device_map=options.device_map, data_root=options.data_root,
                                events=Chain(events, PointProgress(), summary),
-                               resume_mib=options.get("resume_mib"))
+                               resume_mib=options.resume_mib)
         # The numbers are shown now; leaving the block waits for MLflow to store them.
         _report(out, written, summary, _job_line(document))
     _report_tracking(events)
@@ -177,7 +169,7 @@ def job(config) -> None:
 
 def _fail() -> NoReturn:
     if _multirun():
-        raise JobFailed(f"causalab: {_which_job().rstrip(': ')} failed, as its line above says; "
+        raise JobFailed(f"error: {_which_job().rstrip(': ')} failed, as its line above says; "
                         f"the multirun ran its other jobs") from None
     raise SystemExit(1) from None
 

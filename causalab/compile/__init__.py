@@ -3,7 +3,7 @@
 Never loads weights and never imports nnsight, nnterp, mlflow or hydra. Import it as
 ``import causalab.compile`` (``from causalab import compile`` would shadow the builtin).
 """
-from causalab.compile.explain import explain, explain_payload
+from causalab.compile.explain import explain, explain_payload, unchecked
 from causalab.compile.point import compile_document, compile_point
 
-__all__ = ["compile_document", "compile_point", "explain", "explain_payload"]
+__all__ = ["compile_document", "compile_point", "explain", "explain_payload", "unchecked"]

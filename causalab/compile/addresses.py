@@ -166,13 +166,22 @@ def _selection(component: str, width: int | None, heads, units, f: Facts,
     return width, None, None
 
 
+def _nearest(component: str) -> str:
+    """``"; did you mean block_output?"`` for a near miss; the whole list is ``causalab vocab``."""
+    import difflib
+
+    close = difflib.get_close_matches(component, list(vocab.COMPONENTS), n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"{hint} ({len(vocab.COMPONENTS)} components: causalab vocab lists them)"
+
+
 def resolve_address(component: str, layer: int | None, heads, units, config: Any,
                     attn_implementation: str | None, path: tuple) -> Address:
     """The site's address; refusals C2–C5 at ``path`` (the site's path, ``("sites", t)``)."""
     f = facts(config)
     if component not in vocab.COMPONENTS and component not in EXTRA_ACCESSORS:
-        names = ", ".join(vocab.COMPONENTS)
-        raise CompileError(path + ("component",), f"unknown component {component!r}; one of {names}")
+        raise CompileError(path + ("component",), f"unknown component {component!r}"
+                                                  f"{_nearest(component)}")
     _check_layer(component, layer, f, path)
     if component in EXTRA_ACCESSORS:
         extra = EXTRA_ACCESSORS[component]

@@ -2,7 +2,8 @@
 
 Needs no torch and no model: :func:`read_header` parses the safetensors JSON header by
 hand, so a bundle that is missing, corrupt, of the wrong kind, or stamped for another
-site or model is refused (C8) before any weight loads. Published dictionaries are
+site or model, or whose tensors differ from the stamp's digest (compile/integrity.py), is
+refused (C8) before any weight loads. Published dictionaries are
 SAELens tensors in one file or SAELens's own directory (``cfg.json`` +
 ``sae_weights.safetensors``), whose cfg is its identity (compile/saelens.py). A ``runs:/``
 bundle is checked the same way once a resolver (the tracking layer's) gives its local path.
@@ -18,6 +19,7 @@ import re
 from typing import Callable
 
 from causalab.compile import saelens
+from causalab.compile.integrity import check_tensors
 from causalab.document.references import step_source  # noqa: F401  (the engine reads it here)
 from causalab.errors import CausalabError, CompileError, Path
 from causalab.files import BASIS_KEY, SAELENS_CONFIG, SAELENS_WEIGHTS, TENSOR_KEY
@@ -119,6 +121,12 @@ def _header(path: str, at: Path) -> dict:
     except (OSError, ValueError, RecursionError) as exc:
         raise CompileError(at, f"unreadable bundle {file}: {exc}") from None
     return header
+
+
+def layout_header(path: str, *, at: Path = ()) -> dict:
+    """The parsed header of any safetensors file causalab reads or re-stamps (integer tensors
+    allowed), refused at ``at`` unless it describes the file's bytes exactly."""
+    return _header(path, at)
 
 
 def read_header(path: str, *, at: Path = ()) -> dict:
@@ -260,22 +268,31 @@ def _check_dictionary(spec, config: dict, source: str, header: dict, at: Path) -
     return options
 
 
-def check_bundle(spec, *, resolver: Resolver | None = None) -> dict:
-    """Refuse a FeaturizerSpec's bundle that is missing, corrupt, of the wrong kind, stamped
-    for something else, or unstamped without ``trust_unstamped``; return the featurizer's
-    options (an SAE's architecture and cfg switches). No torch, no model.
+def check_bundle(spec, *, resolver: Resolver | None = None, notes: list | None = None) -> dict:
+    """Refuse a FeaturizerSpec's bundle that is missing, corrupt, changed since it was stamped
+    (its tensors against the stamp's digest), not finite, of the wrong kind, stamped for
+    something else, or unstamped without ``trust_unstamped``; return the featurizer's options
+    (an SAE's architecture and cfg switches). No torch, no model.
 
     A SAELens directory (or a weights file whose document block says its cfg) is its own
-    identity: no stamp or ``trust_unstamped`` is needed, its cfg is checked instead.
+    identity: no stamp or ``trust_unstamped`` is needed, its cfg is checked instead. A stamp
+    without a digest is not refused: why its tensors went unchecked is appended to ``notes``.
     """
     at: Path = ("featurizers", spec.name, "file_path")
     path = resolve_bundle(spec.file_path, resolver, at)
     if spec.kind not in _SAE_KINDS and os.path.isdir(path):  # only SAELens ships folders
         raise CompileError(at, f"{path} is a folder; a {spec.kind} bundle is one .safetensors file")
     header = read_header(path, at=at)
+    shown = None
+    if is_uri(spec.file_path):  # name what the author wrote, not the download cache's copy
+        shown = spec.file_path + (f"/{SAELENS_WEIGHTS}" if os.path.isdir(path) else "")
+    digested = check_tensors(weights_file(path), header, at, shown=shown)
     metadata = header.pop("__metadata__", None) or {}
     config = _saelens_config(path, spec, at) if spec.kind in _SAE_KINDS else None
     if is_stamped(metadata):
+        if not digested and notes is not None:
+            notes.append(f"{spec.file_path}: tensors not checked: its stamp has no digest "
+                         f"(re-stamp it: causalab restamp {weights_file(path)})")
         check_identity(metadata, document_stamp(spec), at)
     elif config is None and not spec.trust_unstamped:
         raise CompileError(at, "bundle has no identity stamp; set trust_unstamped: true to load it "

@@ -9,8 +9,8 @@ JSON payload is the serialised plan, which round-trips through ``plan_from_json`
 """
 from __future__ import annotations
 
-from causalab.compile.plan import (Address, Featurizers, FeaturizerSpec, Fit, Forward, Observe,
-                                   Pass, Plan, ReadOp, Weights, WriteOp, plan_to_json)
+from causalab.compile.plan import (Address, Attribute, Featurizers, FeaturizerSpec, Fit, Forward,
+                                   Observe, Pass, Plan, ReadOp, Weights, WriteOp, plan_to_json)
 from causalab.compile.positions import spell
 
 
@@ -102,6 +102,43 @@ def fit_line(node: Fit) -> str:
     return line
 
 
+def _layer_span(layers: tuple) -> str:
+    if layers == (None,):
+        return ""
+    if layers == tuple(range(layers[0], layers[0] + len(layers))) and len(layers) > 2:
+        return f"[{layers[0]}..{layers[-1]}]"
+    return "[" + ",".join(map(str, layers)) + "]"
+
+
+def attribute_lines(node: Attribute, pad: str) -> list[str]:
+    """The step, then what it runs: the counterfactual's forward, the base's forward and
+    backward per integrated-gradients step, and where each position label lands."""
+    from causalab.compile.attribution import unit_count
+
+    first = node.addresses[0]
+    units = sum(unit_count(a, node.unit) for a in node.addresses) * len(node.labels)
+    estimate = "atp" if node.steps == 1 else f"integrated gradients, {node.steps} steps"
+    line = (f"{pad}{node.name}: Attribute  {first.component}{_layer_span(node.layers)} "
+            f"unit={node.unit} ({units} units)  metrics={_names(node.metrics)}  "
+            f"estimate={estimate}")
+    if node.saves:
+        line += f"  saves={_names(s.file_path for s in node.saves)}"
+    pass_ = node.passes[0]
+    tokens = {role: pass_.inputs[role].tokens for role in (node.base, node.counterfactual)}
+    lines = [line,
+             f"{pad}    forward '{node.counterfactual}' ({pass_.rows} rows x "
+             f"{tokens[node.counterfactual]} tokens): read the site at {len(node.layers)} layers",
+             f"{pad}    forward + backward '{node.base}' ({pass_.rows} rows x "
+             f"{tokens[node.base]} tokens) x {node.steps}: d metric / d site at every layer"]
+    for label, each in zip(node.labels, node.passes):
+        write = next(w for fw in each.forwards for w in fw.writes if w.name == node.write)
+        read = next(r for fw in each.forwards for r in fw.reads if r.name == node.operand)
+        name = "" if label is None else f"{label}: "
+        lines.append(f"{pad}    {name}(a_cf at pos={spell(read.pos)} - a_base at "
+                     f"pos={spell(write.pos)}) . gradient")
+    return lines
+
+
 def featurizer_line(spec: FeaturizerSpec) -> str:
     parts = [f"{spec.name}: {spec.kind}"]
     if spec.k is not None:
@@ -133,6 +170,8 @@ def _lines(node, depth: int) -> list[str]:
     if isinstance(node, Fit):
         return [f"{pad}{fit_line(node)}"] + [
             line for fw in node.train.forwards for line in forward_lines(fw, node.train, pad + "    ")]
+    if isinstance(node, Attribute):
+        return attribute_lines(node, pad)
     if isinstance(node, Weights):
         line = f"{pad}{node.name}: Weights  names={_names(node.names)}"
         return [line + (f"  saves={_names(s.file_path for s in node.saves)}" if node.saves else "")]
@@ -144,9 +183,25 @@ def explain(plan: Plan) -> str:
     return "\n".join(_lines(plan, 0))
 
 
+def unchecked(plan) -> list[tuple[tuple, str]]:
+    """``(path, why)`` for each bundle check compile could not make (a ``runs:/`` bundle with
+    no store known, a stamp without a digest), once each, in plan order."""
+    found: list[tuple[tuple, str]] = []
+    if isinstance(plan, Featurizers):
+        for spec in plan.featurizers:
+            entry = (("featurizers", spec.name, "file_path"), spec.unchecked)
+            if spec.unchecked and entry not in found:
+                found.append(entry)
+    for child in getattr(plan, "children", ()):
+        found += [entry for entry in unchecked(child) if entry not in found]
+    return found
+
+
 def explain_payload(plan: Plan) -> dict:
-    """``explain --json``: the serialised plan plus ``steps`` (root step names or point labels)."""
+    """``explain --json``: the serialised plan plus ``steps`` (root step names or point labels)
+    and ``unchecked`` (the checks compile could not make, as lines)."""
     payload = plan_to_json(plan)
+    payload["unchecked"] = [f"{'.'.join(map(str, path))}: {why}" for path, why in unchecked(plan)]
     payload["steps"] = [child.name for child in plan.children
                         if not isinstance(child, Featurizers)]
     payload["text"] = explain(plan)

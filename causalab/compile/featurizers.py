@@ -1,20 +1,23 @@
 """The ``featurizers`` plan node: each declared featurizer with ``d``, seed, stamp and trainer.
 
-Reads a bundle's safetensors header (JSON, no tensors) to learn an ``sae``/``linear`` rank
-and to check its stamp and shapes (C8) before any weight loads. A ``runs:/`` bundle is
-checked here too when the caller passes a resolver (the tracking layer's, bound to a known
-tracking URI); without one it is checked where the run fetches it.
+Reads a bundle's safetensors header (JSON) to learn an ``sae``/``linear`` rank and to check its
+stamp and shapes (C8), and its tensors' bytes against the stamp's digest and for NaN (C8,
+C21), before any weight loads. A ``runs:/`` bundle is checked here too when the caller passes
+a resolver (the tracking layer's, bound to a known tracking URI); without one its spec says
+why it went unchecked (``unchecked``), and it is checked where the run fetches it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+
 from causalab.compile.bundles import Resolver, check_bundle, is_uri, read_stamp, resolve_bundle
 from causalab.compile.plan import Address, FeaturizerSpec, Featurizers, ModelRef
 from causalab.document.interventions import Intervention
 from causalab.document.references import step_source
 from causalab.document.schema import Document, Featurizer
 from causalab.document.schema import Fit as FitStep
-from causalab.document.vocab import IDENTITY
+from causalab.document.vocab import IDENTITY, parametrization_of
 from causalab.errors import CompileError
 
 NODE_NAME = "featurizers"
@@ -72,20 +75,38 @@ def bundle_rank(file_path: str, path: tuple, resolver: Resolver | None = None,
 
 
 def stamp(name: str, kind: str, k: int | None, d: int, site: str, address: Address,
-          model: ModelRef, digest: str) -> dict[str, str]:
-    """The identity stamp a bundle of this featurizer carries (docs/format.md §8.3)."""
-    out = {"kind": kind, "d": str(d), "parametrization": "cayley", "site": site,
-           "component": address.component,
-           "layer": "" if address.layer is None else str(address.layer)}
+          model: ModelRef, digest: str, parametrization: str | None = None) -> dict[str, str]:
+    """The identity stamp a bundle of this featurizer carries (docs/format.md §8.3); its
+    parametrization is the kind's own (a subspace's as the document declares it)."""
+    out = {"kind": kind, "d": str(d), "parametrization": parametrization_of(kind, parametrization),
+           **where(site, address)}
     if k is not None and kind != "gate":
         out["k"] = str(k)
+    out.update(_model(model), featurizer_dtype="fp32", produced_by=digest, engine="causalab")
+    return out
+
+
+def save_stamp(value: str, place: dict[str, str], model: ModelRef, digest: str) -> dict[str, str]:
+    """The stamp of a plain tensor save (a read, a mean, generated ids, a loss curve, a gate's
+    mask): ``kind: tensor``, the value's name, where it was taken (``place``: site, component,
+    layer; "" for none) and the model, so no tensor causalab writes is anonymous."""
+    return {"kind": "tensor", "value": value, "site": "", "component": "", "layer": "", **place,
+            **_model(model), "produced_by": digest, "engine": "causalab"}
+
+
+def where(site: str, address: Address) -> dict[str, str]:
+    """A site's place in a stamp: its name, component, layer and any heads or units."""
+    out = {"site": site, "component": address.component,
+           "layer": "" if address.layer is None else str(address.layer)}
     if address.heads:
         out["heads"] = json.dumps(list(address.heads), separators=(",", ":"))
     if address.units:
         out["units"] = json.dumps(list(address.units), separators=(",", ":"))
-    out.update(model_key=model.key, model_revision=model.revision, model_dtype=model.dtype,
-               featurizer_dtype="fp32", produced_by=digest, engine="causalab")
     return out
+
+
+def _model(model: ModelRef) -> dict[str, str]:
+    return {"model_key": model.key, "model_revision": model.revision, "model_dtype": model.dtype}
 
 
 def _spec(name: str, raw: Featurizer, site: str, address: Address, trainer, model: ModelRef,
@@ -106,14 +127,19 @@ def _spec(name: str, raw: Featurizer, site: str, address: Address, trainer, mode
         seed = trainer[1] if trainer else FitStep.model_fields["seed"].default
     spec = FeaturizerSpec(
         name=name, kind=kind, d=d, k=k, seed=seed, file_path=raw.file_path,
-        trust_unstamped=raw.trust_unstamped, parametrization=raw.parametrization,
-        stamp=stamp(name, kind, k, d, site, address, model, digest),
+        trust_unstamped=raw.trust_unstamped,
+        parametrization=parametrization_of(kind, raw.parametrization),
+        stamp=stamp(name, kind, k, d, site, address, model, digest, raw.parametrization),
         trained_by=trainer[0] if trainer else None,
         saelens=raw.saelens.model_dump(exclude_unset=True) if raw.saelens else {})
-    if (spec.file_path is not None and step_source(spec.file_path) is None
-            and (resolver is not None or not is_uri(spec.file_path))):
-        check_bundle(spec, resolver=resolver)
-    return spec
+    if spec.file_path is None or step_source(spec.file_path) is not None:
+        return spec
+    if resolver is None and is_uri(spec.file_path):
+        return dataclasses.replace(spec, unchecked=f"{spec.file_path} not checked: no tracking "
+                                   "store known (give --tracking-uri or set MLFLOW_TRACKING_URI)")
+    notes: list[str] = []
+    check_bundle(spec, resolver=resolver, notes=notes)
+    return dataclasses.replace(spec, unchecked="; ".join(notes)) if notes else spec
 
 
 def featurizers_node(document: Document, addresses: dict[str, Address], model: ModelRef,

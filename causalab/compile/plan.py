@@ -224,6 +224,7 @@ class FeaturizerSpec:
     stamp: dict[str, str]
     trained_by: str | None = None
     saelens: dict = field(default_factory=dict)  # the document's block for a cfg-less SAE file
+    unchecked: str = ""  # why compile could not check the bundle's stamp or tensors ("" if it did)
 
 
 @dataclass(frozen=True)
@@ -276,6 +277,33 @@ class Weights:
 
 
 @dataclass(frozen=True)
+class Attribute:
+    """Attribution patching over a site set (docs/format.md §9.7).
+
+    ``passes[i]`` is the interchange compiled with the write and its operand at position
+    ``labels[i]`` (``(None,)``: the write's own position); all share the rows and ids.
+    ``addresses[j]`` is the site at ``layers[j]`` (a head unit selects every head the site
+    has); ``embeddings`` is where ``steps > 1`` interpolates the two prompts.
+    """
+
+    name: str
+    passes: tuple[Pass, ...]
+    labels: tuple[str | None, ...]
+    write: str
+    operand: str
+    base: str
+    counterfactual: str
+    layers: tuple[int | None, ...]
+    addresses: tuple[Address, ...]
+    unit: str
+    metrics: tuple[str, ...]
+    steps: int = 1
+    embeddings: Address | None = None
+    saves: tuple[SaveOp, ...] = ()
+    results: dict = field(default_factory=_results, compare=False)
+
+
+@dataclass(frozen=True)
 class ModelRef:
     """The checkpoint as the document pins it, plus the local directory it resolved to."""
 
@@ -307,7 +335,8 @@ class Plan:
 
 _NODES = {cls.__name__: cls for cls in (
     Address, PositionSpec, PromptBatch, Operand, ReadOp, WriteOp, Forward, MetricOp, Pass,
-    OutputOp, SaveOp, FeaturizerSpec, Featurizers, Observe, Fit, Weights, ModelRef, Plan,
+    OutputOp, SaveOp, FeaturizerSpec, Featurizers, Observe, Fit, Weights, Attribute, ModelRef,
+    Plan,
 )}
 
 # Each node class's fields in order, once: looked up per node instead of asked of dataclasses.

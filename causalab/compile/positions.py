@@ -1,8 +1,9 @@
 """Positions: a spec built from the document, resolved per row to absolute padded indices.
 
 Pure python over token ids and a ``decode_text`` callable; it never tokenizes, never imports
-torch and never re-encodes text (docs/format.md §6.4). The engine calls :func:`resolve` at run time with
-the tokenizer it holds; the compiler calls it for the static width check (C16).
+torch and never re-encodes text (docs/format.md §6.4). :func:`resolve_rows` resolves a spec on
+every row of a batch; the engine calls it from one place (``causalab.engine.windows``) with
+the tokenizer it holds, the compiler uses the cuts for the static width check (C16).
 
     >>> batch = PromptBatch("base", "input", ("a b",), ((0, 5, 6),), ((0, 1, 1),), 0, 0)
     >>> resolve(PositionSpec(index=-1), batch, 0, lambda ids: "")
@@ -183,6 +184,23 @@ def resolve(spec: PositionSpec, batch: PromptBatch, row: int, decode_text: Decod
         return (), reason
     picked, reason = cut(spec, len(window))
     return tuple(start + window[i] for i in picked), reason
+
+
+def resolve_rows(spec: PositionSpec, batch: PromptBatch, rows: Sequence[int],
+                 decode_text: Decode, where: tuple = (), *,
+                 generated: Sequence[Sequence[int]] | None = None,
+                 eos_ids: Sequence[int] = ()) -> list[tuple[tuple[int, ...], str]]:
+    """:func:`resolve` on each of ``rows``, a refusal placed at ``where``; a generated-frame
+    spec takes each row's continuation from ``generated`` (one id sequence per row)."""
+    found = []
+    for i, row in enumerate(rows):
+        try:
+            found.append(resolve(spec, batch, row, decode_text,
+                                 generated=None if generated is None else generated[i],
+                                 eos_ids=eos_ids))
+        except RunError as error:
+            raise RunError(where + ("pos",) + error.path, error.message) from None
+    return found
 
 
 def _resolve_generated(spec: PositionSpec, batch: PromptBatch, row: int, decode_text: Decode,

@@ -73,7 +73,7 @@ def _refuse_past_positions(text: str, tokenizer, positions: int, name: str, path
     if len(text) <= positions * _HEAD_CHARS:
         return
     head = len(tokenizer(text[:positions * _HEAD_CHARS])["input_ids"])
-    if head > positions + 1:  # C20; the cut may split one token in two
+    if head > positions + 1:  # C22; the cut may split one token in two
         raise CompileError(path, f"row {name} is {len(text):,} characters, at least {head - 1} "
                                  f"tokens; the checkpoint has {positions} positions")
 
@@ -91,7 +91,7 @@ def prompt_batch(role: str, field: str, values: tuple, tokenizer, anchors: dict,
         if positions:
             _refuse_past_positions(text, tokenizer, positions, name, path)
         encoded.append(list(tokenizer(text)["input_ids"]))
-        if positions and len(encoded[-1]) > positions:  # C20
+        if positions and len(encoded[-1]) > positions:  # C22
             raise CompileError(path, f"row {name} is {len(encoded[-1])} tokens; the checkpoint "
                                      f"has {positions} positions")
     width = max((len(ids) for ids in encoded), default=0)

@@ -11,7 +11,8 @@ import random
 
 from causalab.compile import schedule
 from causalab.compile.passes import Context, Entry, build_pass, entries, pass_tables
-from causalab.compile.plan import Fit, Observe, OutputOp, Pass, Plan, SaveOp, Weights
+from causalab.compile.plan import Fit, Observe, OutputOp, Pass, Plan, Weights
+from causalab.compile.saves import save_ops
 from causalab.compile.rows import shared_rows
 from causalab.document.references import step_entries
 from causalab.document.schema import Fit as FitStep
@@ -21,17 +22,10 @@ from causalab.document.schema import Weights as WeightsStep
 from causalab.document.step_references import produced
 from causalab.document.vocab import MAX_UPDATES, METRIC_KINDS, SAELENS_HOOKS
 from causalab.errors import CompileError
-from causalab.files import TABLE_SUFFIX, TENSOR_SUFFIX
+from causalab.files import TENSOR_SUFFIX
 
 # A metric kind's ordered column fields: where C17 points when a batch has none of its rows.
 _COLUMNS = {kind: tuple(row["columns"]) for kind, row in METRIC_KINDS.items()}
-
-
-def save_ops(saves: list[Save]) -> tuple[SaveOp, ...]:
-    """``.json`` saves are metric tables; anything else is a tensor."""
-    return tuple(SaveOp(value=s.value, file_path=s.file_path,
-                        kind="table" if s.file_path.endswith(TABLE_SUFFIX) else "tensor")
-                 for s in saves)
 
 
 def _outputs(step: str, raw: ObserveStep, pass_: Pass, ctx: Context) -> tuple[OutputOp, ...]:
@@ -147,6 +141,10 @@ def step_nodes(step: str, raw: Step, ctx: Context, directory: str) -> tuple:
     """One step as plan nodes: a node, or one nested Plan per entry of a list intervention."""
     if raw.kind == "weights":
         return (weights(step, raw),)
+    if raw.kind == "attribute":
+        from causalab.compile.attribution import attribute
+
+        return (attribute(step, raw, entries(ctx.document, step, raw.interventions)[0], ctx),)
     build = observe if raw.kind == "observe" else fit
     found = entries(ctx.document, step, raw.interventions)
     if not isinstance(raw.interventions, list):

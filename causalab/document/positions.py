@@ -17,9 +17,9 @@ from causalab.document.vocab import POSITION_FORMS
 CUTS = tuple(POSITION_FORMS["cuts"])
 _ROLES = tuple(s for s in POSITION_FORMS["segments"] if s not in POSITION_FORMS["generated_only_segments"])
 _NTH_MESSAGE = re.compile(rf"({'|'.join(_ROLES)})\[(0|[1-9][0-9]*)\]")
-FORMS = ('a bare integer i (= {"index": i}), or an object with exactly one cut: '
-         '{"index": int}, {"span": [a, b]}, {"last": n > 0}, {"all": true}; optional '
-         '"scope": {"variable": str, "segment": str} and "frame": "prompt" | "generated"')
+FORMS = ('an integer i, or one cut: {"index": i}, {"span": [a, b]}, {"last": n > 0}, '
+         '{"all": true}, with optional "scope" {"variable", "segment"} and "frame" '
+         '("prompt" | "generated")')
 
 
 class Scope(Node):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from causalab.document.interventions import Intervention, Ref, Write
 from causalab.document.positions import Position
-from causalab.document.schema import Document, Fit, Observe, Weights
+from causalab.document.schema import Attribute, Document, Fit, Observe, Weights
 from causalab.document.steps import step_interventions
 from causalab.document.vocab import (COMPONENTS, DTYPE_LARGEST, IDENTITY, MECHANISMS, ORIGINAL,
                                      STEP_SOURCES, VOCABULARY_COMPONENTS, is_reserved_result)
@@ -46,10 +46,10 @@ def check_references(doc: Document) -> dict[str, list[Entry]]:
 
 
 def step_entries(doc: Document) -> dict[str, list[Entry]]:
-    """Each observe/fit step's interventions, inline ones registered (V7, V8, V9)."""
+    """Each observe/fit/attribute step's interventions, inline ones registered (V7, V8, V9)."""
     out: dict[str, list[Entry]] = {}
     for s, step in doc.steps.items():
-        if not isinstance(step, (Observe, Fit)):
+        if not isinstance(step, (Observe, Fit, Attribute)):
             continue
         at = ("steps", s)
         if step.interventions is None:
@@ -99,7 +99,7 @@ def check_intervention(doc: Document, body: Intervention, at: Path) -> None:
         _declared(model.input, doc.roles, "role", here + ("input",))
         for j, name in enumerate(model.writes):
             _declared(name, body.writes, "write of this intervention", here + ("writes", j))
-        _check_write_order(doc, [body.writes[n] for n in model.writes], here + ("writes",))
+        _check_write_order(doc, {n: body.writes[n] for n in model.writes}, here + ("writes",))
     for k, metric in body.metrics.items():
         _check_metric(doc, body, metric.of, at + ("metrics", k))
 
@@ -189,23 +189,43 @@ def _check_magnitudes(dtype: str, write: Write, at: Path) -> None:
                                 f"({DTYPE_LARGEST[dtype]:.4g}): the forward would see inf")
 
 
-def _check_write_order(doc: Document, writes: list[Write], at: Path) -> None:
-    """Within one model's list: no second absolute write over the same positions of one
-    site, and a renormalize only after another write at its site and last there."""
-    for j, write in enumerate(writes):
+def _check_write_order(doc: Document, writes: dict[str, Write], at: Path) -> None:
+    """Within one model's list: no second absolute write over positions and features of one
+    site that an earlier one also sets, and a renormalize only after another write at its
+    site and last there. Writes on disjoint features compose, each on its own, in order."""
+    names = list(writes)
+    for j, name in enumerate(names):
+        write = writes[name]
         kind = MECHANISMS[write.mechanism]["class"]
-        before = [w for w in writes[:j] if w.site == write.site]
-        after = [w for w in writes[j + 1:] if w.site == write.site]
+        before = [n for n in names[:j] if writes[n].site == write.site]
+        after = [n for n in names[j + 1:] if writes[n].site == write.site]
         if kind == "restoring" and (not before or after):
             where = "after another write" if not before else "last"
             raise DocumentError(at, f"{write.mechanism} at site {write.site!r} must come "
                                 f"{where} at that site")
-        clash = [w for w in before if MECHANISMS[w.mechanism]["class"] == "absolute"
-                 and _may_overlap(w.pos, write.pos)]
-        if kind == "absolute" and clash:
-            raise DocumentError(at, f"two absolute writes ({clash[0].mechanism}, "
-                                f"{write.mechanism}) at site {write.site!r} over overlapping "
-                                "positions: the second would silently discard the first")
+        if kind != "absolute":
+            continue
+        for earlier in before:
+            first = writes[earlier]
+            shared = _shared_features(first, write)
+            if MECHANISMS[first.mechanism]["class"] == "absolute" and shared \
+                    and _may_overlap(first.pos, write.pos):
+                raise DocumentError(at, f"two absolute writes at site {write.site!r} over "
+                                    f"overlapping positions set {shared}: {earlier!r} "
+                                    f"({first.mechanism}) and {name!r} ({write.mechanism}); "
+                                    "the second would discard the first there")
+
+
+def _shared_features(p: Write, q: Write) -> str:
+    """What both writes set, in words; "" when they are provably disjoint: both name
+    ``features`` of one featurizer and no feature twice."""
+    if p.featurizer != q.featurizer:
+        return f"the same values (through featurizers {p.featurizer!r} and {q.featurizer!r})"
+    if p.features is None or q.features is None:
+        return "every feature" if p.features is None and q.features is None else (
+            f"features {sorted(set(p.features or q.features))}")
+    both = sorted(set(p.features) & set(q.features))
+    return f"features {both}" if both else ""
 
 
 def _static_indices(pos: Position) -> set[int] | None:

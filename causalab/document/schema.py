@@ -18,15 +18,15 @@ from causalab.document.interventions import (METRIC_MODELS, Intervention, Interv
 from causalab.document.names import is_uri, runs_uri_parts, unsafe_segment
 from causalab.document.nodes import Node, Number, refuse
 from causalab.document.positions import Pos, Position, Scope, as_position
-from causalab.document.steps import (Anneal, EarlyStop, Eval, Fit, Observe, Optimizer, Output,
-                                     Save, Step, Weights, step_interventions)
+from causalab.document.steps import (Anneal, Attribute, EarlyStop, Eval, Fit, Observe, Optimizer,
+                                     Output, Save, Step, Weights, step_interventions)
 from causalab.document.vocab import (ATTN_IMPLEMENTATIONS, COMPONENTS, DTYPES,
                                      FEATURIZER_KINDS, FEATURIZERS_NODE, PARAMETRIZATIONS,
                                      SAE_ARCHITECTURES, SAELENS_DEFAULTS,
                                      declarable_featurizer_kinds)
 
 __all__ = [
-    "Anneal", "Document", "EarlyStop", "Eval", "Featurizer", "Fit", "Header", "Intervention",
+    "Anneal", "Attribute", "Document", "EarlyStop", "Eval", "Featurizer", "Fit", "Header", "Intervention",
     "InterventionModel", "METRIC_MODELS", "Metric", "ModelSpec", "Number", "Observe",
     "Operand", "Optimizer", "Output", "Pos", "Position", "Read", "Ref", "Role", "Save",
     "Scope", "Site", "Step", "Weights", "Write", "as_position", "step_interventions",

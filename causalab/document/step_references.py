@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import posixpath
 
+from causalab.document.attribution import check_attribute
 from causalab.document.names import unsafe_segment
 from causalab.document.references import Entry, operand_refs, roles_used
-from causalab.document.schema import Document, Fit, Observe, Save, Weights
+from causalab.document.schema import Attribute, Document, Fit, Observe, Save, Weights
 from causalab.document.vocab import FEATURIZER_KINDS, IDENTITY, is_reserved_result
 from causalab.errors import DocumentError, Path
 from causalab.files import RESERVED, TABLE_SUFFIX, TENSOR_SUFFIX
@@ -30,9 +31,13 @@ def check_steps(doc: Document, entries: dict[str, list[Entry]]) -> None:
         at = ("steps", s)
         mine = entries.get(s, [])
         nested = isinstance(getattr(step, "interventions", None), list)
-        if isinstance(step, (Observe, Fit)):
+        if isinstance(step, (Observe, Fit, Attribute)):
             _check_rows(doc, step.rows, mine, at + ("rows",))
             _check_refs(mine, published)
+        if isinstance(step, Attribute):
+            scored = check_attribute(doc, step, mine[0], at)
+            _check_saves(step.saves, {mine[0].name: {m: TABLE for m in scored}}, at, files)
+            continue
         if isinstance(step, Observe):
             _check_outputs(step, mine, published, at)
             produced = {e.name: _observed(e, step) for e in mine}

@@ -1,4 +1,4 @@
-"""Steps: ``observe``, ``fit`` and ``weights``, discriminated on ``kind`` (docs/format.md §9).
+"""Steps: ``observe``, ``fit``, ``weights`` and ``attribute``, discriminated on ``kind`` (docs/format.md §9).
 
 One node at a time: an output's ``reduce``/``k`` pairing, an anneal schedule's positive
 ends. What a save may name, which refs are published and which featurizers a fit may train
@@ -13,7 +13,9 @@ from pydantic import BeforeValidator, Field, StrictInt, StrictStr, model_validat
 
 from causalab.document.interventions import Intervention
 from causalab.document.nodes import Node, Number, refuse
-from causalab.document.vocab import EARLY_STOP_MODES, OPTIMIZERS, REDUCE_MODES
+from causalab.document.positions import Pos
+from causalab.document.vocab import (ATTRIBUTION_LAYERS_ALL, ATTRIBUTION_UNITS, EARLY_STOP_MODES,
+                                     OPTIMIZERS, REDUCE_MODES)
 
 Rows = dict[StrictStr, StrictStr]
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
@@ -127,10 +129,39 @@ class Weights(Node):
     saves: list[Save] = []
 
 
-Step = Annotated[Union[Observe, Fit, Weights], Field(discriminator="kind")]
+class Attribute(Node):
+    """Every unit of a site set scored at once by attribution patching (docs/format.md §9.7).
+
+    ``interventions`` is one interchange (a swap of a read of the counterfactual into the
+    base run); the step estimates, per unit and per row, what each of its metrics would be
+    with only that unit patched: ``metric(base) + (a_cf − a_base) · ∂metric/∂a``, from one
+    forward of each role and one backward per metric (``steps > 1``: gradients averaged along
+    the straight path between the two prompts' embeddings, EAP-IG style).
+    """
+
+    kind: Literal["attribute"]
+    interventions: Union[StrictStr, Intervention, None] = None
+    rows: Rows
+    layers: Union[Literal[ATTRIBUTION_LAYERS_ALL],
+                  Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)],
+                  None] = None
+    unit: Literal[tuple(ATTRIBUTION_UNITS)] = "site"
+    positions: dict[StrictStr, Pos] = {}
+    metrics: Annotated[list[StrictStr], Field(min_length=1)] | None = None
+    steps: PositiveInt = 1
+    saves: list[Save] = []
+
+    @model_validator(mode="after")
+    def _distinct_layers(self) -> "Attribute":
+        if isinstance(self.layers, list) and len(set(self.layers)) != len(self.layers):
+            raise refuse(f"layers must be distinct, got {self.layers}", "layers")
+        return self
 
 
-def step_interventions(step: Observe | Fit) -> list[tuple[str | Intervention, tuple]]:
+Step = Annotated[Union[Observe, Fit, Weights, Attribute], Field(discriminator="kind")]
+
+
+def step_interventions(step: Observe | Fit | Attribute) -> list[tuple[str | Intervention, tuple]]:
     """A step's interventions as ``(name or inline object, path below the step)`` pairs."""
     value = step.interventions
     if value is None:

@@ -199,19 +199,41 @@ def lower(raw: dict) -> list[Point]:
             for path, values in axis.wrappers:
                 _place(document, path, values[i])
                 origins.append((path, ("sweep", "range" if isinstance(values, range) else i)))
-            shown = axis.wrappers[0][1][i]
-            coordinates[axis.name] = copy.deepcopy(shown)
-            parts.append(f"{axis.name}={_shown(shown)}")
+            for name, value, shown in _axis_parts(axis, i):
+                coordinates[name] = copy.deepcopy(value)
+                parts.append(f"{name}={shown}")
         label = sanitised_label(",".join(parts))
         why = unsafe_segment(label)
         if why is not None:
             raise DocumentError(axes[0].wrappers[0][0], f"the point label {label[:60]!r}… {why}: "
-                                "a label names the point's directory; name the axes with "
-                                '"as" and sweep shorter values')
+                                f"a label names the point's directory; {_hint(axes)}"
+                                "sweep shorter values")
         points.append(Point(label=label, coordinates=coordinates, document=document,
                             origins=tuple(origins)))
     distinct = len({p.label for p in points})
     if distinct != len(points):
+        hint = _hint(axes).removesuffix(" and ")
         raise DocumentError(axes[0].wrappers[0][0], f"sweep labels collide: {len(points)} "
-                            f"points but {distinct} distinct labels; name the axes with \"as\"")
+                            f"points but {distinct} distinct labels"
+                            + (f"; {hint}" if hint else ""))
     return points
+
+
+def _axis_parts(axis: _Axis, i: int) -> list[tuple[str, Any, str]]:
+    """``(name, coordinate, shown)`` for one axis of a point's label: the axis and its value,
+    or, for wrappers tied with "as" whose values differ, each wrapper's key and value
+    (``layers=23,heads=3``); wrappers under one key give ``pair=(23,3)``."""
+    first = axis.wrappers[0][1]
+    if all(list(values) == list(first) for _, values in axis.wrappers[1:]):
+        return [(axis.name, first[i], _shown(first[i]))]
+    keys = [_label_name(path) for path, _ in axis.wrappers]
+    if len(set(keys)) == len(keys):
+        return [(key, values[i], _shown(values[i]))
+                for key, (_, values) in zip(keys, axis.wrappers)]
+    each = [values[i] for _, values in axis.wrappers]
+    return [(axis.name, each, "(" + ",".join(map(_shown, each)) + ")")]
+
+
+def _hint(axes: list[_Axis]) -> str:
+    """'name the axes with "as" and ' where some axis is unnamed, else nothing."""
+    return 'name the axes with "as" and ' if any(not axis.named for axis in axes) else ""

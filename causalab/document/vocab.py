@@ -18,7 +18,7 @@ DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 # The largest finite value of each dtype: a write's number past it enters the forward as inf.
 DTYPE_LARGEST = {"fp32": 3.4028234663852886e38, "bf16": 3.3895313892515355e38}
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
-STEP_KINDS = ("observe", "fit", "weights")
+STEP_KINDS = ("observe", "fit", "weights", "attribute")
 VIEWS = ("raw", "logits")
 TOKEN_FORMS = ("space_prefixed",)
 PARAMETRIZATIONS = ("cayley",)
@@ -166,26 +166,42 @@ MECHANISMS = {
 
 # docs/format.md §8. k / file_path: "required", "forbidden" or "optional". seedable: a `seed` may
 # be authored (never on a loaded featurizer, whatever the kind). identity is implicit.
+# parametrization: what a bundle's stamp says its tensors are (docs/format.md §8.3): subspace
+# takes the document's `parametrization` (one of PARAMETRIZATIONS); pca a stored orthonormal
+# basis; gate logits θ (σ(θ/T) while fitting, θ > 0 after); sae/linear SAELens's tensors.
 FEATURIZER_KINDS = {
     "identity": {"declarable": False, "k": "forbidden", "file_path": "forbidden",
                  "trainable": False, "seedable": False, "exportable": False,
-                 "tensors": ()},
+                 "tensors": (), "parametrization": "none"},
     "subspace": {"declarable": True, "k": "required", "file_path": "optional",
                  "trainable": True, "seedable": True, "exportable": True,
-                 "tensors": ("weight",)},
+                 "tensors": ("weight",), "parametrization": "cayley"},
     "pca": {"declarable": True, "k": "required", "file_path": "required",
             "trainable": False, "seedable": False, "exportable": True,
-            "tensors": ("weight",)},
+            "tensors": ("weight",), "parametrization": "basis"},
     "gate": {"declarable": True, "k": "forbidden", "file_path": "optional",
              "trainable": True, "seedable": False, "exportable": True,
-             "tensors": ("weight",)},
+             "tensors": ("weight",), "parametrization": "sigmoid_logits"},
     "sae": {"declarable": True, "k": "optional", "file_path": "required",
             "trainable": False, "seedable": False, "exportable": False,
-            "tensors": ("W_enc", "W_dec", "b_enc", "b_dec")},
+            "tensors": ("W_enc", "W_dec", "b_enc", "b_dec"), "parametrization": "saelens"},
     "linear": {"declarable": True, "k": "optional", "file_path": "required",
                "trainable": False, "seedable": False, "exportable": False,
-               "tensors": ("W_enc", "W_dec", "b_enc", "b_dec")},
+               "tensors": ("W_enc", "W_dec", "b_enc", "b_dec"), "parametrization": "saelens"},
 }
+
+
+def parametrization_of(kind: str, declared: str | None = None) -> str:
+    """What a ``kind`` bundle's stamp names as its parametrization: the document's
+    ``parametrization`` for a subspace, the kind's own otherwise.
+
+    >>> parametrization_of("gate", "cayley")
+    'sigmoid_logits'
+    """
+    if kind == "subspace" and declared is not None:
+        return declared
+    return FEATURIZER_KINDS[kind]["parametrization"]
+
 
 # docs/format.md §8.2: the SAELens architectures an `sae` featurizer runs, keyed by cfg.json's
 # `architecture`. tensors: what sae_weights.safetensors may hold (required ones first);
@@ -226,17 +242,32 @@ SAELENS_HOOKS = {
 }
 
 # docs/format.md §7.8: the COLUMNS table. Column fields name data columns, in compute order.
+# differentiable: an attribute step (docs/format.md §9.7) may take its gradient (not match: a step).
 METRIC_KINDS = {
-    "match": {"columns": ("expected",), "unit": "fraction", "estimand_version": "match/v1"},
+    "match": {"columns": ("expected",), "unit": "fraction", "estimand_version": "match/v1",
+              "differentiable": False},
     "logit_diff": {"columns": ("a", "b"), "unit": "logit",
-                   "estimand_version": "logit_diff/v1"},
+                   "estimand_version": "logit_diff/v1", "differentiable": True},
     "cross_entropy": {"columns": ("target",), "unit": "nat",
-                      "estimand_version": "cross_entropy/v1"},
+                      "estimand_version": "cross_entropy/v1", "differentiable": True},
     "token_logit": {"columns": ("token",), "unit": "logit",
-                    "estimand_version": "token_logit/v1"},
+                    "estimand_version": "token_logit/v1", "differentiable": True},
     "token_prob": {"columns": ("token",), "unit": "probability",
-                   "estimand_version": "token_prob/v1"},
+                   "estimand_version": "token_prob/v1", "differentiable": True},
 }
+
+# docs/format.md §9.7: how an attribute step cuts its site set into units. coordinate: the
+# table's coordinate naming the unit (the label a sweep of that field would give); needs: what
+# the site's component must have ("heads": a per-head component, or attention_output, whose
+# heads are its premix slices; "width": a feature axis).
+ATTRIBUTION_UNITS = {
+    "site": {"coordinate": None, "needs": None},
+    "head": {"coordinate": "heads", "needs": "heads"},
+    "feature": {"coordinate": "units", "needs": "width"},
+}
+ATTRIBUTION_LAYERS_ALL = "all"
+# Table rows (units x rows) one attribute step may write: beyond it a table is gigabytes.
+MAX_ATTRIBUTION_ROWS = 2_000_000
 
 # docs/format.md §6.1. Exactly one cut; scope and frame are optional.
 POSITION_FORMS = {
@@ -321,6 +352,8 @@ def render_vocab() -> str:
         f"                  scope: variable=str, segment=str ({segments}, or 'role[i]')",
         f"                  frame: Literal[{frames}]; {POSITION_FORMS['sugar']}",
         f"reduce modes:     {', '.join(REDUCE_MODES)}",
+        f"attribution:      units {', '.join(ATTRIBUTION_UNITS)}; differentiable metrics "
+        f"{', '.join(k for k, r in METRIC_KINDS.items() if r['differentiable'])}",
         f"step sources:     file_path \"{STEP_SOURCES['prefix']}<step>/<value>\": a reduce "
         f"{' or '.join(STEP_SOURCES['reduce'])} output, or a weights entry",
     ]

@@ -4,29 +4,34 @@ It takes frozen plan data from ``causalab.compile`` and a loaded model, walks th
 in written order and writes what the plan saves. It never reads a document, a data table
 or a Hydra config and never imports mlflow; tracking listens through ``events.Events``.
 
-How one forward runs, and who owns what:
+How one forward runs, and who owns what (docs/engine.md walks one through):
 
-* ``walk`` — the tree walk and the only place an nnsight trace is opened (``WalkState``);
-* ``cache`` — what a document's points share (``DocumentCache``);
-* ``taps`` — each read or write of a trace with its window (``PreparedTap``);
-* ``sites`` — how each vocabulary accessor is reached inside a trace (``REACH``);
-* ``seam`` — the one ``gather`` and the one ``apply_write``; ``mechanisms`` and
-  ``featurizers`` are the tables it applies;
-* ``passes`` — a pass's result (``PassResult``); ``metrics`` scores it, ``outputs``
-  publishes it, ``steps`` and ``fit`` run the steps around it;
-* ``fusion`` — which sweep points share one trace, and their lockstep run;
-* ``resume`` / ``tail`` — where a trace enters from kept values, and a fit's forward at
-  the last position alone over kept keys and values;
-* ``decoding`` / ``generate`` — decoding forwards and their generated frame;
-* ``forwards`` / ``windows`` — input tensors, cache keys and resolved positions;
-* ``load``, ``record``, ``bundles``, ``events`` — model loading, files, stamps, listeners.
+* ``walk`` — the tree walk, ``run_pass``, and ``run_trace``, the only place an nnsight
+  trace is opened;
+* ``planner`` — every speed decision: which traces run over which rows, resumed where,
+  the head over which columns, stopped where, and which sweep points fuse (``TraceJob``s
+  in stages, plain data, in ``jobs``);
+* ``passes`` — the pass assembly: each stage's values kept, the ``PassResult``, its
+  metric table;
+* ``state`` — the typed state all three take (``WalkState``, ``PassContext``, ``Windows``);
+* ``taps`` — a job bound to its tensors; ``sites`` — how each vocabulary accessor is
+  reached inside a trace (``REACH``); ``seam`` — the one ``gather`` and the one
+  ``apply_write``, with ``mechanisms`` and ``featurizers`` the tables it applies;
+* ``cache`` — what a document's points share (``DocumentCache``); ``windows`` — resolved
+  positions; ``resume`` / ``tail`` / ``generate`` — where a trace may enter, a fit's forward
+  at the last column over kept keys, and decoding's generated frame;
+* ``metrics``, ``outputs``, ``steps``, ``fit`` — scoring, publishing, the steps around a pass;
+* ``load``, ``record``, ``bundles``, ``events`` — model loading, files, stamps, listeners;
+  ``traces`` — the schedule of a document without its weights (``explain --traces``).
 
 The pipeline (``causalab.pipeline``, the CLI, ``run``, ``tracking``) may use only:
 ``walk.run_plan``, ``walk.prefetch``, ``walk.discard_prefetched``,
-``cache.DocumentCache``, ``fusion.groups``, ``fusion.alike_later``, ``load.load_model``, ``load.served_dtype``,
+``cache.DocumentCache``, ``planner.groups``, ``planner.alike_later``, ``load.load_model``, ``load.served_dtype``,
 ``record.write_json``, ``record.write_run_record``, ``events.Events``, ``events.Chain``,
 ``containment.check_plan``, ``containment.inside`` (writes stay under ``--out``),
 ``bundles.check_plan_bundles`` (no NaN or Inf in a bundle file, before anything is written)
-and ``featurizers.subspace.export_basis`` (``causalab fetch --basis``).
+``bundles.restamp`` (``causalab restamp``, an intended edit's new digest),
+``featurizers.subspace.export_basis`` (``causalab fetch --basis``) and
+``traces.explain_traces`` (``causalab explain --traces``).
 Nothing is imported here, so importing the room loads no torch.
 """

@@ -1,8 +1,9 @@
 """Featurizer bundles as tensors: load a checked bundle, write a stamped one.
 
 A bundle causalab writes is a safetensors file with one tensor under ``weight`` and a
-``__metadata__`` stamp of strings (docs/format.md §8.3); the stamp check itself lives in
-compile/bundles.py and runs again here before loading. Never compares bytes: a file another
+``__metadata__`` stamp of strings with the digest of its tensors (docs/format.md §8.3); the
+stamp and digest checks live in compile/bundles.py and compile/integrity.py and run again
+here before loading; :func:`restamp` gives an intended edit its new digest. Never compares bytes: a file another
 tool wrote may order its header otherwise (causalab's own sort theirs, ``record``), so bundles
 are compared by content. :func:`check_plan_bundles` reads
 every bundle file a plan loads for NaN and Inf before the run writes anything.
@@ -90,6 +91,37 @@ def stamp_metadata(stamp: dict[str, str], *, produced_by: str) -> dict[str, str]
     metadata = {key: str(value) for key, value in stamp.items()}
     metadata.update(featurizer_dtype="fp32", produced_by=produced_by, engine="causalab")
     return metadata
+
+
+def restamp(path: str) -> list[str]:
+    """Re-stamp a bundle on purpose: its metadata's digest recomputed from the tensors it holds
+    now (docs/format.md §8.3), every other stamp key kept, the tensor bytes untouched. A
+    stamp from before each kind named its own parametrization (``cayley`` on a gate, pca or
+    dictionary) is corrected to the kind's. Returns the tensor names; the file is replaced
+    atomically. ``causalab restamp FILE`` calls this.
+    """
+    import json
+    import os
+    from pathlib import Path
+
+    from causalab.compile.bundles import layout_header
+    from causalab.document.vocab import FEATURIZER_KINDS, parametrization_of
+    from causalab.engine import record
+
+    file = weights_file(path)
+    header = layout_header(file, at=(path,))
+    data = Path(file).read_bytes()
+    start = 8 + int.from_bytes(data[:8], "little")
+    metadata = header.setdefault("__metadata__", {})
+    kind = metadata.get("kind")
+    if kind in FEATURIZER_KINDS and metadata.get("parametrization") == "cayley":
+        metadata["parametrization"] = parametrization_of(kind, "cayley")
+    text = json.dumps(header).encode()
+    blob = len(text).to_bytes(8, "little") + text + data[start:]
+    mode = os.stat(file).st_mode & 0o777
+    record.atomic(file, record.canonical_safetensors(blob, digest=True))
+    os.chmod(file, mode)
+    return sorted(name for name in header if name != "__metadata__")
 
 
 def weights_results(names, featurizers: dict) -> dict:

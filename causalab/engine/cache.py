@@ -5,7 +5,8 @@ point's walk. It holds only values that do not depend on any intervention: the p
 batches as tensors, resolved prompt windows, un-intervened reads (gathered, or the whole
 address tensor while a byte budget allows), and the results ``walk.prefetch`` computed for
 fused points ahead of their own walks. It never opens a trace and never decides what runs;
-the walk asks it what is known and tells it what was computed.
+the planner asks it what is known and the pass assembly tells it what was computed. When a
+schedule is only planned (``explain --traces``) its entries hold ``PLANNED`` instead.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from causalab.engine.resume import map_tensors
 WHOLE_BYTES, WHOLE_BUDGET = 32 * 2 ** 20, 512 * 2 ** 20
 # Bytes of un-intervened residuals kept per document for prefix resume (0 turns it off).
 RESUME_BUDGET = 256 * 2 ** 20
+# What a planned-only schedule keeps where a run keeps a tensor: the key is what counts.
+PLANNED = "planned"
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,12 @@ class Prefix:
 
     pieces: list
     windows: tuple
+
+    def covers(self, chunk: tuple, *, any_rows: bool = False) -> bool:
+        """Whether :meth:`rows` gives the residual over ``chunk`` (plain data, no tensor)."""
+        if any(tuple(window) == tuple(chunk) for window in self.windows):
+            return True
+        return any_rows and all(row in self._where for row in chunk)
 
     def rows(self, chunk: tuple, *, any_rows: bool = False) -> Any:
         """The residual over ``chunk`` when it is one of the windows; with ``any_rows``, its
@@ -78,19 +87,21 @@ class DocumentCache:
     """The one mutable store a document's walks share; each kind of entry in its own dict.
 
     ``reads``: un-intervened read key (``forwards.read_key``) -> ``Published`` over every row;
+    ``generated``: (batch key, decode) -> an un-intervened decode's ids ``(rows, decode)``;
     ``wholes``: whole key -> an address's whole tensor ``(rows, seq, …)``; ``inputs``: (batch
     key, device) -> (ids, mask, position ids); ``positions``: an unscoped prompt cut's
-    (windows, reasons); ``prefetched``: ``id(pass_)`` -> (pass, its result); ``prefixes``:
+    ``OpWindows``; ``prefetched``: ``id(pass_)`` -> (pass, its result); ``prefixes``:
     (batch key, layer) -> the un-intervened residual leaving block ``layer`` (a
     :class:`Prefix`), and ``keys``: batch key -> the un-intervened keys and values of every
     column but the last (a ``tail.Keys``), both while ``resume_budget`` bytes allow.
     """
 
-    __slots__ = ("reads", "wholes", "inputs", "positions", "prefetched", "whole_bytes",
-                 "prefixes", "keys", "resume_budget", "resume_bytes")
+    __slots__ = ("reads", "generated", "wholes", "inputs", "positions", "prefetched",
+                 "whole_bytes", "prefixes", "keys", "resume_budget", "resume_bytes")
 
     def __init__(self, resume_budget: int | None = None) -> None:
         self.reads: dict = {}
+        self.generated: dict = {}
         self.wholes: dict = {}
         self.inputs: dict = {}
         self.positions: dict = {}
@@ -123,7 +134,7 @@ class DocumentCache:
         batch = pass_.inputs[forward.input] if batch is None else batch
         if not keeps_whole(read):
             return None
-        key = _whole_id(batch, read)
+        key = whole_id(batch, read)
         if key in self.wholes or key in pending:
             return key
         size = _whole_bytes(batch, read)
@@ -138,8 +149,8 @@ class DocumentCache:
         for read in reads:
             if not keeps_whole(read):
                 return False
-            if _whole_id(batch, read) not in self.wholes:
-                new[_whole_id(batch, read)] = _whole_bytes(batch, read)
+            if whole_id(batch, read) not in self.wholes:
+                new[whole_id(batch, read)] = _whole_bytes(batch, read)
         return (all(size <= WHOLE_BYTES for size in new.values())
                 and self.whole_bytes + sum(new.values()) <= WHOLE_BUDGET)
 
@@ -163,9 +174,9 @@ def keeps_whole(read: ReadOp) -> bool:
             and read.pos.frame == "prompt" and address.component not in vocab.FROM_LOGITS)
 
 
-def _whole_id(batch: Any, read: ReadOp) -> tuple:
+def whole_id(batch: Any, read: ReadOp) -> tuple:
     """The key of ``read``'s address kept whole over ``batch``."""
-    return ("whole", batch_key(batch), read.address.component, read.address.layer)
+    return (batch_key(batch), read.address.component, read.address.layer)
 
 
 def _whole_bytes(batch: Any, read: ReadOp) -> int:

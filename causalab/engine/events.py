@@ -35,6 +35,9 @@ class Events:
     def run_end(self, written: list[str]) -> None:
         """After the last point."""
 
+    def note(self, line: str) -> None:
+        """A check compile could not make (``<path>: <why>``), said before the run starts."""
+
     def resolve(self, uri: str) -> str:
         """A local path for a bundle ``file_path`` that is a URI (``runs:/<run_id>/<path>``).
 
@@ -77,6 +80,10 @@ class Chain(Events):
     def run_end(self, written: list[str]) -> None:
         for listener in self.listeners:
             listener.run_end(written)
+
+    def note(self, line: str) -> None:
+        for listener in self.listeners:
+            listener.note(line)
 
     def resolve(self, uri: str) -> str:
         """The first listener that knows the URI's store turns it into a local path."""

@@ -2,8 +2,8 @@
 
 The compiler has already fixed every update batch, the eval pass and the objective; this
 module only runs them. It never opens a trace: each pass goes through the ``run_pass``
-callable the walk hands in, which returns ``{"metrics": {name: (values, rows)}, ...}`` with
-one value per eligible row. The model stays frozen; only the featurizers named in
+callable the walk hands in, which returns a ``PassResult`` whose ``metrics`` map each name
+to ``(values, rows)``, one value per eligible row. The model stays frozen; only the featurizers named in
 ``params`` are stepped. Parameters are left as the last update made them (no rollback).
 The progress bar goes to stderr and only on a terminal, never with ``CAUSALAB_QUIET=1``.
 """
@@ -19,8 +19,10 @@ from torch import Tensor
 
 from causalab.errors import RunError
 
-if TYPE_CHECKING:  # the plan type only annotates; importing it pulls in the compiler
+if TYPE_CHECKING:  # the types only annotate; importing them pulls in the compiler
     from causalab.compile.plan import Fit
+    from causalab.engine.passes import PassResult
+    from causalab.engine.state import WalkState
 
 MASK_SUFFIX = ".mask"
 
@@ -34,8 +36,8 @@ def anneal_temperature(start: float, end: float, update: int, updates: int) -> f
     return start * (end / start) ** (update / max(updates - 1, 1))
 
 
-def _metric_values(result: dict, name: str) -> Tensor:
-    return result["metrics"][name][0]
+def _metric_values(result: PassResult, name: str) -> Tensor:
+    return result.metrics[name][0]
 
 
 def _mean(values: Tensor, at: tuple) -> Tensor:
@@ -44,12 +46,12 @@ def _mean(values: Tensor, at: tuple) -> Tensor:
     return values.float().mean()
 
 
-def objective_loss(fit: Fit, result: dict, featurizers: dict) -> Tensor:
+def objective_loss(fit: Fit, result: PassResult, featurizers: dict) -> Tensor:
     """Σ wᵢ·mean(termᵢ): a term is a metric of the pass or ``<gate>.mask`` (soft-mask mean)."""
     total = None
     for index, (weight, term) in enumerate(fit.objective):
         gate = term[: -len(MASK_SUFFIX)] if term.endswith(MASK_SUFFIX) else None
-        if gate is not None and gate in fit.params and term not in result["metrics"]:
+        if gate is not None and gate in fit.params and term not in result.metrics:
             value = featurizers[gate].mask_mean()
         else:
             value = _mean(_metric_values(result, term), ("steps", fit.name, "objective", index, 1))
@@ -57,12 +59,12 @@ def objective_loss(fit: Fit, result: dict, featurizers: dict) -> Tensor:
     return total
 
 
-def _metrics_only(result: dict) -> dict:
+def _metrics_only(result: PassResult) -> dict:
     """A pass result cut to its metric values, detached: stored per update and per epoch
     without holding a graph or the pass's reads (logits of every row would add up)."""
     metrics = {name: (values.detach(), eligible)
-               for name, (values, eligible) in result["metrics"].items()}
-    return {"metrics": metrics, "rows": result.get("rows")}
+               for name, (values, eligible) in result.metrics.items()}
+    return {"metrics": metrics, "rows": result.rows}
 
 
 def _gates(fit: Fit, featurizers: dict) -> list[str]:
@@ -105,7 +107,8 @@ class _FitProgress:
             self._bar.stop()
 
 
-def _train_epoch(fit: Fit, model, featurizers: dict, state, batches, context: dict) -> None:
+def _train_epoch(fit: Fit, model, featurizers: dict, state: WalkState, batches,
+                 context: dict) -> None:
     """One epoch of updates; appends losses and per-update results into ``context``."""
     for name in fit.params:
         featurizers[name].training = True
@@ -128,7 +131,8 @@ def _train_epoch(fit: Fit, model, featurizers: dict, state, batches, context: di
         featurizers[name].training = False
 
 
-def _eval_epoch(fit: Fit, model, featurizers: dict, state, context: dict) -> list[float]:
+def _eval_epoch(fit: Fit, model, featurizers: dict, state: WalkState,
+                context: dict) -> list[float]:
     with torch.no_grad():
         result = context["run_pass"](model, fit.eval, state, grad=False)
     context["evals"].append(_metrics_only(result))
@@ -138,7 +142,7 @@ def _eval_epoch(fit: Fit, model, featurizers: dict, state, context: dict) -> lis
     return [watched] + [featurizers[gate].kept() for gate in _gates(fit, featurizers)]
 
 
-def run_fit(fit: Fit, model, featurizers: dict, state: Any, *, run_pass: Callable, events,
+def run_fit(fit: Fit, model, featurizers: dict, state: WalkState, *, run_pass: Callable, events,
             point: Any = None, step: str | None = None) -> dict:
     """Run a fit step and return its results.
 

@@ -11,12 +11,11 @@ can be generated and the frame is cut after it, while the batch stays rectangula
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
-from causalab.compile import positions as position_rules
-from causalab.compile.plan import Forward, Pass, PositionSpec, PromptBatch
+from causalab.compile.plan import Forward, Pass, PositionSpec
 from causalab.engine.forwards import tap_ops
 from causalab.errors import RunError
 
@@ -49,10 +48,10 @@ def acts_at(spec: PositionSpec, step: int, *, write: bool) -> bool:
     return True
 
 
-def step_taps(forward: Forward, step: int) -> tuple[tuple[str, str], ...]:
-    """The forward's taps issued at ``step``, in the forward's own order."""
-    ops = tap_ops(forward)
-    return tuple(tap for tap in forward.taps if acts_at(ops[tap].pos, step, write=tap[0] == "write"))
+def step_taps(forward: Forward, step: int) -> tuple[tuple[str, Any], ...]:
+    """The forward's taps issued at ``step`` as ``(kind, op)``, in the forward's own order."""
+    return tuple((kind, op) for kind, op in tap_ops(forward)
+                 if acts_at(op.pos, step, write=kind == "write"))
 
 
 def names(pass_: Pass, forward: Forward) -> tuple[str, ...]:
@@ -76,28 +75,6 @@ def eos_ids(model: Any) -> tuple[int, ...]:
     return tuple(found)
 
 
-def resolve_rows(spec: PositionSpec, batch: PromptBatch, rows: Sequence[int],
-                 generated: torch.Tensor, decode_text: Callable, stops: Sequence[int],
-                 where: tuple) -> list[tuple[tuple[int, ...], str]]:
-    """Per run row, the decode steps a generated read keeps and the reason (docs/format.md §6.4, §11).
-
-    ``generated`` is ``(len(rows), decode)``; a fixed step is kept on every row, whatever
-    the row generated; any other cut runs over the continuation cut after its first stop.
-    """
-    k = fixed_step(spec)
-    if k is not None:
-        return [((k,), position_rules.PLACED) for _ in rows]
-    found = []
-    for i, row in enumerate(rows):
-        ids = [int(t) for t in generated[i].tolist()]
-        try:
-            found.append(position_rules.resolve(spec, batch, row, decode_text, generated=ids,
-                                                eos_ids=stops))
-        except RunError as error:
-            raise RunError(where + ("pos",) + error.path, error.message) from None
-    return found
-
-
 def stack(steps: Sequence[torch.Tensor], where: tuple) -> torch.Tensor:
     """Per-step ``(rows, 1, width)`` values as one ``(rows, decode, width)`` tensor."""
     widths = {tuple(value.shape[2:]) for value in steps}
@@ -119,12 +96,3 @@ def cut(stacked: torch.Tensor, windows: Sequence[Sequence[int]], ragged: bool) -
     if ragged or len(counts) != 1 or 0 in counts:
         return flat
     return flat.reshape(len(windows), counts.pop(), *flat.shape[1:])
-
-
-def provenance(found: Sequence[tuple[tuple[int, ...], str]], generated: torch.Tensor,
-               decode_text: Callable) -> dict:
-    """docs/format.md §6.4 in the generated frame: windows are decode steps, tokens the generated ones."""
-    windows = tuple(window for window, _ in found)
-    tokens = tuple(tuple(decode_text([int(generated[i, s])]) for s in window)
-                   for i, window in enumerate(windows))
-    return {"windows": windows, "reasons": tuple(reason for _, reason in found), "tokens": tokens}

@@ -1,7 +1,10 @@
-"""A pass's result: its reads in their featurizers' spaces, layouts, metrics and positions.
+"""The pass assembly: what a stage's traces produced, kept; a pass's result; its metric table.
 
-Made from the raw reads the walk gathered and the windows resolved for the pass; it never
-opens a trace. Steps publish and save from it, fits score it.
+Made from the values the walk's traces returned and the pass's windows; it never opens a
+trace and decides nothing about which ones run. A stage's values go where the planner's
+stage says: un-intervened reads, whole tensors, prefixes and keys into the document cache
+(``PLANNED`` in their place when the schedule is only planned), an intervened forward's
+reads to its pass. Steps publish and save from a ``PassResult``, fits score it.
 """
 from __future__ import annotations
 
@@ -9,11 +12,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from causalab.compile.plan import Pass, ReadOp
-from causalab.engine import outputs as output_rules
+import torch
+
+from causalab.compile.plan import Forward, Pass, ReadOp
+from causalab.engine import attribution, generate, tail
 from causalab.engine import windows as window_rules
-from causalab.engine.metrics import score
-from causalab.engine.seam import Window, express
+from causalab.engine.cache import PLANNED, Prefix, whole_id
+from causalab.engine.forwards import batch_key, read_key
+from causalab.engine.jobs import Stage, Traced
+from causalab.engine.metrics import metric_table, score
+from causalab.engine.outputs import Published
+from causalab.engine.seam import Window, express, gather
+from causalab.engine.state import ModelFacts, PassContext, WalkState, Windows
 
 
 @dataclass(frozen=True)
@@ -22,10 +32,10 @@ class PassResult(Mapping):
 
     ``reads``: name -> value in its featurizer's space, ``(rows, w, width)`` or flat
     ``(total, width)``; ``layouts``: name -> :class:`Window`; ``metrics``: name -> (values,
-    eligible pass-row indices); ``positions``: op -> provenance; ``rows``: the run rows;
-    ``resolved``: the pass's windows over all its rows (``windows.resolve_pass``);
-    ``generated``: ``"<model>[.<input>].generated"`` -> int64 ``(rows, decode)``.
-    It reads as a mapping too (``result["reads"]``): the plan's ``results`` is filled from it.
+    eligible pass-row indices); ``positions``: read name -> provenance; ``rows``: the run
+    rows; ``resolved``: the pass's ``Windows`` over all its rows; ``generated``:
+    ``"<model>[.<input>].generated"`` -> int64 ``(rows, decode)``. The engine reads its
+    attributes; the plan's ``results`` is filled from its mapping view.
     """
 
     reads: dict
@@ -33,7 +43,7 @@ class PassResult(Mapping):
     metrics: dict
     positions: dict
     rows: tuple
-    resolved: dict
+    resolved: Windows
     generated: dict = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Any:
@@ -51,31 +61,239 @@ class PassResult(Mapping):
 _FIELDS = tuple(f.name for f in fields(PassResult))
 
 
-def result_of(pass_: Pass, run_rows: tuple, resolved: dict, values: dict,
-              generated: dict | None = None) -> PassResult:
-    """The pass's result from its featurized reads (``values``: name -> ``Published``)."""
-    reads = {name: published.value for name, published in values.items()}
-    layouts = {}
-    for forward in pass_.forwards:
+def open_pass(model: Any, pass_: Pass, state: WalkState, rows=None, *, grad: bool = False,
+              tokenizer: Any = None, facts: ModelFacts | None = None) -> PassContext:
+    """A pass over ``rows`` (default: all), its windows resolved; the tokenizer and facts
+    are the model's unless given (a schedule planned without weights)."""
+    run_rows = tuple(range(pass_.rows)) if rows is None else tuple(int(r) for r in rows)
+    tokenizer = model.tokenizer if tokenizer is None else tokenizer
+    facts = ModelFacts.of(model._model.config) if facts is None else facts
+    windows = window_rules.resolve_pass(pass_, tokenizer, state)
+    return PassContext(model, pass_, state, run_rows, windows, facts, grad)
+
+
+def finish(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+    """Keep what ``stage``'s traces gave (``traced``, one per job; None when only planned)."""
+    _FINISH[stage.kind](stage, traced, units)
+
+
+def _cat(pieces: list) -> Any:
+    return torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
+
+
+def _prefixes(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+    """Each kept need of the stage's jobs, a ``Prefix`` over the windows they ran on."""
+    jobs = stage.jobs
+    if not jobs:
+        return
+    windows = tuple(job.rows for job in jobs)
+    key = batch_key(jobs[0].batch)
+    for need in jobs[0].keep:
+        pieces = [None] * len(jobs) if traced is None else [done.kept[need] for done in traced]
+        units[0].state.cache.prefixes[(key, need)] = Prefix(pieces, windows)
+
+
+def _keys(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+    joined = PLANNED if traced is None else tail.Keys.joined([done.cache for done in traced])
+    units[0].state.cache.keys[batch_key(stage.jobs[0].batch)] = joined
+
+
+def _reads(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+    """Un-intervened reads into the document cache: whole tensors as tapped, gathered reads
+    over every row of the fill's batch, and the reads served from a whole tensor."""
+    cache = units[0].state.cache
+    found = {}
+    if stage.jobs:
+        batch, every = stage.jobs[0].batch, tuple(range(len(stage.jobs[0].batch.input_ids)))
+        for index, tap in enumerate(stage.jobs[0].taps):
+            value = PLANNED if traced is None else _cat([done.values[index] for done in traced])
+            if tap.whole:
+                cache.wholes[whole_id(batch, tap.op)] = (
+                    value if traced is None else value.detach())
+                continue
+            windows = units[tap.unit].windows.read(tap.op.name).windows
+            counts = window_rules.layout(windows, every, tap.op.pos.ragged).flat_counts
+            found[(tap.unit, tap.op.name)] = Published(value, counts, len(every), "none")
+        _prefixes(stage, traced, units)
+    order = None if stage.host is None else torch.tensor(stage.host, dtype=torch.long)
+    for want in stage.wanted:
+        if traced is None:
+            cache.reads[want.key] = PLANNED
+            continue
+        if want.whole is not None:
+            tensor = cache.wholes[want.whole]
+            tensor = tensor if order is None else tensor.index_select(0, order.to(tensor.device))
+            got = _from_whole(tensor, units[want.unit], want.read)
+        else:
+            got = found[(want.unit, want.read.name)]
+        cache.reads[want.key] = Published(got.value.detach(), got.counts,
+                                          units[0].pass_.rows, "none")
+
+
+def _from_whole(tensor: torch.Tensor, ctx: PassContext, read: ReadOp) -> Published:
+    """``read`` over every row of the pass, gathered from its address's kept whole tensor."""
+    windows = ctx.windows.read(read.name).windows
+    window = window_rules.layout(windows, range(len(windows)), read.pos.ragged)
+    return Published(gather(tensor, read.address, window), window.flat_counts, ctx.pass_.rows,
+                     "none")
+
+
+def _forward(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+    """An intervened forward's raw reads, per unit concatenated in its run rows' order."""
+    if traced is None:
+        return
+    pieces: dict = {}
+    for job, done in zip(stage.jobs, traced):
+        for tap, value in zip(job.taps, done.values):
+            if tap.kind == "read":
+                pieces.setdefault(tap.unit, {}).setdefault(tap.op.name, []).append(value)
+    for unit, own in pieces.items():
+        ctx = units[unit]
+        ctx.raw.update(_gathered(ctx, stage.forwards[unit], ctx.rows, own))
+
+
+def _gathered(ctx: PassContext, forward: Forward, rows: tuple, pieces: dict) -> dict:
+    """Per-window raw reads concatenated in ``rows`` order, with their prompt layouts."""
+    out = {}
+    for read in forward.reads:
+        counts = None
+        if read.pos.frame != "generated":
+            windows = ctx.windows.read(read.name).windows
+            counts = window_rules.layout(windows, rows, read.pos.ragged).flat_counts
+        out[read.name] = Published(_cat(pieces[read.name]), counts, len(rows), "none")
+    return out
+
+
+def _decode(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+    """A greedy decode's raw reads (generated-frame ones stacked per step, still uncut) and
+    its ids under ``GENERATED``: to its pass, or into the document cache (``kept``)."""
+    ctx, forward = units[0], stage.forwards[0]
+    batch = ctx.pass_.inputs[forward.input]
+    cache = ctx.state.cache
+    if traced is None:
+        if stage.kept:
+            cache.generated[(batch_key(batch), forward.decode)] = PLANNED
+            cache.reads.update({read_key(batch, read, forward.decode): PLANNED
+                                for read in forward.reads})
+        return
+    rows, pieces, tokens = (), {read.name: [] for read in forward.reads}, []
+    for start in range(0, len(stage.jobs), forward.decode):
+        chunk = stage.jobs[start:start + forward.decode]
+        per_step = [{tap.op.name: value for tap, value in zip(job.taps, done.values)
+                     if tap.kind == "read"} for job, done in zip(chunk, traced[start:])]
+        rows += chunk[0].rows
+        tokens.append(torch.stack([done.token for done in traced[start:start + len(chunk)]],
+                                  1).to(torch.int64))
         for read in forward.reads:
-            windows, _ = resolved[("read", read.name, read.input)]
-            if read.pos.frame == "generated":
-                layouts[read.name] = Window.from_windows([windows[r] for r in run_rows],
-                                                         ragged=read.pos.ragged)
-            else:
-                layouts[read.name] = window_rules.layout(windows, run_rows, read.pos.ragged)
-    metrics = {}
-    for metric in pass_.metrics:
-        windows, _ = resolved[("read", metric.of, metric.input)]
-        placed = [r for r in run_rows if windows[r]]
-        metrics[metric.name] = score(metric, reads[metric.of], placed)
-    positions = {key[1]: entry for key, entry in resolved.items() if key[0] == "provenance"}
-    return PassResult(reads, layouts, metrics, positions, run_rows, resolved, generated or {})
+            pieces[read.name].append(_step_value(ctx.pass_, read, per_step, forward.decode))
+    out = _gathered(ctx, forward, rows, pieces)
+    out[generate.GENERATED] = Published(torch.cat(tokens, 0), None, len(rows), "none")
+    if not stage.kept:
+        ctx.raw.update(out)
+        return
+    for read in forward.reads:
+        fresh = out[read.name]
+        cache.reads[read_key(batch, read, forward.decode)] = Published(
+            fresh.value.detach(), fresh.counts, ctx.pass_.rows, "none")
+    ids = out[generate.GENERATED]
+    cache.generated[(batch_key(batch), forward.decode)] = Published(
+        ids.value.detach(), None, ctx.pass_.rows, "none")
 
 
-def featurized(raw: output_rules.Published, read: ReadOp, state: Any) -> output_rules.Published:
+def _step_value(pass_: Pass, read: ReadOp, per_step: list, decode: int) -> torch.Tensor:
+    """A read's value over a window: its one step, or every step stacked for a later cut."""
+    if read.pos.frame != "generated":
+        return per_step[0][read.name]
+    k = generate.fixed_step(read.pos)
+    if k is not None:
+        return per_step[k][read.name]
+    where = ("interventions", pass_.intervention, "reads", read.name, "pos")
+    return generate.stack([per_step[s][read.name] for s in range(decode)], where)
+
+
+def _serve(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+    """Un-intervened forwards' reads taken from the document cache over their run rows."""
+    if traced is None:
+        return
+    for ctx, forward in zip(units, stage.forwards):
+        batch, cache = ctx.pass_.inputs[forward.input], ctx.state.cache
+        found = {read.name: cache.reads[read_key(batch, read, forward.decode)]
+                 for read in forward.reads}
+        if forward.decode:
+            found[generate.GENERATED] = cache.generated[(batch_key(batch), forward.decode)]
+        every = ctx.rows == tuple(range(ctx.pass_.rows))
+        ctx.raw.update({name: value if every else value.slice_rows(ctx.rows)
+                        for name, value in found.items()})
+
+
+_FINISH = {"reads": _reads, "prefix": _prefixes, "keys": _keys, "forward": _forward,
+           "decode": _decode, "serve": _serve, "attribute": attribution.keep}
+
+
+def take_forward(ctx: PassContext, forward: Forward) -> None:
+    """The forward's raw reads, a decode's generated frame cut, in their featurizers' spaces."""
+    raw = dict(ctx.raw)
+    ctx.raw.clear()
+    if forward.decode:
+        ids = raw.pop(generate.GENERATED).value
+        ctx.generated.update({name: ids for name in generate.names(ctx.pass_, forward)})
+        raw = _cut_generated(ctx, forward, raw, ids)
+    for read in forward.reads:
+        ctx.values[read.name] = featurized(raw[read.name], read, ctx.state)
+
+
+def _cut_generated(ctx: PassContext, forward: Forward, raw: dict, ids: torch.Tensor) -> dict:
+    """Resolve each generated-frame read on the continuation and cut its stacked steps."""
+    stops = generate.eos_ids(ctx.model)
+    cut = dict(raw)
+    for read in forward.reads:
+        if read.pos.frame != "generated":
+            continue
+        found = window_rules.resolve_generated(ctx.windows, ctx.pass_, read, ctx.rows,
+                                               ids.tolist(), ctx.model.tokenizer, stops)
+        if generate.fixed_step(read.pos) is None:
+            kept = [window for window, _ in found]
+            value = generate.cut(raw[read.name].value, kept, read.pos.ragged)
+            counts = Window.from_windows(kept, ragged=read.pos.ragged).flat_counts
+            cut[read.name] = Published(value, counts, len(ctx.rows), "none")
+    return cut
+
+
+def featurized(raw: Published, read: ReadOp, state: WalkState) -> Published:
     """A read's raw gathered value expressed in its featurizer's space (float32)."""
     if read.address.component == "input_ids" or read.view == "logits":
         return raw
     featurizer = state.featurizers.get(read.featurizer) if read.featurizer != "identity" else None
-    return output_rules.Published(express(featurizer, raw.value), raw.counts, raw.rows, "none")
+    return Published(express(featurizer, raw.value), raw.counts, raw.rows, "none")
+
+
+def result_of(ctx: PassContext) -> PassResult:
+    """The pass's result from its featurized reads."""
+    rows, windows = ctx.rows, ctx.windows
+    reads = {name: published.value for name, published in ctx.values.items()}
+    layouts = {}
+    for forward in ctx.pass_.forwards:
+        for read in forward.reads:
+            found = windows.read(read.name).windows
+            if read.pos.frame == "generated":
+                layouts[read.name] = Window.from_windows([found[r] for r in rows],
+                                                         ragged=read.pos.ragged)
+            else:
+                layouts[read.name] = window_rules.layout(found, rows, read.pos.ragged)
+    metrics = {}
+    for metric in ctx.pass_.metrics:
+        found = windows.read(metric.of).windows
+        metrics[metric.name] = score(metric, reads[metric.of], [r for r in rows if found[r]])
+    return PassResult(reads, layouts, metrics, dict(windows.provenance), rows, windows,
+                      dict(ctx.generated))
+
+
+def metric_rows(pass_: Pass, result: PassResult, name: str, digest: str,
+                saved_as: str) -> list[dict]:
+    """The on-disk table of metric ``name`` of a pass result, one object per pass row."""
+    metric = next(m for m in pass_.metrics if m.name == name)
+    values, eligible = result.metrics[name]
+    windows, reasons = result.resolved.read(metric.of)
+    positions = windows if pass_.dynamic else None
+    return metric_table(metric, values, eligible, positions, reasons, pass_.example_ids,
+                        digest, name=saved_as)

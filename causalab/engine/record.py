@@ -117,20 +117,27 @@ def write_safetensors(path: str | Path, tensors: dict[str, Any],
                       metadata_: dict[str, str] | None = None, *,
                       root: str | Path | None = None) -> str:
     """Named tensors (already on the CPU, contiguous) as one safetensors file, the same
-    bytes for the same tensors and metadata (``canonical_safetensors``)."""
+    bytes for the same tensors and metadata (``canonical_safetensors``), its metadata carrying
+    the digest of the tensors' bytes (compile/integrity.py) beside any stamp."""
     from safetensors.torch import save
 
-    return atomic(path, canonical_safetensors(save(tensors, metadata=metadata_)), root=root)
+    data = save(tensors, metadata=metadata_)
+    return atomic(path, canonical_safetensors(data, digest=True), root=root)
 
 
-def canonical_safetensors(data: bytes) -> bytes:
+def canonical_safetensors(data: bytes, *, digest: bool = False) -> bytes:
     """``data`` (a safetensors file) with its header's keys sorted. The library writes the
     metadata from a hash map whose order changes from one save to the next, so the same
     tensors and metadata came out as other bytes each time; the tensor data is untouched
     (its offsets count from the header's end) and the header is padded to 8 bytes, as the
-    library pads it."""
+    library pads it. ``digest`` puts each tensor's digest into the metadata (re-stamping)."""
+    from causalab.compile.integrity import DIGEST_KEY, digest_text, header_digests
+
     size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8:8 + size])
+    if digest:
+        metadata = header.setdefault("__metadata__", {})
+        metadata[DIGEST_KEY] = digest_text(header_digests(header, memoryview(data)[8 + size:]))
     text = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)
     return len(text).to_bytes(8, "little") + text + data[8 + size:]

@@ -6,9 +6,9 @@ block ``R−1``'s cached output on instead (nnsight's ``skip``: bit-exact on the
 families). Inside block ``R`` the same holds for its parts: when the first tap is at the
 attention's output or later, the attention module's own output is the un-intervened one
 (a write there replaces some positions of it, the others stay), so it is served from the
-cache too; from the MLP's output on, the MLP as well. This module decides where a forward
-enters from plan data alone; the cached values live in the document cache and the walk's
-trace does the skipping.
+cache too; from the MLP's output on, the MLP as well. This module says where a forward
+may enter from plan data alone; the planner decides whether it does (the resume budget, the
+values kept), the cached values live in the document cache and the walk's trace skips.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def resume_point(forward: Forward) -> Resume | None:
     places after the stack count as the layer count), else None."""
     if forward.decode or not forward.writes:
         return None
-    first = min((op.address for op in tap_ops(forward).values()), key=lambda a: a.order)
+    first = min((op.address for _, op in tap_ops(forward)), key=lambda a: a.order)
     entry = _entry(first)
     return entry if entry.layer >= 1 or entry.parts else None
 
@@ -70,6 +70,34 @@ def shared_entry(entry: Resume, present: set) -> Resume:
     its sums and norms, computed as the un-intervened forward computes them)."""
     whole = Resume(entry.layer - 1, PARTS)
     return whole if not entry.parts and entry.layer >= 1 and whole in present else entry
+
+
+def entries_of(each) -> list:
+    """Where each unit's trace enters (``None``: from the start), shared where it can be."""
+    entries = [resume_point(forward) for forward in each]
+    present = {entry for entry in entries if entry is not None}
+    return [None if entry is None else shared_entry(entry, present) for entry in entries]
+
+
+def needs_of(entries) -> set:
+    """The kept values ``entries`` take together."""
+    return {need for entry in entries if entry is not None for need in entry.needs()}
+
+
+def ahead_of(others) -> set:
+    """What later points' forwards will enter with: as their runs group them, or alone."""
+    return needs_of(entries_of(others)) | needs_of(map(resume_point, others))
+
+
+def by_entry(entries: list, covered: set) -> dict:
+    """Units grouped by their entry, in unit order; a unit whose kept values do not cover
+    these rows starts from the start."""
+    runs: dict = {}
+    for unit, entry in enumerate(entries):
+        if entry is not None and any(need not in covered for need in entry.needs()):
+            entry = None
+        runs.setdefault(entry, []).append(unit)
+    return runs
 
 
 def map_tensors(value: Any, change: Any) -> Any:
@@ -94,21 +122,6 @@ def need_place(need: Any) -> tuple:
     return (need[0], _DONE_AT[need[1]])
 
 
-def hidden_width(model: Any) -> int:
-    """The residual width of the loaded model, for the resume budget."""
-    config = _text_config(model)
-    return int(getattr(config, "hidden_size", None) or getattr(config, "n_embd"))
-
-
-def kv_width(model: Any) -> int:
-    """The width of one layer's keys (or values): narrower than the residual under
-    grouped-query attention, which keeps fewer key heads than query heads."""
-    config = _text_config(model)
-    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head")
-    head_dim = getattr(config, "head_dim", None) or hidden_width(model) // heads
-    return int(getattr(config, "num_key_value_heads", None) or heads) * int(head_dim)
-
-
 def deepest(needs: list, room: int, present: set = frozenset()) -> list:
     """Of ``needs``, what ``room`` more kept values serve best: entries taken deepest first
     (a later entry skips more blocks), each whole or not at all, since an entry takes the
@@ -121,8 +134,3 @@ def deepest(needs: list, room: int, present: set = frozenset()) -> list:
         if len(cost) <= room - len(chosen) and set(cost) <= wanted:
             chosen += cost
     return chosen
-
-
-def _text_config(model: Any) -> Any:
-    config = model._model.config
-    return getattr(config, "text_config", None) or config

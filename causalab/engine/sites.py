@@ -196,8 +196,7 @@ def _softcapped(model: Any, logits: Any) -> Any:
 
 
 class Reach(NamedTuple):
-    """How the engine reaches one accessor's tensor: ``fetch(places, address) -> value`` and
-    ``store(places, address, value)`` (None for a derived, read-only value)."""
+    """``fetch(places, address) -> value`` and ``store(places, address, value)`` (None: read-only)."""
 
     fetch: Callable[[Places, Address], Any]
     store: Callable[[Places, Address, Any], None] | None
@@ -330,10 +329,6 @@ def _logits_fetch(places: Places, address: Address) -> Any:
     return _softcapped(places.model, places.head_output())
 
 
-def _head_fetch(places: Places, address: Address) -> Any:
-    return places.head_output()
-
-
 def _head_store(places: Places, address: Address, value: Any) -> None:
     places.put_head(value)
 
@@ -368,7 +363,7 @@ REACH: dict[str, Reach] = {
     "mlps_output": _sublayer("mlps_output", _POST_MLP_NORM),
     "layers_output": _standard("layers_output"),
     "ln_final_output": _whole("ln_final", "output"),
-    "lm_head_output": Reach(_head_fetch, _head_store),
+    "lm_head_output": Reach(lambda places, address: places.head_output(), _head_store),
     "logits": Reach(_logits_fetch, _logits_store),
     "next_token_probs": Reach(_probabilities_of_next, None),
 }

@@ -12,11 +12,12 @@ from typing import Any
 from causalab.compile import bundles as bundle_checks
 from causalab.compile.bundles import document_stamp, step_source
 from causalab.compile.plan import Observe
+from causalab.engine.state import WalkState
 from causalab.errors import CompileError, RunError
 from causalab.files import TENSOR_KEY
 
 
-def _stamp(node: Any, value: str, state: Any) -> dict[str, str]:
+def _stamp(node: Any, value: str, state: WalkState) -> dict[str, str]:
     """What the producing step stamps on ``value``, as its saved bundle would carry."""
     from causalab.engine.steps import output_stamp
 
@@ -30,7 +31,7 @@ def _tensors(published: Any) -> dict:
     return dict(value) if isinstance(value, dict) else {TENSOR_KEY: value}
 
 
-def build_from_step(node: Any, state: Any) -> None:
+def build_from_step(node: Any, state: WalkState) -> None:
     """Build every featurizer whose ``file_path`` names ``node``'s step from what it published."""
     from causalab.engine.featurizers import FEATURIZERS
 

@@ -10,18 +10,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from causalab.compile.featurizers import save_stamp, where
 from causalab.compile.featurizers import stamp as featurizer_stamp
 from causalab.compile.plan import Featurizers, Fit, Observe, Pass, SaveOp, Weights
 from causalab.engine import outputs as output_rules
 from causalab.engine import containment, record
 from causalab.engine.bundles import document_stamp, stamp_metadata, step_source, weights_results
-from causalab.engine.metrics import metric_table
-from causalab.engine.passes import PassResult
+from causalab.engine.passes import PassResult, metric_rows
+from causalab.engine.state import WalkState
 from causalab.errors import CausalabError, RunError
 from causalab.files import SAELENS_CONFIG, SAELENS_WEIGHTS, TENSOR_KEY, TENSOR_SUFFIX
 
 
-def build_featurizers(node: Featurizers, model: Any, state: Any) -> None:
+def build_featurizers(node: Featurizers, model: Any, state: WalkState) -> None:
     """Live featurizer objects on the model's device, shared by the plan's later steps."""
     from causalab.engine.featurizers import build_featurizer
 
@@ -44,7 +45,7 @@ def _find_read(pass_: Pass, name: str):
     return next(read for forward in pass_.forwards for read in forward.reads if read.name == name)
 
 
-def _publish(node: Observe, result: PassResult, state: Any) -> dict:
+def _publish(node: Observe, result: PassResult, state: WalkState) -> dict:
     published = {}
     for output in node.outputs:
         try:
@@ -57,24 +58,14 @@ def _publish(node: Observe, result: PassResult, state: Any) -> dict:
     return published
 
 
-def metric_rows(pass_: Pass, result: dict, name: str, digest: str, saved_as: str) -> list[dict]:
-    """The on-disk table of metric ``name`` of a pass result, one object per pass row."""
-    metric = next(m for m in pass_.metrics if m.name == name)
-    values, eligible = result["metrics"][name]
-    windows, reasons = result["resolved"][("read", metric.of, metric.input)]
-    positions = windows if pass_.dynamic else None
-    return metric_table(metric, values, eligible, positions, reasons, pass_.example_ids,
-                        digest, name=saved_as)
-
-
-def step_label(step: str, state: Any) -> str:
+def step_label(step: str, state: WalkState) -> str:
     """The step as events name it: ``<step>/<intervention>`` inside a list entry's plan."""
     entry = state.entry
     return f"{step}/{entry}" if entry else step
 
 
-def _report_metrics(pass_: Pass, result: dict, state: Any, step: str) -> None:
-    for name, (values, eligible) in result["metrics"].items():
+def _report_metrics(result: PassResult, state: WalkState, step: str) -> None:
+    for name, (values, eligible) in result.metrics.items():
         mean = float(values.detach().float().mean()) if len(eligible) else None
         state.events.metric(state.point, step, name, mean, len(eligible))
 
@@ -86,34 +77,38 @@ def _plain(name: str, produced: dict) -> str:
     return name.rsplit("/", 1)[-1]
 
 
-def finish_observe(node: Observe, result: PassResult, state: Any, directory: Path) -> list[str]:
+def finish_observe(node: Observe, result: PassResult, state: WalkState, directory: Path) -> list[str]:
     """Publish outputs, report metrics and write the step's saves (generated ids included)."""
     published = _publish(node, result, state)
     node.results.update(result, outputs=published)
-    _report_metrics(node.pass_, result, state, step_label(node.name, state))
+    _report_metrics(result, state, step_label(node.name, state))
     written = []
     generated = result.generated
     for save in node.saves:
-        name = _plain(save.value, {**result["metrics"], **published, **generated})
-        if name in result["metrics"]:
+        name = _plain(save.value, {**result.metrics, **published, **generated})
+        if name in result.metrics:
             rows = metric_rows(node.pass_, result, name, state.digest, name)
             written.append(record.write_json(directory / save.file_path, rows, root=directory))
         elif name in published:
             written += _save_output(node, published[name], name, save, state, directory)
         elif name in generated:
+            stamp = save_stamp(name, {}, state.model_ref, state.digest)
             written.append(record.write_tensor(directory / save.file_path, generated[name],
-                                                 root=directory))
+                                               stamp, root=directory))
         else:
             raise RunError(("steps", node.name, "saves"), f"{save.value!r} is not produced here")
     return written
 
 
 def _save_output(node: Observe, value: output_rules.Published, name: str, save: SaveOp,
-                 state: Any, directory: Path) -> list[str]:
-    metadata = None
+                 state: WalkState, directory: Path) -> list[str]:
     if value.reduce in ("pca", "sae"):
         metadata = stamp_metadata(output_stamp(node, name, value, state),
                                   produced_by=state.digest)
+    else:
+        read = _find_read(node.pass_, next(o for o in node.outputs if o.name == name).read)
+        metadata = save_stamp(name, where(read.site, read.address), state.model_ref,
+                              state.digest)
     if value.reduce == "sae":
         return _save_dictionary(node, name, value, save, metadata, directory)
     # A float read is saved as float32 (a bf16 model's reads too); ids stay integers.
@@ -143,7 +138,7 @@ def _save_dictionary(node: Observe, name: str, value: output_rules.Published, sa
 
 
 def output_stamp(node: Observe, name: str, value: output_rules.Published,
-                 state: Any) -> dict[str, str]:
+                 state: WalkState) -> dict[str, str]:
     """The identity a published basis or dictionary carries, as its saved bundle would."""
     output = next(o for o in node.outputs if o.name == name)
     read = _find_read(node.pass_, output.read)
@@ -153,7 +148,7 @@ def output_stamp(node: Observe, name: str, value: output_rules.Published,
                             state.model_ref, state.digest)
 
 
-def run_fit_step(node: Fit, model: Any, state: Any, directory: Path,
+def run_fit_step(node: Fit, model: Any, state: WalkState, directory: Path,
                  run_pass: Callable) -> list[str]:
     """Train the fit's featurizers (``causalab.engine.fit``), then write its saves."""
     from causalab.engine.fit import run_fit
@@ -164,17 +159,29 @@ def run_fit_step(node: Fit, model: Any, state: Any, directory: Path,
     node.results.update(results)
     written = []
     for save in node.saves:
-        written.append(record.write_tensor(directory / save.file_path, results[save.value],
-                                                 root=directory))
+        stamp = save_stamp(save.value, _gate_place(save.value, state), state.model_ref,
+                           state.digest)
+        value = results.get(save.value)
+        if value is None:  # <gate>.mask: the hard mask the fit left, 1.0 per unit kept
+            value = state.featurizers[save.value.removesuffix(".mask")].hard_mask().float()
+        written.append(record.write_tensor(directory / save.file_path, value, stamp,
+                                           root=directory))
     last = results.get("eval")
     for save in node.eval_saves:
-        name = _plain(save.value, last["metrics"] if last else {})
+        name = _plain(save.value, last.metrics if last else {})
         rows = metric_rows(node.eval, last, name, state.digest, name)
         written.append(record.write_json(directory / save.file_path, rows, root=directory))
     return written
 
 
-def run_weights(node: Weights, state: Any, directory: Path) -> list[str]:
+def _gate_place(value: str, state: WalkState) -> dict[str, str]:
+    """Where a fit's save was taken: a ``<gate>.mask`` at its gate's site, a loss nowhere."""
+    spec = state.specs.get(value.removesuffix(".mask")) if value.endswith(".mask") else None
+    keys = ("site", "component", "layer", "heads", "units")
+    return {key: spec.stamp[key] for key in keys if key in spec.stamp} if spec else {}
+
+
+def run_weights(node: Weights, state: WalkState, directory: Path) -> list[str]:
     """Publish each named featurizer's ``weight`` and write stamped bundles."""
     tensors = weights_results(node.names, state.featurizers)
     for name, value in tensors.items():
@@ -188,4 +195,3 @@ def run_weights(node: Weights, state: Any, directory: Path) -> list[str]:
         written.append(record.write_tensors(directory / save.file_path, bundle, metadata,
                                             root=directory))
     return written
-

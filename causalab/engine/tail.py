@@ -7,8 +7,8 @@ its eval then run the last column alone: the blocks before their entry served fr
 prefix's last column, the rest one position over the kept keys and values, forward and
 backward. The numbers are the whole forward's up to float rounding (one position sums in
 another order), which is why only fits take this path: a patching table stays byte-identical
-to the unresumed forward. This module decides from plan data and keeps the tensors; the walk
-runs the traces.
+to the unresumed forward. This module says from plan data where that may happen and keeps the
+tensors; the planner decides, the walk runs the traces.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import torch
 
 from causalab.compile.plan import Forward
-from causalab.engine.forwards import kv_cache, tap_ops
+from causalab.engine.forwards import tap_ops
 from causalab.engine.resume import map_tensors
 
 
@@ -27,7 +27,7 @@ def at_last_column(forward: Forward) -> bool:
     with one value per position (no attention interior, no per-key axis)."""
     if forward.decode or not forward.writes:
         return False
-    for op in tap_ops(forward).values():
+    for _, op in tap_ops(forward):
         pos, address = op.pos, op.address
         if (pos.frame != "prompt" or pos.dynamic or pos.index != -1 or pos.span is not None
                 or pos.last is not None or pos.all or address.seq_axis != 1 or address.key_axis):
@@ -63,19 +63,24 @@ class Keys(NamedTuple):
         return cls(layers)
 
 
-def all_last(prepared: dict, width: int) -> bool:
-    """Whether every prepared tap of a trace lands on the last of ``width`` columns."""
-    return all(bool((entry.window.positions == width - 1).all()) for entry in prepared.values())
+def all_last(positions, width: int) -> bool:
+    """Whether every position of ``positions`` (any iterable of ints) is the last of
+    ``width`` columns (true of none at all)."""
+    return all(position == width - 1 for position in positions)
 
 
-def moved(prepared: dict) -> dict:
-    """The taps moved onto a trace of the last column alone (its column 0)."""
-    return {tap: entry._replace(window=dataclasses.replace(
-        entry.window, positions=torch.zeros_like(entry.window.positions)))
-        for tap, entry in prepared.items()}
+def moved(window: Any) -> Any:
+    """A tap's window moved onto a trace of the last column alone (its column 0)."""
+    return dataclasses.replace(window, positions=torch.zeros_like(window.positions))
 
 
 def last_of(value: Any) -> Any:
     """A kept module output cut to its last column."""
     return map_tensors(value, lambda tensor: tensor[:, -1:])
 
+
+def kv_cache(model: Any):
+    """An empty KV cache laid out for the loaded model's layers (sliding ones included)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=model._model.config)

@@ -1,77 +1,147 @@
-"""Prepared taps: each read or write of one trace with its window over the trace's rows.
+"""Binding a trace job to its tensors: input ids, each tap's window, featurizer and operand,
+the kept prefix it resumes from and the KV cache it runs over.
 
-Plain data made before a trace opens, from plan ops, resolved windows and the walk state's
-featurizers and published outputs; the walk's ``_issue`` acts on them in forward order. It
-never opens a trace and never touches a tensor of the model.
+Lookups only, made just before the walk runs the job: every decision was the planner's
+(``causalab.engine.planner``), and this module never opens a trace. A tap's window is the
+pass's resolved window over the job's rows, moved to its stacked copy, to column 0 of a
+last-column trace, or to the step's last index in a decode.
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from causalab.compile.plan import Forward, Pass, WriteOp
+import torch
+
+from causalab.compile.plan import PromptBatch, WriteOp
+from causalab.document import vocab
+from causalab.engine import attribution, tail
 from causalab.engine import windows as window_rules
-from causalab.engine.forwards import tap_ops
+from causalab.engine.forwards import batch_key
+from causalab.engine.jobs import JobTap, Traced, TraceJob
+from causalab.engine.resume import map_tensors
 from causalab.engine.seam import Window
+from causalab.engine.state import PassContext
 from causalab.errors import RunError
 
 
 class PreparedTap(NamedTuple):
-    """One tap of a trace: the op, where it acts, and (writes) its featurizer and operand.
+    """A tap's live half: its window over the trace's batch rows (None for a whole tensor)
+    and, for a write, its featurizer (None: identity) and operand."""
 
-    ``out`` is the key its value lands under (the op's name, a fused point's ``(point,
-    name)``, or a whole key); ``whole`` keeps the address's whole tensor instead of a gather.
-    """
-
-    kind: str
-    op: Any
-    window: Window
+    window: Window | None
     featurizer: Any = None
     operand: Any = None
-    out: Any = None
-    whole: bool = False
-
-    @property
-    def key(self) -> Any:
-        return self.op.name if self.out is None else self.out
 
 
-def prepare(pass_: Pass, forward: Forward, state: Any, chunk: tuple, resolved: dict,
-            values: dict, local: dict, taps: tuple, last: int | None = None) -> dict:
-    """Per tap of ``taps``: a :class:`PreparedTap` over the rows ``chunk``.
+class Live(NamedTuple):
+    """What a bound job runs with: the model inputs, per tap a ``PreparedTap``, per need of
+    its entry the kept value, and the KV cache it runs over (None: it keeps none)."""
 
-    A generated-frame op lands on ``last``, the last index of its decode step's sequence.
-    """
-    ops = tap_ops(forward)
-    prepared = {}
-    for kind, name in taps:
-        op = ops[(kind, name)]
-        if op.pos.frame == "generated":
-            window = Window.from_windows([(last,)] * len(chunk))
-        else:
-            windows, _ = resolved[(kind, name, forward.input)]
-            window = window_rules.layout(windows, chunk, op.pos.ragged)
-        if kind == "write":
-            name_f = op.featurizer
-            featurizer = state.featurizers.get(name_f) if name_f != "identity" else None
-            operand = _operand(op, pass_, state, chunk, values, local, window)
-            prepared[(kind, name)] = PreparedTap(kind, op, window, featurizer, operand)
-        else:
-            prepared[(kind, name)] = PreparedTap(kind, op, window)
-    return prepared
+    inputs: dict
+    position_ids: torch.Tensor
+    prepared: tuple[PreparedTap, ...]
+    resume: dict | None
+    cache: Any
 
 
-def _operand(write: WriteOp, pass_: Pass, state: Any, chunk: tuple, values: dict,
-             local: dict, window: Window) -> Any:
+def bind(job: TraceJob, units: list[PassContext], carry: Live | None = None) -> Live:
+    """``job``'s tensors; a decode step after the first continues from ``carry`` (the step
+    before it, its next token appended)."""
+    first = units[0]
+    if job.step:
+        inputs, position_ids, cache = carry.inputs, carry.position_ids, carry.cache
+    else:
+        inputs, position_ids = _inputs(first, job)
+        cache = _cache(first, job)
+    width = inputs["input_ids"].shape[1]
+    prepared = tuple(_prepared(job, tap, units, width) for tap in job.taps)
+    return Live(inputs, position_ids, prepared, _resume(first, job), cache)
+
+
+def carried(live: Live, traced: Traced) -> Live:
+    """The next decode step's inputs: the token this one chose, fed over its cache."""
+    mask = live.inputs["attention_mask"]
+    inputs = {"input_ids": traced.token[:, None],
+              "attention_mask": torch.cat([mask, torch.ones_like(mask[:, :1])], 1)}
+    return Live(inputs, live.position_ids[:, -1:] + 1, (), None, live.cache)
+
+
+def _inputs(ctx: PassContext, job: TraceJob) -> tuple[dict, torch.Tensor]:
+    inputs, position_ids = prompt_inputs(ctx.model, job.batch, job.rows, ctx.state.cache.inputs)
+    if job.copies > 1:
+        inputs = {key: tensor.repeat(job.copies, 1) for key, tensor in inputs.items()}
+        position_ids = position_ids.repeat(job.copies, 1)
+    if job.kind == "keys":
+        return {name: tensor[:, :-1] for name, tensor in inputs.items()}, position_ids[:, :-1]
+    if job.tail:
+        return ({"input_ids": inputs["input_ids"][:, -1:],
+                 "attention_mask": inputs["attention_mask"]}, position_ids[:, -1:])
+    return inputs, position_ids
+
+
+def _cache(ctx: PassContext, job: TraceJob) -> Any:
+    if job.tail:
+        return ctx.state.cache.keys[batch_key(job.batch)].cache(job.rows, ctx.model)
+    if job.kind in ("keys", "decode"):
+        return tail.kv_cache(ctx.model)
+    return None
+
+
+def _resume(ctx: PassContext, job: TraceJob) -> dict | None:
+    """The kept values ``job``'s entry takes over its rows: stacked for its copies, cut to
+    the last column for a last-column trace."""
+    if job.resume is None:
+        return None
+    key, values = batch_key(job.batch), {}
+    for need in job.resume.needs():
+        value = ctx.state.cache.prefixes[(key, need)].rows(
+            job.rows, any_rows=ctx.state.fill_prefixes)
+        if job.copies > 1:
+            value = map_tensors(value, _stacked(job.copies))
+        values[need] = tail.last_of(value) if job.tail else value
+    return values
+
+
+def _stacked(copies: int):
+    """Repeat a kept tensor for ``copies`` stacked points (rows first)."""
+    return lambda tensor: tensor.repeat(copies, *([1] * (tensor.dim() - 1)))
+
+
+def _prepared(job: TraceJob, tap: JobTap, units: list[PassContext], width: int) -> PreparedTap:
+    ctx, op = units[tap.unit], tap.op
+    if tap.kind == "replace":
+        return PreparedTap(None, operand=attribution.interpolated(ctx, op.step))
+    if tap.whole:
+        return PreparedTap(None)
+    if op.pos.frame == "generated":
+        # The step's last index: the position whose logits choose its token.
+        window = Window.from_windows([(width - 1,)] * len(job.rows))
+    else:
+        windows = ctx.windows.of(tap.kind, op.name, job.batch.role).windows
+        window = window_rules.layout(windows, job.rows, op.pos.ragged)
+    placed = window
+    if tap.slot:
+        placed = Window(window.batch_rows + tap.slot * len(job.rows), window.positions,
+                        window.width, window.counts)
+    if job.tail or (job.head == "last" and op.address.component in vocab.FROM_LOGITS):
+        placed = tail.moved(placed)
+    if tap.kind != "write":
+        return PreparedTap(placed)
+    featurizer = ctx.state.featurizers.get(op.featurizer) if op.featurizer != "identity" else None
+    return PreparedTap(placed, featurizer, _operand(op, ctx, job.rows, window))
+
+
+def _operand(write: WriteOp, ctx: PassContext, chunk: tuple, window: Window) -> Any:
     operand = write.operand
     if operand.kind == "literal":
         return operand.value
     if operand.kind == "none":
         return None
     if operand.kind == "read":
-        published = values[operand.name].slice_rows([local[r] for r in chunk])
-        return published.value
-    published = state.published.get(operand.name)
-    where = ("interventions", pass_.intervention, "writes", write.name, "operand")
+        local = {row: i for i, row in enumerate(ctx.rows)}
+        return ctx.values[operand.name].slice_rows([local[r] for r in chunk]).value
+    published = ctx.state.published.get(operand.name)
+    where = ("interventions", ctx.pass_.intervention, "writes", write.name, "operand")
     if published is None:
         raise RunError(where, f"no published output {operand.name!r}")
     if published.reduce != "none":
@@ -82,3 +152,26 @@ def _operand(write: WriteOp, pass_: Pass, state: Any, chunk: tuple, values: dict
         raise RunError(where, f"operand {operand.name!r} was read over a different number of "
                        f"positions on rows {bad}")
     return sliced.value
+
+
+def prompt_inputs(model: Any, batch: PromptBatch, chunk: tuple,
+                  kept: dict) -> tuple[dict, torch.Tensor]:
+    """The rows ``chunk`` as model inputs, position ids taken from the mask (docs/format.md §18).
+
+    The whole batch is made into tensors once per document (a sweep point's batch is a
+    new object holding equal rows, hence the value key) and kept in ``kept`` (the document
+    cache's ``inputs``); a chunk is a row selection.
+    """
+    device = model._model.get_input_embeddings().weight.device
+    key = (batch_key(batch), str(device))
+    whole = kept.get(key)
+    if whole is None:
+        ids = torch.tensor(batch.input_ids, dtype=torch.long, device=device)
+        mask = torch.tensor(batch.attention_mask, dtype=torch.long, device=device)
+        whole = kept[key] = (ids, mask, (mask.cumsum(-1) - 1).clamp(min=0))
+    if chunk == tuple(range(len(batch.input_ids))):
+        ids, mask, position_ids = whole
+    else:
+        index = torch.tensor(chunk, dtype=torch.long, device=device)
+        ids, mask, position_ids = (t.index_select(0, index) for t in whole)
+    return {"input_ids": ids, "attention_mask": mask}, position_ids

@@ -15,13 +15,13 @@ cache.
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from causalab.errors import ModelError, reason
+from causalab.files import causalab_home
 from causalab.models.staging import publish, staging_folder
 from causalab.models.digest import directory_digest, looks_like_digest
 from causalab.models.json_files import read_json
@@ -46,8 +46,7 @@ class Resolved:
 
 def models_home(home: str | None = None) -> Path:
     """The cache folder for built-ins: ``home``, else ``$CAUSALAB_HOME``, else ~/.cache/causalab."""
-    root = home or os.environ.get("CAUSALAB_HOME") or Path.home() / ".cache" / "causalab"
-    return Path(root) / "models"
+    return (Path(home) if home else causalab_home()) / "models"
 
 
 def resolve(key: str, revision: str | None = None, *, home: str | None = None) -> Resolved:
@@ -72,7 +71,8 @@ def resolve(key: str, revision: str | None = None, *, home: str | None = None) -
 
 
 def _builtin_names() -> str:
-    return ", ".join(SCHEME + name for name in BUILTINS)
+    """``causalab:<name>`` for tiny-llama, …: the scheme said once keeps the line short."""
+    return f"{SCHEME}<name> for " + ", ".join(BUILTINS)
 
 
 def _builtin(key: str, revision: str | None, home: str | None) -> Resolved:

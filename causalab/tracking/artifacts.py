@@ -3,7 +3,9 @@
 A ``runs:/<run_id>/<path>`` URI is resolved against the same tracking URI runs are logged to
 (``MLFLOW_TRACKING_URI``, else the one given, else ./mlflow.db). A resolved bundle is an
 ordinary local file afterwards: the engine checks its stamp exactly as for any other path.
-Downloads land in ``$CAUSALAB_HOME/artifacts/<run_id>/`` (``~/.cache/causalab`` by default).
+Downloads land in ``$CAUSALAB_HOME/artifacts/<run_id>/`` (``~/.cache/causalab`` by default),
+fetched again on every resolve (docs/platform.md §5); a fetched bundle's tensors are checked
+against its stamp's digest before it is placed.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Callable
 from causalab.document.names import runs_uri_parts
 from causalab.engine.containment import inside
 from causalab.errors import TrackingError, reason
+from causalab.files import causalab_home
 from causalab.tracking.reach import FETCH_ADVICE, reach, source_of
 from causalab.tracking.runs import artifact_location_of, client, resolve_uri, store_exists
 
@@ -25,8 +28,10 @@ _URI = ("uri",)
 
 
 def artifact_home() -> Path:
-    root = os.environ.get("CAUSALAB_HOME") or Path.home() / ".cache" / "causalab"
-    return Path(root) / "artifacts"
+    """The download cache of ``runs:/`` bundles: ``$CAUSALAB_HOME/artifacts``. Each resolve
+    downloads the artifact again over what is there (a run's artifacts can be replaced in
+    the store), so nothing is read from it unfetched; deleting it is always safe."""
+    return causalab_home() / "artifacts"
 
 
 def _download(uri: str, parts: tuple[str, str], destination: Path, tracking_uri: str | None,
@@ -109,6 +114,7 @@ def fetch(uri: str, out_path: str | None = None, tracking_uri: str | None = None
     run_id, path = _run_parts(uri, _URI)
     with tempfile.TemporaryDirectory(prefix="causalab-fetch-") as staging:
         local = _download(uri, (run_id, path), Path(staging) / "download", tracking_uri, _URI)
+        _verify(local, uri)
         name = Path(path).name or run_id
         target = Path(out_path) if out_path else Path(name)
         if target.is_dir():
@@ -121,6 +127,20 @@ def fetch(uri: str, out_path: str | None = None, tracking_uri: str | None = None
             local = converted
         _place(local, target, uri)
     return str(target)
+
+
+def _verify(local: Path, uri: str) -> None:
+    """A downloaded bundle (a ``.safetensors`` file or SAELens folder) against its stamp's
+    digest (compile/integrity.py), refused at ``uri`` before it is placed; other files pass."""
+    from causalab.compile.bundles import layout_header
+    from causalab.compile.integrity import check_tensors
+    from causalab.files import SAELENS_WEIGHTS, TENSOR_SUFFIX
+
+    weights = local / SAELENS_WEIGHTS if local.is_dir() else local
+    if weights.suffix == TENSOR_SUFFIX and weights.is_file():
+        shown = uri if weights == local else f"{uri.rstrip('/')}/{SAELENS_WEIGHTS}"
+        check_tensors(str(weights), layout_header(str(weights), at=_URI), _URI, shown=shown,
+                      finite=False)
 
 
 def _place(local: Path, target: Path, uri: str) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from causalab.tracking import artifacts, jobs, owners, plots
+from causalab.tracking import artifacts, attribution_plots, jobs, owners, plots
 from causalab.tracking import runs as store
 
 PARENT_FILE = ".mlflow_parent.json"
@@ -126,6 +126,8 @@ class MultirunParent(Callback):
             ranking = plots.ranking_chart(points)
             if ranking is not None:
                 artifacts.log_bytes(mlflow, parent["run_id"], ranking, RANKING)
+            attribution_plots.log_comparison(mlflow, parent["run_id"], parent["experiment_id"],
+                                             title=self._title)
         good = reason is None and all(run.info.status == "FINISHED" for run in children)
         self._close()
         if reason is not None:

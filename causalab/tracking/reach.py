@@ -1,21 +1,23 @@
-"""Reach the tracking server before anything slow: a few quick tries, then one clear refusal.
+"""Reach the tracking store before anything slow, and bound every call to it after.
 
 MLflow's own client retries an unreachable server for minutes (seven retries, doubling
 back-off, two-minute timeouts) and does so only at the first call, which a run makes after
-its model has loaded. :func:`reach` asks the server's ``/health`` first, with short timeouts
-and a bounded number of tries, so ``causalab run`` and ``causalab runs`` fail in seconds
-with the URI named. A SQLite store is local: a run (``writes``) checks that its file can be
-made where it says (else SQLAlchemy retries for minutes), without making it; MLflow's
-retired file store (``file:``) is refused. Sets no environment variable and never touches
-MLflow's retry settings.
+its model has loaded. :func:`reach` asks the server's ``/health`` first, with urllib3's
+``Retry`` (a few quick tries, short timeouts), so ``causalab run`` and ``causalab runs`` fail
+in seconds with the URI named. A SQLite store is local: a run (``writes``) checks that its
+file can be made where it says (else SQLAlchemy retries for minutes), without making it;
+MLflow's retired file store (``file:``) is refused.
+
+After the start, every MLflow call carries MLflow's own HTTP deadline settings
+(:data:`DEADLINES`, set where the call runs unless the user set them): a server that dies or
+stops answering fails a call in under a minute, as :class:`Unanswered`.
 """
 from __future__ import annotations
 
 import os
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path as FilePath
+from typing import Mapping
 
 from causalab import files
 from causalab.errors import Path, TrackingError
@@ -23,6 +25,21 @@ from causalab.errors import Path, TrackingError
 TRIES = 3
 TIMEOUT_S = 2.0
 PAUSE_S = 0.5
+# MLflow's HTTP settings for one call: 1 + 2 tries of at most 15 s each, 0-4 s of back-off
+# between them, so a server that stopped answering fails a call in about 50 s (MLflow's own
+# defaults: 8 tries of 120 s and minutes of back-off, about 20 minutes).
+DEADLINES = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+             "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+             "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "1.0"}
+
+
+class Unanswered(TrackingError):
+    """A store that stopped answering mid-run: MLflow's tries (:data:`DEADLINES`) ran out."""
+
+
+def with_deadlines(settings: Mapping[str, str]) -> dict[str, str]:
+    """``settings`` (MLflow's environment variables) with :data:`DEADLINES` where unset."""
+    return {**DEADLINES, **settings}
 
 
 def source_of(flag: Path = ("--tracking-uri",)) -> Path:
@@ -50,17 +67,19 @@ def reach(uri: str, at: Path = ("--tracking-uri",), tries: int = TRIES,
         _writable_database(uri, at)
     if not uri.startswith(("http://", "https://")):
         return
-    started, last = time.monotonic(), ""
-    for attempt in range(tries):
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
-                return
-        except urllib.error.HTTPError:
-            return
-        except (OSError, ValueError) as error:
-            last = str(getattr(error, "reason", None) or error)
-        if attempt + 1 < tries:
-            time.sleep(PAUSE_S * (attempt + 1))
+    import urllib3  # only for a server: about 0.1 s, and MLflow's own HTTP client uses it
+
+    retry = urllib3.Retry(total=tries - 1, backoff_factor=PAUSE_S * 2, status_forcelist=(),
+                          redirect=False, raise_on_redirect=False, raise_on_status=False)
+    started = time.monotonic()
+    try:
+        urllib3.request("GET", uri.rstrip("/") + "/health", retries=retry,
+                        timeout=urllib3.Timeout(timeout_s), preload_content=False).release_conn()
+        return
+    except urllib3.exceptions.MaxRetryError as error:
+        last = str(error.reason)
+    except (urllib3.exceptions.HTTPError, ValueError) as error:
+        last = str(error)
     raise TrackingError(at, f"cannot reach the tracking server at {uri} ({tries} tries in "
                             f"{time.monotonic() - started:.1f} s: {last}); {advice}")
 

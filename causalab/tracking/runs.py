@@ -2,7 +2,8 @@
 
 Every call goes through an ``MlflowClient`` built for one explicit URI and takes explicit
 run ids; nothing here touches MLflow's fluent, process-global active-run stack or sets
-environment variables (they would leak into child processes). Resolution order of the URI
+environment variables (they would leak into child processes) but MLflow's HTTP deadlines
+(``reach.DEADLINES``), which every process talking to a store should have. URI order
 (docs/platform.md §5): ``MLFLOW_TRACKING_URI``, then the configured URI, then a SQLite database
 ``mlflow.db`` with artifacts in ``mlartifacts/`` under the working directory; the ``./mlruns``
 file store is never used.
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 from urllib.parse import urlparse
 
 from causalab.errors import TrackingError
-from causalab.tracking.reach import reach, source_of, sqlite_file
+from causalab.tracking.reach import DEADLINES, sqlite_file
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -138,10 +139,13 @@ def code_version() -> str:
 
 def client(uri: str) -> MlflowClient:
     """A client of the store at ``uri``; MLflow opens the store here (and makes a new SQLite
-    store's tables, saying so unless ``CAUSALAB_QUIET=1``)."""
+    store's tables, saying so unless ``CAUSALAB_QUIET=1``). Its calls carry MLflow's HTTP
+    deadlines (``reach.DEADLINES``) unless the process set its own."""
     from mlflow import MlflowClient
 
     from causalab.progress import mlflow_notes
+
+    os.environ.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
 
     with mlflow_notes():
         return MlflowClient(tracking_uri=uri)
@@ -338,58 +342,3 @@ def _walk(node: Any, prefix: str, flat: dict[str, str]) -> None:
     elif prefix:
         text = node if isinstance(node, str) else json.dumps(node)
         flat[_key(prefix)] = text[:MAX_PARAM_VAL_LENGTH]
-
-
-DIGEST_LENGTH = 64  # hex characters of a produced_by (the CLI checks a given one is hex)
-
-
-def list_runs(produced_by: str | None = None, tracking_uri: str | None = None,
-              experiment: str | None = None) -> list[dict]:
-    """Tracked runs as plain dicts, newest first; ``produced_by`` keeps one point digest's,
-    or those starting with it (the 12 characters ``causalab runs`` shows).
-
-    ``experiment`` (else MLFLOW_EXPERIMENT_NAME) narrows to one experiment; without either,
-    every active experiment of the store is searched. A SQLite store that is not there has
-    no runs and is not created.
-
-    >>> rows = list_runs(produced_by="0" * 64)  # doctest: +SKIP
-    """
-    uri = resolve_uri(tracking_uri)
-    reach(uri, source_of())
-    if not store_exists(uri):
-        return []
-    mlflow = client(uri)
-    name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME")
-    if name:
-        found = mlflow.get_experiment_by_name(name)
-        ids = [found.experiment_id] if found is not None else []
-    else:
-        ids = [e.experiment_id for e in mlflow.search_experiments()]
-    if not ids:
-        return []
-    whole = produced_by is not None and len(produced_by) == DIGEST_LENGTH
-    query = (f"tags.`{PRODUCED_BY}` = '{produced_by}'" if whole else
-             f"tags.`{PRODUCED_BY}` LIKE '{produced_by}%'" if produced_by else "")
-    runs = mlflow.search_runs(ids, filter_string=query, max_results=5000)
-    return [_record(run) for run in runs]
-
-
-def _record(run) -> dict:
-    tags = run.data.tags
-    return {
-        "run_id": run.info.run_id,
-        "name": run.info.run_name,
-        "status": run.info.status,
-        "experiment_id": run.info.experiment_id,
-        "parent_run_id": tags.get(PARENT),
-        "produced_by": tags.get(PRODUCED_BY),
-        "point": tags.get(POINT),
-        "kind": tags.get(KIND),
-        "model": tags.get(MODEL_KEY),
-        "job": tags.get(JOB),
-        "reused_from": tags.get(REUSED_FROM),
-        "error": tags.get(ERROR),
-        "artifact_uri": run.info.artifact_uri,
-        "metrics": dict(run.data.metrics),
-        "params": dict(run.data.params),
-    }

@@ -2,30 +2,42 @@
 
 Importing MLflow and opening a store take about 2.5 s of one core on a 2-core machine, and
 every call after that is Python the run's main thread would otherwise share a core and the
-GIL with. The worker is started when a run's tracking is set up (before compile and the
-model load, which it overlaps) and serves calls in the order they come: a function of the
-tracking modules by name, given the ``MlflowClient`` of a URI as its first argument, its
-result (plain data: ids, dicts, bytes) or its exception sent back. One worker per process,
-shared by every run of it (a notebook, an in-process multirun). It runs in a session of its
-own and ignores SIGINT and SIGTERM, so what an interrupted run still sends (its runs' KILLED
-ends) reaches the store, and it ends the moment its main process does (a lifeline pipe
-closes), mid-call or not.
+GIL with. The worker is a ``ProcessPoolExecutor`` of one spawned process, started when a
+run's tracking is set up (before compile and the model load, which it overlaps). It runs
+calls in the order they come: a function of the tracking modules, given the ``MlflowClient``
+of a URI as its first argument; its result (plain data: ids, dicts, bytes) or its exception
+comes back through the executor's future, and the process's death as ``BrokenProcessPool``
+(:class:`WorkerGone` here). One worker per process, shared by every run of it (a notebook,
+an in-process multirun).
+
+It is born with SIGINT and SIGTERM blocked and then ignores them, so what an interrupted run
+still sends (its runs' KILLED ends) reaches the store; it ends the moment its main process
+does (multiprocessing's parent sentinel), mid-call or not. Each call runs in the caller's
+working directory and MLflow and causalab settings, with MLflow's HTTP deadlines
+(:data:`causalab.tracking.reach.DEADLINES`) unless the caller set its own; a store that stops
+answering fails the call as :class:`~causalab.tracking.reach.Unanswered`.
 """
 from __future__ import annotations
 
-import importlib
+import contextlib
+import multiprocessing
+import multiprocessing.util
 import os
 import pickle
+import re
 import signal
-import socket
-import subprocess
 import sys
 import threading
-from multiprocessing.connection import Connection
-from typing import Any, Callable
+from concurrent.futures import Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Iterator
 
-_OPEN = "causalab.tracking.worker.open"  # a call naming no function: open the store now
 _MIRRORED = ("MLFLOW_", "CAUSALAB_")
+_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+# multiprocessing's resource tracker (a process every spawning pool shares) warns of "leaked
+# semaphores" on the run's stderr when the run leaves by os._exit or is killed; it unlinks
+# them itself, and the run has already said its one line.
+_QUIET_TRACKER = "ignore:resource_tracker:UserWarning"
 
 
 class WorkerGone(RuntimeError):
@@ -33,93 +45,97 @@ class WorkerGone(RuntimeError):
 
 
 class Worker:
-    """The main process's end: ``call`` sends a function and its arguments, returns its result.
+    """The main process's end: ``call`` runs a function in the worker and returns its result.
 
-    Every message gets one answer, in order; an ``open`` is not waited for, so its answer is
-    read (and dropped) by the next call. A call cut short (an interrupt mid-read) leaves the
-    pipe out of step: the worker is then dropped and the next call starts a new one.
+    Calls are submitted in order under one lock, and the one worker process runs them in that
+    order. An interrupt while a call is awaited leaves the call running; the ones sent after
+    it still run after it. ``drop`` ends the process at once, whatever it is doing.
     """
 
     def __init__(self) -> None:
-        ours, theirs = socket.socketpair()
-        # The lifeline: only this process holds its write end, so the worker sees it close
-        # the moment this process ends (or drops it), even in the middle of a call.
-        lifeline, self._lifeline = os.pipe()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [p for p in (_package_root(), os.environ.get("PYTHONPATH")) if p]))
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", f"from causalab.tracking.worker import main; "
-                                   f"main({theirs.fileno()}, {lifeline})"],
-            pass_fds=[theirs.fileno(), lifeline], env=env, stdin=subprocess.DEVNULL,
-            stdout=2,  # a stray print never joins the run's stdout, its list of files
-            # A session of its own: a Ctrl-C at the terminal, or a signal to the run's process
-            # group, is the run's to handle; the lifeline ends the worker with the run.
-            start_new_session=True)
-        theirs.close()
-        os.close(lifeline)
-        self._connection = Connection(ours.detach())
+        _quiet_tracker()
+        _standard_start_method()
+        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                         initializer=_start)
+        # A process that is itself a multiprocessing child (a joblib job) joins its children
+        # before the executors' own exit hook runs: the worker is shut down first, or that
+        # join waits forever on a worker waiting for its parent. Before the call queue's own
+        # finalizer (priority 10) closes the queue the shutdown is sent on.
+        multiprocessing.util.Finalize(None, self._pool.shutdown, exitpriority=100)
         self._lock = threading.Lock()
-        self._unread = 0
         self.broken = False
 
-    def usable(self) -> bool:
-        return not self.broken and self.process.poll() is None
+    def submit(self, uri: str | None, function: Callable[..., Any] | None, *args: Any,
+               **kwargs: Any) -> Future:
+        """``function(client of uri, *args, **kwargs)`` in the worker, as a future (no client
+        when ``uri`` is None; no function: open the store only)."""
+        try:
+            with self._lock, _signals_blocked():  # a process it starts inherits the mask
+                return self._pool.submit(_serve, uri, function, args, kwargs, _context())
+        except (BrokenProcessPool, RuntimeError):
+            self.broken = True
+            raise WorkerGone("the MLflow worker process has ended") from None
 
     def open(self, uri: str) -> None:
         """Open the store at ``uri`` now, in the background."""
-        with self._lock:
-            self._exchange((_OPEN, uri, (), {}, _context()), wait=False)
+        self.submit(uri, None)
 
     def call(self, uri: str | None, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``function(client of uri, *args, **kwargs)`` in the worker (no client when ``uri`` is
-        None); raises what it raised."""
-        message = (f"{function.__module__}:{function.__qualname__}", uri, args, kwargs,
-                   _context())
-        with self._lock:
-            kind, value = self._exchange(message, wait=True)
-        if kind == "error":
-            raise value
-        return value
-
-    def _exchange(self, message: tuple, wait: bool) -> tuple[str, Any]:
-        if self.broken:
-            raise WorkerGone("the MLflow worker process was dropped")
-        answer: tuple[str, Any] = ("ok", None)
+        """``function(client of uri, *args, **kwargs)`` in the worker; raises what it raised."""
+        future = self.submit(uri, function, *args, **kwargs)
+        wait([future])
         try:
-            self._connection.send(message)
-            self._unread += 1
-            while wait and self._unread:
-                answer = self._connection.recv()
-                self._unread -= 1
-        except BaseException as error:
+            return future.result()
+        except BrokenProcessPool:
             self.broken = True
-            self._connection.close()
-            os.close(self._lifeline)  # the dropped worker ends now, whatever it is doing
-            if isinstance(error, (EOFError, OSError)):
-                raise WorkerGone("the MLflow worker process ended before it answered") from None
-            raise
-        return answer
+            raise WorkerGone("the MLflow worker process ended before it answered") from None
+
+    def drop(self) -> None:
+        """End the worker process now, mid-call or not (a store that stopped answering); the
+        calls it had are answered ``WorkerGone`` and the next call starts a new worker."""
+        self.broken = True
+        # ProcessPoolExecutor keeps its processes by pid and, before Python 3.14's
+        # kill_workers(), has no public way to end one that is inside a call.
+        for process in list((getattr(self._pool, "_processes", None) or {}).values()):
+            with contextlib.suppress(OSError):
+                process.kill()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def _signals_blocked() -> Iterator[None]:
+    """SIGINT and SIGTERM held in this thread (a pending one is delivered on leaving)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _standard_start_method() -> None:
+    """A spawned child sets the parent's default start method first; inside a joblib (loky)
+    worker that is loky's own, which the child cannot find, so the worker would die at birth.
+    Such a process gets multiprocessing's own ``spawn`` as its default."""
+    known = multiprocessing.get_all_start_methods()
+    if multiprocessing.get_start_method(allow_none=True) not in known:
+        multiprocessing.set_start_method("spawn", force=True)
+
+
+def _quiet_tracker() -> None:
+    """Start multiprocessing's resource tracker with its leak warning off (``_QUIET_TRACKER``)."""
+    from multiprocessing import resource_tracker
+
+    sys.warnoptions.append(_QUIET_TRACKER)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.warnoptions.remove(_QUIET_TRACKER)
 
 
 def _context() -> tuple[str, dict[str, str]]:
     """What a call runs in: the caller's working directory and its MLflow and causalab
     settings (a test's or a notebook's may change after the worker started)."""
     return os.getcwd(), {k: v for k, v in os.environ.items() if k.startswith(_MIRRORED)}
-
-
-def _enter(context: tuple[str, dict[str, str]]) -> None:
-    folder, settings = context
-    if os.getcwd() != folder:
-        os.chdir(folder)
-    for key in [k for k in os.environ if k.startswith(_MIRRORED) and k not in settings]:
-        del os.environ[key]
-    os.environ.update(settings)
-
-
-def _package_root() -> str:
-    from pathlib import Path
-
-    return str(Path(__file__).resolve().parents[2])
 
 
 _WORKER: Worker | None = None
@@ -130,57 +146,75 @@ def worker() -> Worker:
     """This process's worker, started on first use (or again, if the last one ended)."""
     global _WORKER
     with _STARTING:
-        if _WORKER is None or not _WORKER.usable():
+        if _WORKER is None or _WORKER.broken:
             _WORKER = Worker()
         return _WORKER
 
 
 # --- the worker's end ------------------------------------------------------------------------
 
-def _serve(connection: Connection) -> None:
+_CLIENTS: dict[str, Any] = {}
+
+
+def _start() -> None:
+    """The worker process's start: interrupts ignored, stdout onto stderr (a stray print never
+    joins the run's stdout, its list of files), ended with its parent, MLflow imported now
+    (while the main process compiles and loads its model)."""
+    import logging
+
+    for signum in _SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+    os.dup2(2, 1)
+    threading.Thread(target=_end_with_parent, name="parent", daemon=True).start()
+    # MLflow's tries are its own (reach.DEADLINES); what failed is said once, by the run.
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    import mlflow  # noqa: F401
+
+
+def _end_with_parent() -> None:
+    """End this process at once when the process that started it is gone: a call still
+    running (a store that stopped answering) must not hold the run's stderr open."""
+    multiprocessing.parent_process().join()
+    os._exit(0)
+
+
+def _serve(uri: str | None, function: Callable[..., Any] | None, args: tuple, kwargs: dict,
+           context: tuple[str, dict[str, str]]) -> Any:
     from causalab.tracking import runs
+    from causalab.tracking.reach import with_deadlines
 
-    clients: dict[str, Any] = {}
-
-    def client(uri: str) -> Any:
-        if uri not in clients:
-            clients[uri] = runs.client(uri)
-        return clients[uri]
-
-    while True:
-        try:
-            name, uri, args, kwargs, context = connection.recv()
-        except (EOFError, OSError):
-            return
-        try:
-            _enter(context)
-            if name == _OPEN:
-                client(uri)
-                answer: tuple[str, Any] = ("ok", None)
-            else:
-                module, _, qualname = name.partition(":")
-                function = importlib.import_module(module)
-                for part in qualname.split("."):
-                    function = getattr(function, part)
-                if uri is not None:
-                    args = (client(uri), *args)
-                answer = ("ok", function(*args, **kwargs))
-        except BaseException as error:  # sent back, raised in the caller
-            answer = ("error", _portable(error))
-        try:
-            connection.send(answer)
-        except (EOFError, OSError):
-            return
+    folder, settings = context
+    if os.getcwd() != folder:
+        os.chdir(folder)
+    for key in [k for k in os.environ if k.startswith(_MIRRORED) and k not in settings]:
+        del os.environ[key]
+    os.environ.update(with_deadlines(settings))
+    try:
+        if uri is not None:
+            if uri not in _CLIENTS:
+                _CLIENTS[uri] = runs.client(uri)
+            if function is None:
+                return None
+            args = (_CLIENTS[uri], *args)
+        return function(*args, **kwargs)
+    except BaseException as error:  # raised in the caller
+        raise _portable(error, uri) from None
 
 
-def _portable(error: BaseException) -> BaseException:
-    """The error itself when it survives pickling, else a RuntimeError saying what it was;
-    a fault (not a refusal) carries the worker's traceback as a note, for ``--debug``."""
+def _portable(error: BaseException, uri: str | None) -> BaseException:
+    """The error as the caller should see it: a store that stopped answering as ``Unanswered``;
+    else the error itself when it survives pickling (a RuntimeError saying what it was when
+    not); a fault (not a refusal) carries the worker's traceback as a note, for ``--debug``."""
     import traceback
 
     from causalab.errors import CausalabError
+    from causalab.tracking.reach import Unanswered
 
     if not isinstance(error, CausalabError):
+        why = _unanswered(error, uri)
+        if why is not None:
+            return Unanswered((), f"the tracking store at {uri} stopped answering ({why})")
         error.add_note("in the MLflow worker process:\n" + "".join(traceback.format_tb(
             error.__traceback__)).rstrip())
     try:
@@ -190,25 +224,23 @@ def _portable(error: BaseException) -> BaseException:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
-def _ignore_interrupts() -> None:
-    """SIGINT and SIGTERM sent to this process alone are ignored too."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)
+_HOST_PREFIX = re.compile(r"^\w+\([^)]*\):\s*")
 
 
-def _watch(lifeline: int) -> None:
-    """End this process at once when the process that started it is gone: a call still
-    running (a store that stopped answering) must not hold the run's stderr open."""
-    while os.read(lifeline, 1):
-        pass
-    os._exit(0)
+def _unanswered(error: BaseException, uri: str | None) -> str | None:
+    """Why the store did not answer, when that is what ``error`` says: MLflow's tries at an
+    HTTP server ran out (refused, dropped or timed out), or a database server is gone."""
+    import requests
 
-
-def main(fd: int, lifeline: int) -> None:
-    _ignore_interrupts()
-    threading.Thread(target=_watch, args=(lifeline,), name="lifeline", daemon=True).start()
-    connection = Connection(fd)
-    import mlflow  # noqa: F401  (now, while the main process compiles and loads its model)
-
-    _serve(connection)
-
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, (requests.exceptions.ConnectionError, requests.exceptions.Timeout)):
+            inner = seen.args[0] if seen.args else seen
+            text = str(getattr(inner, "reason", None) or inner)
+            return _HOST_PREFIX.sub("", text)[:200]
+        database = type(seen).__module__.startswith(("sqlalchemy", "psycopg2"))
+        if database and type(seen).__name__ in ("OperationalError", "InterfaceError") \
+                and uri and not uri.startswith("sqlite"):
+            return str(seen).splitlines()[0][:200]
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -12,7 +12,7 @@ seconds, causalab's ratio to each, the largest difference of a sampled point's m
 (a correctness check) and the peak RSS after each phase.
 
 Fusion memory bound: without ``--batch-size`` causalab stacks sweep points into one trace up to
-16,384 tokens (rows x padded width, engine/fusion.py); with ``--batch-size N`` a trace holds at
+16,384 tokens (rows x padded width, engine/planner.py); with ``--batch-size N`` a trace holds at
 most N rows, so N / rows points fuse, and N below the row count runs one point per trace in
 windows of N rows. A trace's memory grows with its tokens (every layer's activations; the
 logits of every position only when the head is read elsewhere than the last one), so the

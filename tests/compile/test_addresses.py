@@ -106,11 +106,12 @@ def test_a_layer_out_of_range_is_refused_with_the_layer_count(builtin):
     assert "2 layers" in str(err.value)
 
 
-def test_an_unknown_component_is_refused_listing_the_21_names(builtin):
+def test_an_unknown_component_is_refused_naming_the_nearest_and_where_the_21_are_listed(builtin):
     with pytest.raises(CompileError) as err:
-        resolve_address("resid_post", 0, None, None, builtin["llama"][1], None, SITE)
+        resolve_address("block_outptu", 0, None, None, builtin["llama"][1], None, SITE)
     assert err.value.path == SITE + ("component",)
-    assert all(name in str(err.value) for name in COMPONENTS)
+    assert "did you mean block_output?" in str(err.value)
+    assert f"{len(COMPONENTS)} components: causalab vocab" in str(err.value)
 
 
 def test_a_head_past_the_end_is_refused(builtin):

@@ -168,3 +168,31 @@ def test_a_sweep_among_a_sweeps_values_is_refused_where_it_sits():
     with pytest.raises(DocumentError) as caught:
         lower(doc)
     assert caught.value.path == LAYER + (0, "sweep", 1)
+
+
+def test_wrappers_tied_with_as_are_labelled_by_each_of_their_keys_when_they_differ():
+    doc = patching()
+    doc["sites"]["target"] = {"component": "attention_premix",
+                              "layers": {"sweep": [[23], [23]], "as": "pair"},
+                              "heads": {"sweep": [[3], [0]], "as": "pair"}}
+    points = lower(doc)
+    assert [p.label for p in points] == ["layers=23,heads=3", "layers=23,heads=0"]
+    assert points[1].coordinates == {"layers": [23], "heads": [0]}
+
+
+def test_tied_wrappers_under_one_key_are_labelled_by_the_axis_with_every_value():
+    doc = patching()
+    doc["sites"]["target"]["layers"] = {"sweep": [[1], [1]], "as": "pair"}
+    doc["sites"]["head"]["layers"] = {"sweep": [[0], [1]], "as": "pair"}
+    assert [p.label for p in lower(doc)] == ["pair=(1,0)", "pair=(1,1)"]
+
+
+def test_colliding_labels_of_named_axes_give_no_hint_to_name_them():
+    doc = _with(patching(), LAYER, {"sweep": [[0], [0]], "as": "layer"})
+    with pytest.raises(DocumentError) as caught:
+        lower(doc)
+    assert caught.value.path == LAYER and '"as"' not in caught.value.message
+    unnamed = _with(patching(), LAYER, {"sweep": [[0], [0]]})
+    with pytest.raises(DocumentError) as caught:
+        lower(unnamed)
+    assert '"as"' in caught.value.message

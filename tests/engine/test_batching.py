@@ -97,7 +97,7 @@ def test_a_read_some_rows_cannot_place_has_one_flat_layout_across_windows(tiny, 
     # decide a layout per window, so the cut is moved past the short rows here.
     pass_ = _moved(kit.step(plan, "patch").pass_, "late", 9)
     whole = run_pass(model, pass_, None)
-    windows, _ = whole["resolved"][("read", "late", "base")]
+    windows, _ = whole.resolved.read("late")
     assert [len(w) for w in windows] == [0, 0, 1]
     assert whole["reads"]["late"].dim() == 2 and whole["reads"]["late"].shape[0] == 1
     for size in (1, 2):

@@ -1,4 +1,4 @@
-"""A trace stops after its last tap when nothing above it is read (engine/walk.py ``_trace``).
+"""A trace stops after its last tap when nothing above it is read (engine/planner.py ``_job``).
 
 No tap from the head, no cache, no next token: the blocks above the deepest tap do not run.
 The values must be the ones a plain transformers forward gives (torch hooks), and bit for
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from causalab.engine import walk
+from causalab.engine import planner
 
 TOL = dict(atol=1e-6, rtol=1e-6)
 
@@ -70,7 +70,7 @@ def test_a_trace_runs_no_block_above_its_last_tap(family, tiny, oracle, kit, tmp
     assert torch.allclose(reads["mid"][:, 0], want[:, -2], **TOL)
 
     blocks_run.clear()
-    monkeypatch.setattr(walk, "_no_logits", lambda prepared: False)  # every block runs
+    monkeypatch.setattr(planner, "_no_logits", lambda prepared: False)  # every block runs
     every = kit.step(kit.run_compiled(document, data_root, tmp_path / "every"),
                      "patch").results["reads"]
     assert len(blocks_run) == 4, blocks_run

@@ -10,6 +10,7 @@ the planted direction), never against causalab itself.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -84,7 +85,8 @@ class _Harness:
         iia = (logits.argmax(-1) == label[index]).float()
         if key == "eval" and self.eval_override is not None:
             iia = torch.full_like(iia, self.eval_override(len([c for c in self.calls if c["key"] == "eval"])))
-        return {"metrics": {"ce": (ce, index.tolist()), "iia": (iia, index.tolist())}}
+        return SimpleNamespace(metrics={"ce": (ce, index.tolist()), "iia": (iia, index.tolist())},
+                               rows=None)
 
     def run(self, featurizer, events=None):
         return run_fit(self.fit, self.model, {self.name: featurizer}, {self.name: featurizer},
@@ -239,7 +241,8 @@ def test_an_update_with_no_eligible_row_is_refused():
     harness = _Harness(fit, torch.stack([v, -v], 1))
 
     def empty(model, pass_, state, *, rows=None, grad=False):
-        return {"metrics": {"ce": (torch.zeros(0), []), "iia": (torch.zeros(0), [])}}
+        return SimpleNamespace(metrics={"ce": (torch.zeros(0), []), "iia": (torch.zeros(0), [])},
+                               rows=None)
 
     with pytest.raises(RunError):
         run_fit(fit, harness.model, {"rot": _subspace()}, {}, run_pass=empty, events=Events(), point=None)

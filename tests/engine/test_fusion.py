@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from causalab.engine import fusion
+from causalab.engine import planner
 from causalab.models import resolve
 from causalab.pipeline import run_document
 
@@ -58,17 +58,17 @@ def test_fused_points_write_the_tables_one_point_at_a_time_writes(family, mechan
                                                                    monkeypatch):
     document = _document(family, mechanism)
     fused_traces = []
-    original = fusion._run_fused
+    original = planner.fuse
 
     def counting(*args, **kwargs):
         fused_traces.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(fusion, "_run_fused", counting)
+    monkeypatch.setattr(planner, "fuse", counting)
     run_document(document, out=str(tmp_path / "fused"))
     assert fused_traces, "the sweep was never fused"
 
-    monkeypatch.setattr(fusion, "groups", lambda points, batch_size=None: [[p] for p in points])
+    monkeypatch.setattr(planner, "groups", lambda points, batch_size=None: [[p] for p in points])
     run_document(document, out=str(tmp_path / "alone"))
 
     fused, alone = _tables(tmp_path / "fused"), _tables(tmp_path / "alone")

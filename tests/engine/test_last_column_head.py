@@ -1,4 +1,4 @@
-"""The output head over the last column alone (engine/walk.py ``_last_column_head``).
+"""The output head over the last column alone (engine/planner.py ``_last_column_head``).
 
 A trace whose taps computed from the head all read the last column feeds the head that
 column, padded with zero rows to ``HEAD_ROWS``: the logits must be the ones a plain
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from causalab.engine import sites, walk
+from causalab.engine import planner, sites
 from causalab.pipeline import run_document
 
 # Rows x padded width well past HEAD_ROWS tokens, and fewer rows than HEAD_ROWS: the path
@@ -45,7 +45,7 @@ def padded(monkeypatch):
 
 
 def _all_columns(monkeypatch) -> None:
-    monkeypatch.setattr(walk, "_last_column_head", lambda prepared, ids: None)
+    monkeypatch.setattr(planner, "_last_column_head", lambda prepared, ids: None)
 
 
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-gemma2", "tiny-qwen2"])

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from causalab.engine import cache as cache_module
-from causalab.engine import walk
+from causalab.engine import planner, walk
 from causalab.pipeline import run_document
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,12 +48,12 @@ def _resolved(family, tiny, request):
 def resumed(monkeypatch):
     """Counts traces that skipped a prefix."""
     seen = {"resumed": 0}
-    original = walk._trace
+    original = walk.run_trace
 
-    def counting(*args, **kwargs):
-        seen["resumed"] += kwargs.get("resume") is not None
-        return original(*args, **kwargs)
-    monkeypatch.setattr(walk, "_trace", counting)
+    def counting(model, job):
+        seen["resumed"] += job.resume is not None
+        return original(model, job)
+    monkeypatch.setattr(walk, "run_trace", counting)
     return seen
 
 
@@ -139,11 +139,9 @@ def test_a_sweep_cut_into_several_fused_runs_computes_its_shared_values_once(
         tiny, kit, tmp_path, monkeypatch):
     """Seven points, two to a fused run: the first run's fill also keeps what the later runs
     will enter with, and the counterfactual's reads are one un-intervened trace, not four."""
-    from causalab.engine import fusion
-
     data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
     document = _sweep(tiny("tiny-llama"))
-    monkeypatch.setattr(fusion, "_capacity", lambda point, batch_size: 2)
+    monkeypatch.setattr(planner, "_capacity", lambda point, batch_size: 2)
     unintervened, fills = [], []
     prefix_room = cache_module.DocumentCache.prefix_room
 
@@ -151,8 +149,7 @@ def test_a_sweep_cut_into_several_fused_runs_computes_its_shared_values_once(
         fits = prefix_room(self, *args, **kwargs)
         fills.extend([1] if fits else [])
         return fits
-    monkeypatch.setattr(walk, "_trace_unintervened",
-                        _counted(walk._trace_unintervened, unintervened))
+    monkeypatch.setattr(planner, "_reads_jobs", _counted(planner._reads_jobs, unintervened))
     monkeypatch.setattr(cache_module.DocumentCache, "prefix_room", room)
     got, want = _both(document, tmp_path, monkeypatch, data_root)
     # One un-intervened trace with resume on and one without; one fill, with resume on.
@@ -261,16 +258,13 @@ def test_drawn_counterfactuals_in_windows_and_split_fused_runs_write_the_full_fo
     """Windows of 3 rows, two points to a fused run: the base rows' one un-intervened trace
     per window still serves the counterfactual and every run's prefix, and the tables are
     the unresumed ones and the hook loop's."""
-    from causalab.engine import fusion
-
     rows = _drawn_pairs(kit)
     data_root = kit.write_table(tmp_path / "data", "pairs", rows)
     resolved = tiny("tiny-llama")
     document = _sweep(resolved)
-    monkeypatch.setattr(fusion, "_capacity", lambda point, batch_size: 2)
+    monkeypatch.setattr(planner, "_capacity", lambda point, batch_size: 2)
     unintervened: list = []
-    monkeypatch.setattr(walk, "_trace_unintervened",
-                        _counted(walk._trace_unintervened, unintervened))
+    monkeypatch.setattr(planner, "_reads_jobs", _counted(planner._reads_jobs, unintervened))
     with _traced_ids(document, data_root) as seen:
         got, want = _both(document, tmp_path, monkeypatch, data_root, batch_size=3)
     # One un-intervened fill per run of the document, resumed and not (each two windows of
@@ -316,7 +310,8 @@ def test_a_das_fit_runs_each_update_at_the_last_column_and_fits_what_the_full_fo
     fit.update(pairs=pairs, rows={"base": "weekdays_full/data", "counterfactual": "weekdays_full/data"})
     fit["optimizer"]["lr"] = 1e-2
     last = []
-    monkeypatch.setattr(walk, "_trace_last", _counted(walk._trace_last, last))
+    monkeypatch.setattr(walk, "run_trace", _counted(walk.run_trace, last,
+                                                    when=lambda model, job: job.tail))
     got, want = _both(document, tmp_path, monkeypatch, str(REPO / "documents" / "data"),
                       batch_size)
     updates = -(-42 // pairs) * 2
@@ -330,9 +325,9 @@ def test_a_das_fit_runs_each_update_at_the_last_column_and_fits_what_the_full_fo
     _fitted_alike(got, want)
 
 
-def _counted(function, calls: list):
+def _counted(function, calls: list, when=lambda *args, **kwargs: True):
     def counted(*args, **kwargs):
-        calls.append(1)
+        calls.extend([1] if when(*args, **kwargs) else [])
         return function(*args, **kwargs)
     return counted
 
@@ -357,13 +352,13 @@ def test_over_the_budget_the_deepest_entries_that_fit_are_kept(tiny, kit, tmp_pa
     data_root = kit.write_table(tmp_path / "data", "pairs", rows)
     monkeypatch.setattr(cache_module, "RESUME_BUDGET", 2 * _residual_bytes(resolved, rows))
     kept = []
-    original = walk.prefixes
+    original = planner.kept_prefixes
 
     def spy(*args, **kwargs):
         found = original(*args, **kwargs)
         kept.append(sorted(map(str, found)))
         return found
-    monkeypatch.setattr(walk, "prefixes", spy)
+    monkeypatch.setattr(planner, "kept_prefixes", spy)
     got, want = _both(_sweep(resolved), tmp_path, monkeypatch, data_root)
     assert kept[0] == ["(1, 'attention')", "0"], kept
     assert resumed["resumed"] == 1

@@ -82,6 +82,15 @@ def test_a_saelens_directory_loads_without_a_stamp_as_the_architecture_saelens_r
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_a_saelens_directory_another_tool_wrote_keeps_its_rules_with_no_digest_and_no_note(name):
+    # SAELens writes no stamp and no tensors_sha256: its cfg.json is its identity (docs/format.md §8.2),
+    # and nothing is said to be unchecked, since no stamp promises a digest.
+    notes = []
+    check_bundle(_spec(FIXTURES / name), notes=notes)
+    assert notes == []
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_latents_equal_saelens_encode_on_weekday_llama_activations(name, x, expected):
     sae = build_featurizer(_spec(FIXTURES / name), "cpu")
     f, err = sae.featurize(x)
@@ -412,7 +421,6 @@ def test_explain_refuses_a_saelens_directory_off_its_hook_in_one_line(capsys, tm
 
 
 def test_a_saelens_folder_holding_nan_is_refused_before_the_run_writes_anything(tmp_path):
-    from causalab.errors import RunError
     from causalab.pipeline import run_document
 
     directory = _copy("standard", tmp_path / "sae")
@@ -420,8 +428,8 @@ def test_a_saelens_folder_holding_nan_is_refused_before_the_run_writes_anything(
     weights["W_enc"][3, 5] = float("nan")
     save_file(weights, str(directory / SAELENS_WEIGHTS))
     out = tmp_path / "out"
-    with pytest.raises(RunError) as refused:
+    with pytest.raises(CompileError) as refused:  # at compile, before any weight loads
         run_document(_document(directory), out=str(out), device_map="cpu",
                      data_root=str(REPO / "documents" / "data"))
-    assert refused.value.path == AT and refused.value.message.startswith("bundle tensor W_enc holds 1 NaN")
+    assert refused.value.path == AT and "bundle tensor W_enc holds 1 NaN" in refused.value.message
     assert not out.exists() or not any(out.iterdir())

@@ -166,7 +166,9 @@ def expect(world, site: str, fz, program, features=None):
 
 
 def _stamp(world, kind: str, d: int, k: int | None = None) -> dict[str, str]:
-    stamp = {"kind": kind, "d": str(d), "parametrization": "cayley", "site": "target",
+    # Each kind's stamp names its own parametrization (docs/format.md §8.3).
+    parametrization = {"pca": "basis", "gate": "sigmoid_logits"}.get(kind, "cayley")
+    stamp = {"kind": kind, "d": str(d), "parametrization": parametrization, "site": "target",
              "component": "block_output", "layer": "0", "model_key": world.resolved.key,
              "model_revision": world.resolved.revision, "model_dtype": "fp32",
              "featurizer_dtype": "fp32", "produced_by": "0" * 64, "engine": "causalab"}

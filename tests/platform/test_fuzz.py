@@ -30,6 +30,7 @@ DATA = str(REPO / "documents" / "data")
 SEED = 20261201
 VARIANTS = 600
 HANG_S = 30
+MAX_LINE = 300  # characters of the longest refusal line: user strings are cut (errors.py)
 _HUGE = "__huge_integer__"
 NAMES = ["../../x", "/abs", "", ".", "..", "a..b", "a\nb", "a/b", "a\\b", "x\x00y", "é", "[", "a[0",
          "a[-1]", "a[99]", ".a", "{", "runs:/../../x/y", "http://example.com/x", "runs:/abc",
@@ -152,7 +153,7 @@ def test_a_seeded_fuzz_of_the_corpus_gives_no_fault_no_hang_and_every_refusal_a_
     monkeypatch.setenv("CAUSALAB_HOME", str(tmp_path / "home"))
     signal.signal(signal.SIGALRM, _alarm)
     assert _outcome(CORPUS / "patching.json")[0] == "compiled"  # imports and caches warmed
-    started, counts, bad = time.monotonic(), Counter(), []
+    started, counts, bad, longest = time.monotonic(), Counter(), [], ""
     for index, (data, made) in enumerate(variants()):
         path = tmp_path / f"variant-{index}.json"
         path.write_bytes(data)
@@ -161,6 +162,8 @@ def test_a_seeded_fuzz_of_the_corpus_gives_no_fault_no_hang_and_every_refusal_a_
         counts[made] += 1
         if outcome in ("fault", "hang"):
             bad.append(f"variant {index} ({made}): {outcome} {detail}")
+        elif outcome == "refused" and len(detail) > len(longest):
+            longest = detail
         path.unlink()
     report = (f"{VARIANTS} variants (seed {SEED}) in {time.monotonic() - started:.1f} s: "
               + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
@@ -168,6 +171,7 @@ def test_a_seeded_fuzz_of_the_corpus_gives_no_fault_no_hang_and_every_refusal_a_
     assert counts["compiled"] + counts["refused"] + counts["fault"] + counts["hang"] == VARIANTS
     assert counts["refused"] > VARIANTS // 2 and counts["compiled"] > 0, report
     assert bad == [], report + "\n" + "\n".join(bad[:20])
+    assert len(longest) < MAX_LINE, f"{len(longest)} characters: {longest[:400]}"
 
 
 def test_the_generator_is_seeded():

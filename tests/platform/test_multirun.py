@@ -174,8 +174,11 @@ def test_a_refused_job_of_a_multirun_is_named_and_the_other_jobs_still_run(tmp_p
                           timeout=300)
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert done.returncode == 1
+    # The refusal, then Hydra's line for the failed job, both spelled as every refusal is.
     assert errors == ["error: job 0 (experiment=patching,model=tiny_llama,site.layer=99): "
-                      "sites.target.layers: layer 99 is out of range: the model has 2 layers"]
+                      "sites.target.layers: layer 99 is out of range: the model has 2 layers",
+                      "error: job 0 (experiment=patching,model=tiny_llama,site.layer=99) failed, "
+                      "as its line above says; the multirun ran its other jobs"]
     assert "Traceback" not in done.stderr
     assert (tmp_path / "multirun" / "1" / "iia.json").is_file()  # job 1 ran after the refusal
     runs = _experiment_runs(uri, store.DEFAULT_EXPERIMENT)

@@ -195,19 +195,26 @@ def test_a_runs_uri_out_of_the_artifact_cache_is_refused_before_any_folder_is_ma
     assert sorted(os.listdir(tmp_path)) == []
 
 
-def test_a_bundle_holding_nan_is_refused_at_load_naming_the_tensor(tmp_path, monkeypatch):
+def test_a_bundle_holding_nan_is_refused_by_explain_and_run_naming_the_tensor(tmp_path, monkeypatch):
+    from causalab.engine.bundles import restamp
+    from causalab.errors import CompileError
+
     shipped = REPO / "documents" / "artifacts" / "rot.safetensors"
     with safe_open(str(shipped), "pt") as handle:
         metadata = handle.metadata()
     weight = load_file(str(shipped))["weight"].clone()
     weight[3, 2] = float("nan")
     save_file({"weight": weight}, str(tmp_path / "rot.safetensors"), metadata=metadata)
+    restamp(str(tmp_path / "rot.safetensors"))  # its digest now says NaN on purpose
     doc = _corpus("das_apply")
     doc["featurizers"]["rot"]["file_path"] = str(tmp_path / "rot.safetensors")
-    with pytest.raises(RunError) as refused:
+    (tmp_path / "doc.json").write_text(json.dumps(doc))
+    explained = _explain(tmp_path / "doc.json")  # at compile, where explain reads the tensors
+    with pytest.raises(CompileError) as refused:
         run_document(doc, out=str(tmp_path / "out"), device_map="cpu", data_root=DATA)
-    assert refused.value.path == ("featurizers", "rot", "file_path")
-    assert "weight" in refused.value.message
+    for error in (explained, refused.value):
+        assert error.path == ("featurizers", "rot", "file_path")
+        assert "tensor weight holds 1 NaN or Inf" in error.message
     assert not (tmp_path / "out" / "iia.json").exists()
 
 
@@ -258,3 +265,58 @@ def test_an_empty_tracking_experiment_is_refused_not_read_as_the_default(tmp_pat
     with pytest.raises(UsageError) as refused:
         tracking_events(config, str(tmp_path))
     assert refused.value.path == ("tracking", "experiment")
+
+
+def test_a_refusal_quotes_a_five_thousand_character_name_cut_to_eighty_with_an_ellipsis(
+        tmp_path, capsys):
+    doc = _corpus("patching")
+    long_name = "r" * 5000
+    doc["interventions"]["patch"]["reads"]["v_cf"]["input"] = long_name
+    doc["roles"]["r" * 4000] = doc["roles"]["base"]
+    (tmp_path / "doc.json").write_text(json.dumps(doc))
+    assert cli.main(["validate", str(tmp_path / "doc.json")]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: interventions.patch.reads.v_cf.input: ")
+    assert len(line) < 300 and "…" in line and long_name not in line
+
+
+def test_a_long_key_in_a_refusal_path_is_cut_and_the_path_kept_whole_as_data():
+    from causalab.errors import DocumentError, format_path
+
+    error = DocumentError(("steps", "x" * 500, "rows"), "refused")
+    assert len(format_path(error.path)) < 100 and error.path[1] == "x" * 500
+
+
+def test_a_failed_multirun_job_is_reported_on_a_line_that_starts_with_error(monkeypatch):
+    import importlib
+
+    entry = importlib.import_module("causalab.run")
+    monkeypatch.setattr(entry, "_multirun", lambda: True)
+    monkeypatch.setattr(entry, "_which_job", lambda: "job 1 (site.layer=99): ")
+    with pytest.raises(entry.JobFailed) as failed:
+        entry._fail()
+    assert str(failed.value).startswith("error: job 1 (site.layer=99) failed")
+
+
+def test_a_tracked_bundle_of_another_rank_through_the_hydra_entry_is_one_error_line(tmp_path):
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(store)
+    experiment = client.create_experiment("bundles", artifact_location=str(tmp_path / "art"))
+    run_id = client.create_run(experiment).info.run_id
+    client.log_artifact(run_id, str(REPO / "documents" / "artifacts" / "rot.safetensors"))
+    client.set_terminated(run_id)
+    command = [sys.executable, "-m", "causalab.run", "experiment=das_apply", "model=tiny_llama",
+               f"featurizers.rot.file_path=runs:/{run_id}/rot.safetensors", "featurizers.rot.k=4",
+               f"tracking.uri={store}", f"run.out={tmp_path / 'out'}",
+               f"hydra.run.dir={tmp_path / 'hydra'}", f"run.data_root={DATA}"]
+    env = dict(os.environ, CAUSALAB_HOME=str(tmp_path / "home"), MLFLOW_DISABLE_TELEMETRY="true")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        "error: featurizers.rot.file_path: k: bundle says 8, document says 4"]

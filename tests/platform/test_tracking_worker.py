@@ -1,6 +1,7 @@
 """The MLflow worker process: a tracked run's main process never imports MLflow, a refusal
-made there crosses back whole, an interrupted call drops the worker for a new one, and the
-worker ends with the process that started it."""
+made there crosses back whole, an interrupt stops only the caller's wait, a dropped worker ends
+mid-call and the next call gets a new one, and the worker ends with the process that started
+it."""
 from __future__ import annotations
 
 import json
@@ -92,19 +93,41 @@ def sigint_raises():
     signal.signal(signal.SIGINT, previous)
 
 
-def test_a_call_cut_short_by_an_interrupt_drops_the_worker_and_the_next_call_gets_a_new_one(
+def test_an_interrupt_while_a_call_is_awaited_stops_the_wait_and_the_worker_runs_on(
         sigint_raises):
     first = workers.worker()
-    assert first.call(None, os.getpid) == first.process.pid
+    pid = first.call(None, os.getpid)
     timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
+    started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        first.call(None, time.sleep, 60)  # the worker itself ignores the SIGINT
+        first.call(None, time.sleep, 3)  # the worker itself ignores the SIGINT
     timer.join()
-    assert first.broken
+    assert time.monotonic() - started < 2.5
+    # The call ran on; the next one is served after it, by the same process.
+    assert workers.worker() is first and first.call(None, os.getpid) == pid
+
+
+def test_a_dropped_worker_ends_at_once_mid_call_and_the_next_call_gets_a_new_one():
+    first = workers.worker()
+    pid = first.call(None, os.getpid)
+    answered: list = []
+
+    def sleep() -> None:
+        try:
+            first.call(None, time.sleep, 60)
+        except workers.WorkerGone as gone:
+            answered.append(gone)
+    caller = threading.Thread(target=sleep)
+    caller.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    first.drop()
+    caller.join(timeout=15)
+    assert len(answered) == 1 and time.monotonic() - started < 15
+    assert not Path(f"/proc/{pid}").exists() or "Z" in _state(pid)
     second = workers.worker()
-    assert second is not first and second.call(None, os.getpid) == second.process.pid
-    assert first.process.wait(timeout=15) == 0  # dropped: it ends mid-sleep, at once
+    assert second is not first and second.call(None, os.getpid) not in (pid, os.getpid())
 
 
 _STARTS_A_WORKER = """

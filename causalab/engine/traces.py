@@ -1,0 +1,181 @@
+"""``explain --traces``: the traces a run of a document opens, planned without its weights.
+
+It walks a compiled plan in the order ``pipeline.run_document`` and the walk run it (fused
+groups of sweep points first, then each point's steps, a fit's updates and evals, an
+attribute step's windows) and asks the planner for each pass's stages, over a document
+cache that keeps ``PLANNED`` where a run keeps tensors: the jobs are the ones a run hands ``walk.run_trace``. It cannot know two
+things a run learns: a fit that stops early runs fewer updates (counted here to its last
+epoch), and a model whose KV cache keeps no keys for some layer runs its last-column
+forwards whole. It reads the model's config and tokenizer, never its weights.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, NamedTuple
+
+from causalab.compile.plan import Attribute, Fit, Observe, Pass, Plan
+from causalab.engine import passes, planner
+from causalab.engine.cache import RESUME_BUDGET, DocumentCache
+from causalab.engine.jobs import Stage, TraceJob, describe
+from causalab.engine.state import ModelFacts, PassContext, WalkState
+
+
+class Planned(NamedTuple):
+    """One trace of the schedule: where it runs (a point, a step, an update) and its job;
+    ``call`` counts the passes run, so a pass's traces stay together."""
+
+    where: str
+    call: int
+    job: TraceJob
+
+
+@dataclasses.dataclass
+class _Dry:
+    """What a planned walk carries: the model's facts and tokenizer, the traces so far and
+    how many passes have run."""
+
+    facts: ModelFacts
+    tokenizer: Any
+    found: list
+    calls: int = 0
+
+
+def schedule(plan: Plan, config: Any, tokenizer: Any, *, batch_size: int | None = None,
+             resume_mib: int | None = None) -> list[Planned]:
+    """Every trace a run of ``plan`` opens, in order."""
+    dry = _Dry(ModelFacts.of(config), tokenizer, [])
+    cache = DocumentCache(None if resume_mib is None else resume_mib * 2 ** 20)
+    points = _points(plan)
+    runs = planner.groups(points, batch_size)
+    for group, ahead in zip(runs, planner.alike_later(runs)):
+        fused = _prefetch(dry, group, ahead, cache, batch_size)
+        for point in group:
+            state = WalkState(cache=cache, model_ref=point.model, point=point,
+                              batch_size=batch_size)
+            _walk(dry, point, state, fused, point.name)
+    return dry.found
+
+
+def _points(plan: Plan) -> list:
+    """The point plans of a compiled document: its children when swept, else the root."""
+    if plan.document is None and plan.children and all(isinstance(c, Plan) for c in plan.children):
+        return list(plan.children)
+    return [plan]
+
+
+def _prefetch(dry: _Dry, points: list, ahead: list, cache: DocumentCache,
+              batch_size: int | None) -> set:
+    """``walk.prefetch`` planned: the ids of the passes it computes."""
+    if len(points) < 2:
+        return set()
+    states = [[WalkState(cache=cache, point=point, batch_size=batch_size) for point in group]
+              for group in (points, ahead)]
+    fused = set()
+    names = [point.name for point in points]
+    where = f"fused {len(names)} points ({names[0]} … {names[-1]})"
+    for index in range(len(points[0].children)):
+        units = [_open(dry, point.children[index].pass_, state)
+                 for point, state in zip(points, states[0])]
+        later = [_open(dry, point.children[index].pass_, state)
+                 for point, state in zip(ahead, states[1])]
+        label = f"{where} / {points[0].children[index].name}"
+        dry.calls += 1
+        for step in range(len(units[0].pass_.forwards)):
+            _dry(dry, planner.fused_stages(units, later, step), units + later, label)
+        fused.update(id(ctx.pass_) for ctx in units)
+    return fused
+
+
+def _walk(dry: _Dry, plan: Plan, state: WalkState, fused: set, where: str) -> None:
+    for node in plan.children:
+        label = f"{where}/{node.name}" if where else node.name
+        if isinstance(node, Plan):
+            _walk(dry, node, dataclasses.replace(state, windows={}), fused, label)
+        elif isinstance(node, Observe) and id(node.pass_) not in fused:
+            _pass(dry, node.pass_, state, label)
+        elif isinstance(node, Attribute):
+            ctx = _open(dry, node.passes[0], state)
+            dry.calls += 1
+            _dry(dry, planner.attribute_stages(ctx, node), [ctx], label)
+        elif isinstance(node, Fit):
+            fit = dataclasses.replace(state, fill_prefixes=True)
+            for epoch in range(node.epochs):
+                for rows in node.batches[epoch]:
+                    _pass(dry, node.train, fit, f"{label} update", rows=rows, grad=True)
+                _pass(dry, node.eval, fit, f"{label} eval")
+
+
+def _open(dry: _Dry, pass_: Pass, state: WalkState, rows=None, grad: bool = False) -> PassContext:
+    return passes.open_pass(None, pass_, state, rows, grad=grad, tokenizer=dry.tokenizer,
+                            facts=dry.facts)
+
+
+def _pass(dry: _Dry, pass_: Pass, state: WalkState, where: str, *, rows=None,
+          grad: bool = False) -> None:
+    ctx = _open(dry, pass_, state, rows, grad)
+    dry.calls += 1
+    for forward in pass_.forwards:
+        _dry(dry, planner.forward_stages(ctx, forward), [ctx], where)
+
+
+def _dry(dry: _Dry, stages: Iterable[Stage], units: list[PassContext], where: str) -> None:
+    """Each stage's jobs listed, then its keys kept as ``PLANNED``, before the next is planned."""
+    for stage in stages:
+        dry.found.extend(Planned(where, dry.calls, job) for job in stage.jobs)
+        passes.finish(stage, None, units)
+
+
+def text(found: list[Planned], batch_size: int | None = None,
+         resume_mib: int | None = None) -> str:
+    """The schedule as ``explain --traces`` prints it: per pass its traces, numbered in run
+    order; passes repeating the ones before them (a fit's updates and evals) are counted,
+    not listed again."""
+    budget = RESUME_BUDGET // 2 ** 20 if resume_mib is None else resume_mib
+    lines = [f"{len(found)} traces (rows per trace: {batch_size or 'all'}; resume budget "
+             f"{budget} MiB; a fit counted to its last epoch)"]
+    blocks: list[tuple[str, list]] = []
+    calls: list[int] = []
+    for planned in found:
+        if not calls or calls[-1] != planned.call:
+            calls.append(planned.call)
+            blocks.append((planned.where, []))
+        blocks[-1][1].append(planned.job)
+    shapes = [(where, [describe(job, rows=False) for job in jobs]) for where, jobs in blocks]
+    number, index = 0, 0
+    while index < len(blocks):
+        period, times = _repeats(shapes, index)
+        for where, jobs in blocks[index:index + period]:
+            lines.append(where)
+            for job in jobs:
+                number += 1
+                lines.append(f"  {number}. {describe(job)}")
+        if times > 1:
+            more = sum(len(jobs) for _, jobs in blocks[index + period:index + period * times])
+            number += more
+            lines.append(f"  … the {period} pass{'es' if period > 1 else ''} above "
+                         f"{times - 1} more time{'s' if times > 2 else ''} ({more} traces)")
+        index += period * times
+    return "\n".join(lines)
+
+
+def _repeats(shapes: list, index: int) -> tuple[int, int]:
+    """The period (1 to 3 passes) and count of the longest run of repeats from ``index``."""
+    best = (1, 1)
+    for period in (1, 2, 3):
+        times = 1
+        pattern = shapes[index:index + period]
+        while shapes[index + period * times:index + period * (times + 1)] == pattern:
+            times += 1
+        if times > 1 and period * times > best[0] * best[1]:
+            best = (period, times)
+    return best
+
+
+def explain_traces(plan: Plan) -> dict:
+    """``causalab explain --traces``: the schedule of a compiled document, as text and data."""
+    from causalab.models import load_config, load_tokenizer
+
+    model = plan.model or _points(plan)[0].model
+    found = schedule(plan, load_config(model.path), load_tokenizer(model.path))
+    return {"text": text(found), "traces": [{"where": p.where, "pass": p.call,
+                                             "trace": describe(p.job)} for p in found]}

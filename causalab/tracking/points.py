@@ -1,0 +1,126 @@
+"""What a tracked point buffers in the run's process, and the facts read off a point for it.
+
+A :class:`PointRun` holds one point's run id (once the background lane created the run) and
+every number the point produced, as plain data, until it is sent with one ``log_batch``. The
+functions below read a lowered point (its document, directory, coordinates) and a run's
+``--out`` folder. Plain data only: nothing here imports MLflow or talks to a store.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from causalab.files import DOCUMENT
+from causalab.tracking import naming
+from causalab.tracking import runs as store
+
+
+@dataclass
+class PointRun:
+    """One point's run: its id once the lane created it, and what the point has buffered."""
+
+    label: str
+    steps: list[str]
+    fits: dict[str, str]
+    title: str = ""
+    run_id: str | None = None
+    params: dict[str, str] = field(default_factory=dict)
+    metrics: list = field(default_factory=list)
+    means: dict[str, float] = field(default_factory=dict)
+    losses: dict[str, list[float]] = field(default_factory=dict)
+    evals: dict[str, list[float]] = field(default_factory=dict)
+    finished: bool = False
+
+    def score(self, step: str, name: str, mean: float | None, eligible: int) -> None:
+        """A step's metric mean (NaN when there is none) and its eligible row count, at the
+        step's place in the document's order."""
+        key = naming.metric_key(step, name)
+        ordinal = self.steps.index(step) if step in self.steps else 0
+        value = mean if mean is not None and math.isfinite(mean) else math.nan
+        self.add(key, value, ordinal)
+        if not math.isnan(value):
+            self.means[key] = value
+        self.add(naming.eligible_key(step, name), eligible, ordinal)
+
+    def loss(self, step: str, update: int, loss: float) -> None:
+        """A fit's loss at one update: kept for its loss plot, logged when finite."""
+        self.losses.setdefault(step, []).append(loss)
+        if math.isfinite(loss):
+            self.add(self.fit_key(step, "train/loss"), loss, update)
+
+    def epoch(self, step: str, epoch: int, eval_mean: float, kept: float | None) -> None:
+        """A fit's epoch: its watched eval metric, and a gate's kept fraction when it has one."""
+        self.evals.setdefault(step, []).append(eval_mean)
+        if eval_mean is not None and math.isfinite(eval_mean):
+            self.add(self.fit_key(step, f"eval/{self.fits.get(step, 'metric')}"), eval_mean,
+                     epoch)
+        if kept is not None:
+            self.add(self.fit_key(step, "eval/kept"), kept, epoch)
+
+    def fit_key(self, step: str, key: str) -> str:
+        """A fit's metric key, prefixed by its step when the point has more than one fit."""
+        return key if len(self.fits) <= 1 else f"{step}/{key}"
+
+    def add(self, key: str, value: float, step: int) -> None:
+        self.metrics.append(store.metric(key, value, step, int(time.time() * 1000)))
+
+    def flush(self, call: Callable[..., Any]) -> None:
+        """The point's params and every number it buffered, in one request when they fit."""
+        if (self.metrics or self.params) and self.run_id is not None:
+            call(store.log_batch, self.run_id, metrics=self.metrics, params=self.params)
+            self.metrics, self.params = [], {}
+
+
+def shared_params(points: list[Any], job: Mapping[str, str]) -> dict[str, str]:
+    """A sweep parent's params: the job's own and the facts every point shares."""
+    each = [naming.point_params(getattr(p, "document", None), {}, job) for p in points]
+    if not each:
+        return dict(job)
+    return {k: v for k, v in each[0].items() if all(other.get(k) == v for other in each[1:])}
+
+
+def steps(point: Any) -> list[str]:
+    document = getattr(point, "document", None) or {}
+    return list(document.get("steps", {}))
+
+
+def fits(point: Any) -> dict[str, str]:
+    """Fit step name -> the metric its early stop watches."""
+    document = getattr(point, "document", None) or {}
+    return {name: step.get("early_stop", {}).get("metric", "metric")
+            for name, step in document.get("steps", {}).items()
+            if isinstance(step, dict) and step.get("kind") == "fit"}
+
+
+def files_of(out: str, point: Any, written: list[str], error: BaseException | None) -> list:
+    """``(local, artifact)`` pairs of a point: its saves, its document, the root document."""
+    directory = getattr(point, "directory", "") or ""
+    files = [(str(Path(out) / path), _inside(path, directory)) for path in written]
+    if directory and not any(a == DOCUMENT for _, a in files):
+        files.insert(0, (str(Path(out) / directory / DOCUMENT), DOCUMENT))
+    if not directory and error is None:
+        files.insert(0, (str(Path(out) / DOCUMENT), DOCUMENT))
+    return files
+
+
+def _inside(path: str, directory: str) -> str:
+    """The artifact path of a file written under the point's directory (relative to --out)."""
+    parts = Path(path).parts
+    prefix = Path(directory).parts if directory else ()
+    if prefix and parts[:len(prefix)] == prefix:
+        parts = parts[len(prefix):]
+    return str(Path(*parts)) if parts else Path(path).name
+
+
+def out_from_argv(argv: list[str] | None) -> str | None:
+    if not argv:
+        return None
+    for index, word in enumerate(argv):
+        if word == "--out" and index + 1 < len(argv):
+            return argv[index + 1]
+        if word.startswith("--out="):
+            return word.split("=", 1)[1]
+    return None

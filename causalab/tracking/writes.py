@@ -1,0 +1,125 @@
+"""What the background lane does with the store: a tracked run's MLflow side, call by call.
+
+:class:`StoreWrites` is the half of :class:`~causalab.tracking.events.TrackingEvents` that
+runs on its lane, never on the run's own thread: the sweep's parent opened (or reattached),
+a point's run created, its numbers, files, config and loss plots uploaded, a done point
+linked into a new parent, the sweep's plots drawn, every run ended FINISHED, FAILED or
+KILLED. Every call goes through ``self.call`` (the tracking worker, its store's deadlines);
+the state it reads and fills (run ids, buffered points) is the listener's.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from causalab.files import DOCUMENT, HYDRA_CONFIG
+from causalab.tracking import artifacts, links, owners
+from causalab.tracking import runs as store
+from causalab.tracking.points import PointRun
+
+
+class StoreWrites:
+    """The lane's calls of a tracking listener (mixed into ``TrackingEvents``)."""
+
+    def _open_sweep(self, sweep: str, first: Any, params: dict[str, str]) -> None:
+        """The sweep's parent: a new run, or the killed or failed one a rerun reattaches to."""
+        reattach = None if self.rerun or self.parent_run_id else self.call(
+            owners.resumable_sweep, self.experiment_id, sweep)
+        if reattach:  # the remaining points join the parent of the sweep they belong to
+            self.call(owners.reopen, reattach, owners.owner_tags())
+            self.sweep_run_id, self._reattached = reattach, True
+            return
+        tags = self._tags("sweep", first)
+        tags[store.SWEEP] = sweep
+        self.sweep_run_id = self.call(store.create_run, self.experiment_id,
+                                      self.run_name or "sweep", tags, self.parent_run_id)
+        self.call(store.log_batch, self.sweep_run_id, params=params)
+        self._log_config(self.sweep_run_id)
+
+    def _create(self, run: PointRun, name: str, tags: dict) -> None:
+        run.run_id = self.call(store.create_run, self.experiment_id, name, tags,
+                               self.sweep_run_id or self.parent_run_id)
+        self.point_runs[run.label] = run.run_id
+        # Params go with the run's creation, so a run whose process dies still says what it
+        # was; a point already finished by now sends them with its numbers, in one request.
+        if run.params and not run.finished:
+            self.call(store.log_batch, run.run_id, params=run.params)
+            run.params = {}
+
+    def _reuse(self, point: Any, label: str, found: str) -> None:
+        """Link a done point into this parent now (a multirun job), or at the sweep's end; a
+        point already under this parent (a sweep reattached after a kill) needs no link."""
+        parent = self.sweep_run_id or self.parent_run_id
+        if parent is None or self.call(store.parent_of, found) == parent:
+            return
+        if self.parent_run_id is not None:
+            self._link(point, label, found)
+        elif self.sweep_run_id is not None:
+            self._reused.append((point, label, found))
+
+    def _link(self, point: Any, label: str, found: str) -> None:
+        parent = self.sweep_run_id or self.parent_run_id
+        name = label if self._swept else (self.run_name or label or "point")
+        self.linked[label] = self.call(links.link, self.experiment_id, found, parent, name,
+                                       self._tags("point", point))
+
+    def _upload(self, run: PointRun, files: list) -> None:
+        """Send a point's buffered numbers, its files, its config and its loss plots."""
+        run.flush(self.call)
+        self.call(artifacts.log_files, run.run_id, [f for f in files if Path(f[0]).is_file()])
+        self._log_config(run.run_id)
+        for step, losses in run.losses.items():
+            watched = f"eval/{run.fits.get(step, 'eval')}"
+            self.call(artifacts.log_loss_curve, run.run_id, f"plots/{step}_loss.png", losses,
+                      run.evals.get(step, []), title=f"{run.title} · {step}", eval_name=watched)
+
+    def _finish_sweep(self, written: list[str], record: list) -> None:
+        if self.sweep_run_id is None:
+            return
+        if not self.point_runs and self.parent_run_id is None and not self._reattached:
+            self.call(store.delete, self.sweep_run_id)
+            return
+        for point, label, found in self._reused:
+            self._link(point, label, found)
+        roots = [p for p in written if Path(p).name == DOCUMENT]
+        files = [(p, DOCUMENT) for p in sorted(roots, key=len)[:1]] + record
+        self.call(artifacts.log_files, self.sweep_run_id,
+                  [f for f in files if Path(f[0]).is_file()])
+        done = self._done + self.call(links.means_of, list(self.linked.values()))
+        self.call(artifacts.log_sweep_plots, self.sweep_run_id, done, title=self._title)
+        self._end(self.sweep_run_id, RuntimeError("a point failed") if self.failed else None)
+
+    def _log_config(self, run_id: str) -> None:
+        if self.config is None:
+            return
+        if self._config_text is None:
+            from omegaconf import DictConfig, OmegaConf
+
+            config = self.config
+            if not isinstance(config, DictConfig):
+                config = OmegaConf.create(config)
+            self._config_text = OmegaConf.to_yaml(config, resolve=True)
+        self.call(artifacts.log_bytes, run_id, self._config_text.encode(), HYDRA_CONFIG)
+
+    def _end_point(self, run: PointRun, error: BaseException | None) -> None:
+        if run.run_id is None:
+            return
+        if error is not None:
+            self.failed.append(run.run_id)
+        self._end(run.run_id, error)
+
+    def _end_sweep(self, error: BaseException, unless_ended: bool = False) -> None:
+        """End the sweep's parent (if the lane got to open it) with ``error``."""
+        run_id = self.sweep_run_id
+        if run_id is None or unless_ended and self.call(store.status, run_id) != "RUNNING":
+            return
+        self._end(run_id, error)
+
+    def _end(self, run_id: str, error: BaseException | None) -> None:
+        if error is None:
+            self.call(store.terminate, run_id, "FINISHED")
+            return
+        message = f"{type(error).__name__}: {error}".strip()
+        self.call(store.log_batch, run_id, tags={store.ERROR: message})
+        status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+        self.call(store.terminate, run_id, status)

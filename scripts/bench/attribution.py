@@ -1,0 +1,198 @@
+"""Benchmark: attribution patching against exact patching on SmolLM2-135M's IOI rows.
+
+Rows: every ``--every``-th row of documents/data/ioi/data.json, from the first (the table is
+ordered by template, then ABBA/BABA: every 10th row, the default, is 12 rows covering all ten
+templates and both orders, which keeps the whole bench near 9 minutes on 2 loaded cores); the
+same rows for every document. Documents:
+
+* exact heads: documents/real/ioi_head_patching.json (270 points, one head's premix slice at
+  END swapped from the name-swapped prompt), against experiment=ioi_head_attribution;
+* exact END layers: documents/real/ioi_layer_sweep.json with its position axis fixed at END
+  (30 points, the stream leaving each block), against experiment=ioi_layer_attribution with
+  its positions cut to END.
+
+Each attribution document runs as AtP (``steps: 1``) and with integrated gradients
+(``--ig-steps``). In one process, after a warm-up run (the model loaded, kernels warm), each
+document's ``run_document`` is timed whole (compile, forwards, tables). Compared per unit: the
+mean over rows of the patched logit difference (cf answer minus base answer) the exact point
+scores, and the attribution table's mean ``value`` (base metric plus estimated effect). Ranks
+are by that mean, highest first (the units whose patch moves the answer most toward the
+counterfactual's). Printed, per sweep and estimate:
+
+    ATTRIBUTION spearman=<rank correlation over all units> top10_overlap=<k/10>
+      time_ratio=<attribution wall / exact wall> sweep=... estimate=... top3_in_top10=<k/3> ...
+
+    CAUSALAB_HOME=/work/cache/home .venv/bin/python scripts/bench/attribution.py
+    .venv/bin/python scripts/bench/attribution.py --every 5 --sweeps heads --ig-steps 8
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+EXACT = {"heads": "ioi_head_patching", "layers": "ioi_layer_sweep"}
+ATTRIBUTION = {"heads": "ioi_head_attribution", "layers": "ioi_layer_attribution"}
+
+
+def _ranks(values: list[float]) -> list[float]:
+    """Ranks from 1, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var
+
+
+def _end_only(value):
+    """The layer sweep's named position axis fixed at END."""
+    if isinstance(value, dict):
+        if value.get("as") == "pos" and "sweep" in value:
+            return "END"
+        return {k: _end_only(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_end_only(v) for v in value]
+    return value
+
+
+def documents(sweep: str, ig_steps: int) -> dict[str, dict]:
+    from causalab.render import render
+
+    exact = json.loads((ROOT / "documents" / "real" / f"{EXACT[sweep]}.json").read_text())
+    exact = _end_only(exact) if sweep == "layers" else exact
+    atp = render([f"experiment={ATTRIBUTION[sweep]}", "model=smollm2"])
+    step = atp["steps"]["attribute"]
+    if sweep == "layers":
+        step["positions"] = {"END": step["positions"]["END"]}
+    found = {"exact": exact, "atp": atp}
+    if ig_steps > 1:
+        found[f"ig-{ig_steps}"] = copy.deepcopy(atp)
+        found[f"ig-{ig_steps}"]["steps"]["attribute"]["steps"] = ig_steps
+    return found
+
+
+def _mean(rows: list[dict]) -> float:
+    values = [r["value"] for r in rows if r["eligible"]]
+    return sum(values) / len(values)
+
+
+def exact_means(document: dict, out: Path) -> dict[tuple, float]:
+    from causalab.document import lower
+
+    found = {}
+    for point in lower(document):
+        rows = json.loads((out / point.label / "logit_diff.json").read_text())
+        found[_key(point.coordinates)] = _mean(rows)
+    return found
+
+
+def attribution_means(out: Path) -> dict[tuple, float]:
+    cells: dict[tuple, list] = {}
+    for row in json.loads((out / "logit_diff.json").read_text()):
+        if row["eligible"]:
+            cells.setdefault(_key(row["coordinates"]), []).append(row["value"])
+    return {key: sum(v) / len(v) for key, v in cells.items()}
+
+
+def _key(coordinates: dict) -> tuple:
+    return tuple(int(coordinates[name]) for name in ("layers", "heads") if name in coordinates)
+
+
+def _timed(document: dict, out: Path, data_root: str) -> float:
+    from causalab.pipeline import run_document
+
+    start = time.perf_counter()
+    run_document(document, out=str(out), data_root=data_root)
+    return time.perf_counter() - start
+
+
+def _subset(every: int, root: Path) -> str:
+    rows = json.loads((ROOT / "documents" / "data" / "ioi" / "data.json").read_text())[::every]
+    (root / "ioi").mkdir(parents=True)
+    (root / "ioi" / "data.json").write_text(json.dumps(rows))
+    orders = sorted({r["order"] for r in rows})
+    templates = sorted({r["template"] for r in rows})
+    print(f"rows: every {every}th of the IOI table: {len(rows)} rows, templates {templates}, "
+          f"orders {orders}", flush=True)
+    return str(root)
+
+
+def _report(sweep: str, name: str, exact: dict, estimate: dict, ratio: float, seconds: tuple):
+    units = sorted(exact)
+    rho = spearman([exact[u] for u in units], [estimate[u] for u in units])
+    top = sorted(units, key=lambda u: -exact[u])
+    mine = sorted(units, key=lambda u: -estimate[u])
+    overlap = len(set(top[:10]) & set(mine[:10]))
+    top3 = sum(u in mine[:10] for u in top[:3])
+    spelled = " ".join(_spell(u) for u in top[:3])
+    print(f"ATTRIBUTION spearman={rho:.3f} top10_overlap={overlap}/10 time_ratio={ratio:.4f} "
+          f"sweep={sweep} estimate={name} top3_in_top10={top3}/3 exact_top3={spelled} "
+          f"exact_s={seconds[0]:.1f} attribution_s={seconds[1]:.1f} units={len(units)}",
+          flush=True)
+    where = {u: (top.index(u) + 1, mine.index(u) + 1) for u in set(top[:10]) ^ set(mine[:10])}
+    for unit, (exact_rank, my_rank) in sorted(where.items(), key=lambda item: item[1]):
+        print(f"  disagree {_spell(unit)}: exact rank {exact_rank} ({exact[unit]:+.3f}), "
+              f"attribution rank {my_rank} ({estimate[unit]:+.3f})", flush=True)
+
+
+def _spell(unit: tuple) -> str:
+    return "L{}H{}".format(*unit) if len(unit) == 2 else f"L{unit[0]}"
+
+
+def bench(sweep: str, ig_steps: int, data_root: str, tmp: Path) -> None:
+    docs = documents(sweep, ig_steps)
+    walls, means = {}, {}
+    for name, document in docs.items():
+        out = tmp / f"{sweep}-{name}"
+        walls[name] = _timed(document, out, data_root)
+        means[name] = exact_means(document, out) if name == "exact" else attribution_means(out)
+        print(f"{sweep} {name}: {walls[name]:.1f} s", flush=True)
+    for name in docs:
+        if name != "exact":
+            _report(sweep, name, means["exact"], means[name], walls[name] / walls["exact"],
+                    (walls["exact"], walls[name]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--every", type=int, default=10, help="take every N-th IOI row")
+    parser.add_argument("--ig-steps", type=int, default=4,
+                        help="integrated-gradients steps (1: AtP alone)")
+    parser.add_argument("--sweeps", default="heads,layers", help="heads, layers or both")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="causalab-attribution-") as folder:
+        tmp = Path(folder)
+        data_root = _subset(args.every, tmp / "data")
+        warm = documents("heads", 1)["atp"]
+        print(f"warm-up: {_timed(warm, tmp / 'warm', data_root):.1f} s (model load included)",
+              flush=True)
+        for sweep in args.sweeps.split(","):
+            bench(sweep, args.ig_steps, data_root, tmp)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Attribute steps compile without weights (docs/format.md §9.7) and refuse at their JSON path.
+
+Configs and tokenizers of the built-in tiny Llama only; nothing here loads a weight.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from causalab.errors import CausalabError
+
+PATCH = ("interventions", "patch")
+STEP = ("steps", "attribute")
+
+
+def attribute(patching: dict, **fields) -> dict:
+    """The interchange of the ``patching`` fixture scored by an attribute step."""
+    step = {"kind": "attribute", "interventions": "patch",
+            "rows": {"base": "days", "counterfactual": "days"}, "metrics": ["logit_diff"],
+            "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"}]}
+    step.update(fields)
+    patching["steps"] = {"attribute": {k: v for k, v in step.items() if v is not None}}
+    return patching
+
+
+def refused(compile_doc, document) -> tuple:
+    with pytest.raises(CausalabError) as err:
+        compile_doc(document)
+    return err.value.path
+
+
+def test_a_head_attribution_compiles_to_one_node_with_every_layer_and_head(compile_doc,
+                                                                        patching):
+    patching["sites"]["target"]["component"] = "attention_premix"
+    plan = compile_doc(attribute(patching, layers="all", unit="head"))
+    node = plan.children[0]
+    assert type(node).__name__ == "Attribute"
+    assert node.layers == (0, 1)
+    assert [a.component for a in node.addresses] == ["attention_premix"] * 2
+    assert [a.heads for a in node.addresses] == [(0, 1, 2, 3)] * 2
+    assert node.metrics == ("logit_diff",) and node.steps == 1 and node.labels == (None,)
+
+
+def test_the_plan_of_an_attribute_step_round_trips_through_json(compile_doc, patching):
+    from causalab.compile.plan import plan_from_json, plan_to_json
+
+    plan = compile_doc(attribute(patching, layers=[1, 0], positions={
+        "day": {"index": -1, "scope": {"variable": "entity"}}, "end": -1}))
+    again = plan_from_json(json.loads(json.dumps(plan_to_json(plan))))
+    assert again == plan
+    assert again.children[0].labels == ("day", "end")
+
+
+def test_explain_shows_the_attribute_step_and_each_position_label(compile_doc, patching):
+    from causalab.compile.explain import explain
+
+    text = explain(compile_doc(attribute(patching, layers="all", steps=4, positions={
+        "day": {"index": -1, "scope": {"variable": "entity"}}})))
+    assert "attribute: Attribute  block_output[0,1] unit=site (2 units)" in text
+    assert "integrated gradients, 4 steps" in text
+    assert "day: (a_cf at pos={index:-1 scope:{variable:entity}}" in text
+
+
+def test_attention_output_heads_are_attributed_at_their_premix_slices(compile_doc, patching):
+    patching["sites"]["target"]["component"] = "attention_output"
+    node = compile_doc(attribute(patching, unit="head")).children[0]
+    assert node.addresses[0].component == "attention_premix"
+    assert node.addresses[0].heads == (0, 1, 2, 3)
+
+
+def test_a_match_metric_is_refused_at_its_kind_when_every_metric_is_attributed(compile_doc,
+                                                                            patching):
+    assert refused(compile_doc, attribute(patching, metrics=None)) == PATCH + (
+        "metrics", "iia", "kind")
+
+
+def test_a_listed_match_metric_is_refused_at_its_place_in_the_list(compile_doc, patching):
+    assert refused(compile_doc, attribute(patching, metrics=["logit_diff", "iia"])) == STEP + (
+        "metrics", 1)
+
+
+def test_a_metric_the_intervention_lacks_is_refused_at_its_place_in_the_list(compile_doc,
+                                                                          patching):
+    assert refused(compile_doc, attribute(patching, metrics=["nope"])) == STEP + ("metrics", 0)
+
+
+def test_a_write_that_is_not_a_swap_is_refused_at_its_mechanism(compile_doc, patching):
+    patching["interventions"]["patch"]["writes"]["patch"]["mechanism"] = "add_scaled"
+    assert refused(compile_doc, attribute(patching)) == PATCH + ("writes", "patch", "mechanism")
+
+
+def test_a_metric_read_off_the_patched_model_is_refused_at_its_read(compile_doc, patching):
+    body = patching["interventions"]["patch"]
+    body["reads"]["clean"] = {"site": "head", "pos": -1, "input": "base"}
+    body["metrics"]["clean_diff"] = {"kind": "logit_diff", "of": "clean", "a": "cf_answer",
+                                     "b": "base_answer"}
+    assert refused(compile_doc, attribute(patching, metrics=["clean_diff"])) == PATCH + (
+        "metrics", "clean_diff", "of")
+
+
+def test_a_head_unit_at_a_component_without_heads_is_refused_at_the_unit(compile_doc, patching):
+    assert refused(compile_doc, attribute(patching, unit="head")) == STEP + ("unit",)
+
+
+def test_a_layer_past_the_model_is_refused_at_its_place_in_the_list(compile_doc, patching):
+    assert refused(compile_doc, attribute(patching, layers=[0, 7])) == STEP + ("layers", 1)
+
+
+def test_integrated_gradients_over_prompts_of_other_lengths_is_refused_at_steps(
+        compile_doc, patching, data_root):
+    rows = json.loads((data_root / "days.json").read_text())
+    rows[0]["counterfactual_inputs"] = ["Tomorrow follows Saturday, so if today is Saturday, "
+                                        "tomorrow is"]
+    (data_root / "ragged.json").write_text(json.dumps(rows))
+    document = attribute(patching, steps=3, rows={"base": "ragged", "counterfactual": "ragged"})
+    assert refused(compile_doc, document) == STEP + ("steps",)
+    compile_doc(attribute(patching, steps=1, rows={"base": "ragged", "counterfactual": "ragged"}))
+
+
+def test_a_table_past_the_row_bound_is_refused_at_the_unit(compile_doc, patching, monkeypatch):
+    from causalab.compile import attribution
+
+    monkeypatch.setattr(attribution, "MAX_ATTRIBUTION_ROWS", 10)
+    patching["sites"]["target"]["component"] = "mlp_activation"
+    assert refused(compile_doc, attribute(patching, unit="feature")) == STEP + ("unit",)
+
+
+def test_a_save_of_a_metric_the_step_does_not_score_is_refused_at_its_value(compile_doc,
+                                                                         patching):
+    document = attribute(patching)
+    document["steps"]["attribute"]["saves"].append({"value": "iia", "file_path": "iia.json"})
+    assert refused(compile_doc, document) == STEP + ("saves", 1, "value")

@@ -1,0 +1,196 @@
+"""``explain --traces``: the traces a run opens, planned from config and tokenizer alone.
+
+The oracle is the run itself: every job ``walk.run_trace`` is handed during
+``run_document``, recorded in order, must be the planned one (the tensors bound to a job are
+no part of its schedule), for every shipped corpus document and for the sweeps whose
+schedule is the subtlest (drawn counterfactuals, windows of rows, split fused runs, a fit in
+windows). ``explain --traces`` prints a schedule for every shipped document, weights never
+loaded.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from causalab.cli import main
+from causalab.engine import planner, traces, walk
+from causalab.pipeline import compile_only, run_document
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "documents" / "data"
+CORPUS = sorted((REPO / "documents" / "v2").glob("*.json"))
+SHIPPED = sorted((REPO / "documents").glob("*/*.json"))
+SMOLLM2_DOCUMENTS = "ioi_"
+
+
+def _bundles_missing(raw: dict) -> list[str]:
+    paths = [f["file_path"] for f in raw.get("featurizers", {}).values() if f.get("file_path")]
+    return [p for p in paths if not p.startswith("steps:") and not (REPO / p).is_file()]
+
+
+def _planned(document: dict, data_root: str, batch_size=None) -> list:
+    from causalab.models import load_config, load_tokenizer
+
+    plan = compile_only(copy.deepcopy(document), data_root)
+    model = plan.model or plan.children[0].model
+    found = traces.schedule(plan, load_config(model.path), load_tokenizer(model.path),
+                            batch_size=batch_size)
+    return [planned.job for planned in found]
+
+
+def _opened(document: dict, data_root: str, out: Path, monkeypatch, batch_size=None) -> list:
+    seen = []
+    original = walk.run_trace
+
+    def record(model, job):
+        seen.append(job)
+        return original(model, job)
+    with monkeypatch.context() as patch:
+        patch.setattr(walk, "run_trace", record)
+        run_document(copy.deepcopy(document), out=str(out), data_root=data_root,
+                     batch_size=batch_size)
+    return seen
+
+
+def _without_early_stop(document: dict) -> dict:
+    """A fit that runs every epoch: early stopping follows numbers no plan knows."""
+    changed = copy.deepcopy(document)
+    for step in changed.get("steps", {}).values():
+        if step.get("kind") == "fit" and "early_stop" in step:
+            step["early_stop"]["patience"] = step.get("epochs", 1) + 1
+    return changed
+
+
+def _same(planned: list, opened: list) -> None:
+    assert opened, "the run opened no trace"
+    assert len(planned) == len(opened)
+    for index, (want, got) in enumerate(zip(planned, opened)):
+        assert want == got, (index, want, got)
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+def test_every_corpus_document_opens_the_traces_its_schedule_lists(path, tmp_path, monkeypatch):
+    document = _without_early_stop(json.loads(path.read_text()))
+    if _bundles_missing(document):
+        pytest.skip(f"artifact not shipped yet: {_bundles_missing(document)}")
+    monkeypatch.chdir(REPO)  # bundle paths are relative to the working directory
+    planned = _planned(document, str(DATA))
+    _same(planned, _opened(document, str(DATA), tmp_path / "out", monkeypatch))
+
+
+def _drawn_sweep(kit, resolved) -> dict:
+    """A seven-place layer sweep whose counterfactuals are other rows' bases: one fill on
+    the base rows serves the counterfactual and keeps the prefixes the sweep resumes from."""
+    places = [("attention_output", 0), ("mlp_output", 0), ("block_output", 0),
+              ("block_input", 1), ("attention_output", 1), ("mlp_output", 1),
+              ("block_output", 1)]
+    document = kit.patching_document(resolved)
+    document["sites"]["target"] = {"sweep": [{"component": c, "layers": [layer]}
+                                             for c, layer in places], "as": "place"}
+    document["sites"]["head"] = {"component": "logits"}
+    return document
+
+
+def _drawn_rows(kit) -> list[dict]:
+    prompts = [(base, answer) for base, _, answer, _ in kit.PAIRS]
+    return [{"input": prompts[a][0], "counterfactual_inputs": [prompts[b][0]],
+             "base_answer": prompts[a][1], "cf_answer": prompts[b][1], "example_id": f"pair-{i}"}
+            for i, (a, b) in enumerate([(0, 1), (1, 2), (2, 0), (0, 2)])]
+
+
+@pytest.mark.parametrize("batch_size,capacity", [(None, None), (3, 2), (1, None)],
+                         ids=["whole", "windows-of-3-two-points-a-run", "row-by-row"])
+def test_a_resumed_fused_sweep_opens_the_traces_its_schedule_lists(
+        batch_size, capacity, tiny, kit, tmp_path, monkeypatch):
+    data_root = kit.write_table(tmp_path / "data", "pairs", _drawn_rows(kit))
+    document = _drawn_sweep(kit, tiny("tiny-llama"))
+    if capacity is not None:
+        monkeypatch.setattr(planner, "_capacity", lambda point, batch_size: capacity)
+    planned = _planned(document, data_root, batch_size)
+    # Row by row nothing fuses, and an observe resumes only from a fused run's prefixes.
+    assert any(job.copies > 1 for job in planned) == (batch_size != 1)
+    assert any(job.resume is not None for job in planned) == (batch_size != 1)
+    _same(planned, _opened(document, data_root, tmp_path / "out", monkeypatch, batch_size))
+
+
+def test_a_fit_in_windows_opens_the_last_column_traces_its_schedule_lists(tiny, tmp_path,
+                                                                          monkeypatch):
+    document = _without_early_stop(json.loads((REPO / "documents/v2/das.json").read_text()))
+    resolved = tiny("tiny-qwen2")
+    document["model"] = {"key": resolved.key, "revision": resolved.revision, "dtype": "fp32"}
+    document["steps"]["fit"].update(epochs=2, pairs=8, rows={
+        "base": "weekdays_full/data", "counterfactual": "weekdays_full/data"})
+    monkeypatch.chdir(REPO)
+    planned = _planned(document, str(DATA), batch_size=5)
+    assert any(job.tail for job in planned) and any(job.kind == "keys" for job in planned)
+    _same(planned, _opened(document, str(DATA), tmp_path / "out", monkeypatch, batch_size=5))
+
+
+def _shipped(path: Path, tmp_path: Path, request) -> Path:
+    """``path``, or a copy on a stand-in of Llama-3.2-1B's shape for documents/real/'s
+    weekday documents (the hub checkpoint is not at hand offline)."""
+    if path.parent.name == "real" and path.stem.startswith(SMOLLM2_DOCUMENTS):
+        request.getfixturevalue("smollm2_dir")
+        return path
+    if path.parent.name != "real":
+        return path
+    from causalab.models.readers import LLAMA_3_2_1B_SHAPE, shape_stand_in
+
+    raw = json.loads(path.read_text())
+    raw["model"]["key"] = shape_stand_in(tmp_path / "shape", LLAMA_3_2_1B_SHAPE)
+    copied = tmp_path / path.name
+    copied.write_text(json.dumps(raw))
+    return copied
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[f"{p.parent.name}-{p.stem}" for p in SHIPPED])
+def test_explain_traces_prints_the_schedule_of_every_shipped_document(path, tmp_path, capsys,
+                                                                      monkeypatch, request):
+    import causalab.engine.load
+
+    raw = json.loads(path.read_text())
+    if _bundles_missing(raw):
+        pytest.skip(f"artifact not shipped yet: {_bundles_missing(raw)}")
+    document = _shipped(path, tmp_path, request)
+    monkeypatch.chdir(REPO)
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("explain --traces loaded weights")
+    monkeypatch.setattr(causalab.engine.load, "_load", no_weights)
+    status = main(["explain", "--traces", str(document), "--data-root", str(DATA)])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    first = out.splitlines()[0]
+    assert first.endswith("a fit counted to its last epoch)") and int(first.split()[0]) > 0
+    assert "  1. " in out
+
+
+# Prompts of one length (8 tokens on the tiny Llama): integrated gradients walks between them.
+EQUAL_PAIRS = [
+    ("If today is Monday, tomorrow is", "If today is Friday, tomorrow is", " Tuesday", " Saturday"),
+    ("If today is Friday, tomorrow is", "If today is Wednesday, tomorrow is", " Saturday",
+     " Thursday"),
+    ("If today is Wednesday, tomorrow is", "If today is Monday, tomorrow is", " Thursday",
+     " Tuesday"),
+]
+
+
+def test_an_attribute_step_in_windows_opens_the_traces_its_schedule_lists(tiny, kit, tmp_path,
+                                                                         monkeypatch):
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(EQUAL_PAIRS))
+    document = kit.patching_document(tiny("tiny-llama"))
+    document["steps"] = {"attribute": {
+        "kind": "attribute", "interventions": "patch", "layers": "all", "unit": "site",
+        "rows": {"base": "pairs", "counterfactual": "pairs"}, "metrics": ["logit_diff"],
+        "steps": 2, "positions": {"first": 0, "END": -1},
+        "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"}]}}
+    planned = _planned(document, data_root, batch_size=2)
+    # Per window of rows (2, then 1): the counterfactual, then a base forward per step.
+    assert [(job.kind, len(job.rows), job.grad) for job in planned] == [
+        ("attribute", 2, False), ("attribute", 2, True), ("attribute", 2, True),
+        ("attribute", 1, False), ("attribute", 1, True), ("attribute", 1, True)]
+    assert [tap.kind for tap in planned[2].taps][:1] == ["replace"]
+    _same(planned, _opened(document, data_root, tmp_path / "out", monkeypatch, batch_size=2))

@@ -1,0 +1,87 @@
+"""Attribute steps in MLflow: the run carries its table, heatmap and grid; a parent holding an
+exact sweep and an attribution run of the same heads gets the scatter of one against the other.
+
+Runs the tiny Llama's head sweep (documents/v2/head_patching.json, swept over both layers) and
+its attribution twin into a SQLite store in a temporary folder, both under one parent, as a
+multirun nests them.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from causalab.pipeline import run_document
+from causalab.tracking import TrackingEvents
+from causalab.tracking import attribution_plots
+from causalab.tracking import runs as store
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = str(REPO / "documents" / "data")
+
+
+def attribution_twin(exact: dict) -> dict:
+    """The head sweep's interchange, every head of its layer scored by one attribute step."""
+    document = copy.deepcopy(exact)
+    document["sites"]["head_out"].pop("heads")
+    document["sites"]["head_out"]["layers"] = [0]
+    document["steps"] = {"attribute": {
+        "kind": "attribute", "interventions": "patch", "rows": exact["steps"]["patch"]["rows"],
+        "layers": "all", "unit": "head", "metrics": ["logit_diff"],
+        "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"}]}}
+    return document
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attribution-tracking")
+    uri = store.resolve_uri(str(root / "store"))
+    mlflow = store.client(uri)
+    experiment = store.experiment_id(mlflow, "attribution", uri)
+    parent = store.create_run(mlflow, experiment, "multirun", {store.KIND: "multirun"})
+    exact = json.loads((REPO / "documents" / "v2" / "head_patching.json").read_text())
+    exact["sites"]["head_out"]["layers"] = [{"sweep": [0, 1]}]
+    for name, document in (("exact", exact), ("attribution", attribution_twin(exact))):
+        out = root / name
+        with TrackingEvents(tracking_uri=uri, experiment="attribution", out=str(out),
+                            parent_run_id=parent, run_name=name) as events:
+            run_document(document, out=str(out), data_root=DATA, events=events)
+    attribution_plots.log_comparison(mlflow, parent, experiment, title="heads")
+    return mlflow, experiment, parent
+
+
+def _artifacts(mlflow, run_id: str, folder: str = "") -> set[str]:
+    found = set()
+    for entry in mlflow.list_artifacts(run_id, folder or None):
+        found |= _artifacts(mlflow, run_id, entry.path) if entry.is_dir else {entry.path}
+    return found
+
+
+def test_an_attribution_run_carries_its_table_its_head_heatmap_and_its_grid(tracked):
+    mlflow, experiment, parent = tracked
+    runs = [r for r in store.descendants(mlflow, experiment, parent)
+            if attribution_plots.TAG in r.data.tags]
+    assert len(runs) == 1
+    files = _artifacts(mlflow, runs[0].info.run_id)
+    assert {"logit_diff.json", "plots/head_heatmap.png", "attribution/attribute.json"} <= files
+    assert json.loads(runs[0].data.tags[attribution_plots.TAG]) == ["attribute"]
+
+
+def test_the_parent_plots_attribution_against_the_exact_sweep_of_the_same_heads(tracked):
+    mlflow, experiment, parent = tracked
+    assert attribution_plots.COMPARISON in _artifacts(mlflow, parent)
+    sweep = [r for r in store.children(mlflow, experiment, parent)
+             if attribution_plots.TAG not in r.data.tags]
+    assert "plots/head_heatmap.png" in _artifacts(mlflow, sweep[0].info.run_id)
+
+
+def test_units_pair_by_their_coordinates_as_the_exact_points_label_them():
+    exact = [({"heads": [h], "layers": 1}, {"patch/logit_diff": float(h), "patch/iia": 0.5,
+                                            "eligible/patch/logit_diff": 4.0})
+             for h in range(3)]
+    grid = {"logit_diff": [({"layers": 1, "heads": h}, 10.0 - h) for h in range(4)]}
+    assert attribution_plots.pairs(exact, grid) == {"logit_diff": [(0.0, 10.0), (1.0, 9.0),
+                                                                    (2.0, 8.0)]}
+    assert attribution_plots.spearman([0.0, 1.0, 2.0], [10.0, 9.0, 8.0]) == pytest.approx(-1.0)
