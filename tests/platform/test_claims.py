@@ -8,6 +8,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,53 @@ def test_out_files_and_cache_folders_follow_the_umask(tmp_path, umask, file_mode
     assert stat.S_IMODE(os.stat(table).st_mode) == file_mode
     assert stat.S_IMODE(os.stat(Path(table).parent).st_mode) == folder_mode
     assert stat.S_IMODE(folder.stat().st_mode) == folder_mode
+
+
+def _env() -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_WAIT_POLICY="PASSIVE",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def _claimed_by(out: Path, process: subprocess.Popen, limit: float = 300) -> None:
+    """Wait until ``process`` has written its owner into ``out``'s claim."""
+    deadline = time.monotonic() + limit
+    while True:
+        assert process.poll() is None, "the first run ended before its claim was seen"
+        assert time.monotonic() < deadline, "the first run never claimed its --out"
+        try:
+            if json.loads((out / CLAIM).read_text())["pid"] == process.pid:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.02)
+
+
+def test_two_causalab_runs_into_one_out_the_second_refused_in_one_line_naming_the_first(
+        tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "causalab", "run", str(REPO / "documents" / "v2" /
+               "patching.json"), "--no-track", "--device-map", "cpu", "--out", str(out),
+               "--data-root", DATA]
+    first = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        _claimed_by(out, first)
+        first.send_signal(signal.SIGSTOP)  # held mid-run, its lock with it
+        try:
+            second = subprocess.run(command, cwd=tmp_path, env=_env(), capture_output=True,
+                                    text=True, timeout=300)
+        finally:
+            first.send_signal(signal.SIGCONT)
+        written, _ = first.communicate(timeout=300)
+    finally:
+        first.kill()
+    lines = [line for line in second.stderr.splitlines() if line.strip()]
+    assert second.returncode == 2 and second.stdout == ""  # a UsageError of --out
+    assert len(lines) == 1 and lines[0].startswith("error: --out: ")
+    assert f"pid {first.pid}" in lines[0]
+    assert first.returncode == 0
+    files = sorted(str(p) for p in out.rglob("*") if p.is_file())
+    assert files == sorted(written.split())  # the first run's files, and nothing of the second
+    assert not (out / CLAIM).exists()
