@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 from pathlib import Path
 
 
@@ -23,9 +24,23 @@ def staging_folder(root: Path, name: str) -> Path:
             continue
 
 
+def _follow_umask(folder: Path) -> None:
+    """Give every file in ``folder`` the mode a new file gets from the umask: safetensors
+    writes a checkpoint's weights 0600 whatever the umask, which a group's cache cannot read."""
+    probe = folder / f".mode-{secrets.token_hex(6)}"
+    os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    mode = stat.S_IMODE(probe.stat().st_mode)
+    probe.unlink()
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, mode)
+
+
 def publish(staging: Path, final: Path, marker: str) -> None:
-    """Rename a finished ``staging`` folder to ``final``. A concurrent first use that got there
-    first (``final/marker`` present) wins quietly; any other failure is raised."""
+    """Rename a finished ``staging`` folder to ``final``, its files' modes from the umask. A
+    concurrent first use that got there first (``final/marker`` present) wins quietly; any
+    other failure is raised."""
+    _follow_umask(staging)
     try:
         os.rename(staging, final)
     except OSError:
