@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from causalab.claims import claim
 from causalab.document.vocab import DTYPES
 from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT, DOCUMENT
 
@@ -45,9 +46,10 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     computed together, then written and ended one by one; each point still sees
     ``point_start``, its metrics and ``point_end`` in that order. A point that raises is
     reported to ``point_end`` with its error and the other points still run; the first error
-    is raised once they have. An interrupt stops at once, ending every started point.
+    is raised once they have. An interrupt stops at once, ending every started point. The run
+    holds ``out`` from before the model loads to its end (``causalab.claims``): a second run
+    into the same folder meanwhile is refused.
     """
-    from causalab.engine import record
     from causalab.engine.bundles import check_plan_bundles
     from causalab.engine.containment import check_plan
     from causalab.engine.events import Events
@@ -63,6 +65,17 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     points = points_of(plan)
     check_plan(plan, out)
     check_plan_bundles(plan, resolver=events.resolve)
+    with claim(out):
+        return _run_claimed(raw, plan, points, out=out, batch_size=batch_size,
+                            device_map=device_map, events=events, resume_mib=resume_mib)
+
+
+def _run_claimed(raw: dict, plan, points: list, *, out: str, batch_size: int | None,
+                 device_map: str, events, resume_mib: int | None) -> list[str]:
+    """Run every point into ``out``, which this run holds; a run whose every point was done
+    before loads no model."""
+    from causalab.engine import record
+
     events.run_start(raw, points)
     written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
     verdicts = _leading_verdicts(events, points)

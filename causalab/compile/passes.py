@@ -141,7 +141,8 @@ def _batch(role: str, table: Table, field_path: str, anchored: dict, rows_path: 
     variables = {var: anchor_values(table, field_path, var, where)
                  for var, where in anchored.items()}
     values = role_values(table, field_path, rows_path + (role,))
-    return prompt_batch(role, field_path, values, ctx.tokenizer, variables, rows_path + (role,))
+    return prompt_batch(role, field_path, values, ctx.tokenizer, variables, rows_path + (role,),
+                        positions=_positions(ctx.config), example_ids=table.example_ids)
 
 
 def _check_segments(forwards, ctx: Context, entry: Entry) -> None:
@@ -200,10 +201,15 @@ def _kind(kind: str) -> dict:
             "estimand_version": row.get("estimand_version", f"{kind}/v1")}
 
 
+def _positions(config: Any) -> int | None:
+    """The checkpoint's position table: no prompt, with what a decode adds, may run past it."""
+    config = getattr(config, "text_config", None) or config
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
 def _check_context(decode: int, batch, entry: Entry, ctx: Context) -> None:
     """A decode that would run past the checkpoint's context is refused, not run (and hung on)."""
-    config = getattr(ctx.config, "text_config", None) or ctx.config
-    context = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    context = _positions(ctx.config)
     if decode and context and batch.tokens + decode > context:
         raise CompileError(entry.path + ("decode",), f"decode {decode} after prompts of "
                            f"{batch.tokens} tokens needs {batch.tokens + decode} positions; "

@@ -17,6 +17,12 @@ from causalab.compile.positions import CHAT_ANCHOR
 from causalab.compile.rows import is_chat
 from causalab.errors import CompileError
 
+# Characters per position of a long prompt's head, tokenized to refuse it before tokenizing
+# all of it. A token covers about four characters of prose, so the head of a prompt past the
+# position table holds more tokens than the table; where it does not (tokens of long runs),
+# the whole prompt is tokenized and counted.
+_HEAD_CHARS = 32
+
 
 class RememberingTokenizer:
     """A tokenizer that remembers its encodings for one compile.
@@ -78,14 +84,37 @@ def _encoded(value: Any, tokenizer, path: tuple) -> tuple[str, list[int], int]:
     return text, ids, 1
 
 
+def _refuse_past_positions(text: str, tokenizer, positions: int, name: str, path: tuple) -> None:
+    """A prompt far longer than the position table is refused from its head alone, so a
+    50 MB cell is never tokenized whole: the head of ``positions * _HEAD_CHARS`` characters
+    already holds more tokens than the table."""
+    if len(text) <= positions * _HEAD_CHARS:
+        return
+    head = len(tokenizer(text[:positions * _HEAD_CHARS])["input_ids"])
+    if head > positions + 1:  # C22; the cut may split one token in two
+        raise CompileError(path, f"row {name} is {len(text):,} characters, at least {head - 1} "
+                                 f"tokens; the checkpoint has {positions} positions")
+
+
 def prompt_batch(role: str, field: str, values: tuple, tokenizer, anchors: dict,
-                 path: tuple) -> PromptBatch:
+                 path: tuple, *, positions: int | None = None,
+                 example_ids: tuple = ()) -> PromptBatch:
     """Tokenize every row of one role and left-pad to the longest; mask marks the content.
 
     The rows of one role share one prefix: chat rows and strings whose runs start differently
-    (one with a BOS, one without) are refused at ``path``.
+    (one with a BOS, one without) are refused at ``path``. ``positions``: the checkpoint's
+    position table, which no row may outgrow (named by its ``example_ids`` entry, C22).
     """
-    rows = [_encoded(v, tokenizer, path) for v in values]
+    rows = []
+    for row, value in enumerate(values):
+        name = example_ids[row] if row < len(example_ids) else str(row)
+        if positions:
+            text = render(value, tokenizer, path) if is_chat(value) else value
+            _refuse_past_positions(text, tokenizer, positions, name, path)
+        rows.append(_encoded(value, tokenizer, path))
+        if positions and len(rows[-1][1]) > positions:  # C22
+            raise CompileError(path, f"row {name} is {len(rows[-1][1])} tokens; the checkpoint "
+                                     f"has {positions} positions")
     prompts = tuple(text for text, _, _ in rows)
     encoded = [ids for _, ids, _ in rows]
     prefixes = sorted({prefix for _, _, prefix in rows})

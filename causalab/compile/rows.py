@@ -61,6 +61,9 @@ def load_rows(ref: str, data_root: str, path: tuple) -> Table:
         table = _parsed(str(file), files.stamp(file))
     except (OSError, ValueError) as err:
         raise CompileError(path, f"dataset {ref!r} is not readable JSON: {err}") from None
+    except RecursionError:  # C1: a table nested deeper than the parser recurses
+        raise CompileError(path, f"dataset {ref!r} ({file}) nests deeper than the JSON reader "
+                                 "recurses") from None
     if not isinstance(table, list) or not all(isinstance(r, dict) for r in table):
         raise CompileError(path, f"dataset {ref!r} is not a JSON array of row objects")
     picked = [i for i, r in enumerate(table) if not split or r.get("split") == split]

@@ -13,8 +13,8 @@ from causalab.document.interventions import Intervention, Ref, Write
 from causalab.document.positions import Position
 from causalab.document.schema import Attribute, Document, Fit, Observe, Weights
 from causalab.document.steps import step_interventions
-from causalab.document.vocab import (COMPONENTS, IDENTITY, MECHANISMS, ORIGINAL, STEP_SOURCES,
-                                     VOCABULARY_COMPONENTS, is_reserved_result)
+from causalab.document.vocab import (COMPONENTS, DTYPE_LARGEST, IDENTITY, MECHANISMS, ORIGINAL,
+                                     STEP_SOURCES, VOCABULARY_COMPONENTS, is_reserved_result)
 from causalab.errors import DocumentError, Path
 
 RESIDUAL = tuple(name for name, row in COMPONENTS.items() if row["residual"])
@@ -159,6 +159,7 @@ def _check_write(doc: Document, body: Intervention, write: Write, at: Path) -> N
                             "never written")
     _featurizer(doc, write.featurizer, at + ("featurizer",))
     _check_decode(body, write.pos, at + ("pos",))
+    _check_magnitudes(doc.model.dtype, write, at)
     if not isinstance(write.operand, str):
         return
     if write.operand not in body.reads:
@@ -172,6 +173,20 @@ def _check_write(doc: Document, body: Intervention, write: Write, at: Path) -> N
     if None not in (write.pos.width, source.pos.width) and write.pos.width != source.pos.width:
         raise DocumentError(at + ("pos",), f"the write is {write.pos.width} positions wide "
                             f"but its operand {write.operand!r} is {source.pos.width}")
+
+
+def _check_magnitudes(dtype: str, write: Write, at: Path) -> None:
+    """V15: every number a write puts into the forward (its params of type number, a literal
+    operand) fits the model's dtype; ``lerp`` with t = 1e308 in fp32 would multiply by inf."""
+    params = MECHANISMS[write.mechanism]["params"]
+    numbers = [(("params", name), value) for name, value in write.params.items()
+               if params[name]["type"] == "number"]
+    if isinstance(write.operand, (int, float)) and not isinstance(write.operand, bool):
+        numbers.append((("operand",), write.operand))
+    for where, value in numbers:
+        if abs(value) > DTYPE_LARGEST[dtype]:
+            raise DocumentError(at + where, f"{value!r} is past the largest {dtype} value "
+                                f"({DTYPE_LARGEST[dtype]:.4g}): the forward would see inf")
 
 
 def _check_write_order(doc: Document, writes: dict[str, Write], at: Path) -> None:

@@ -26,7 +26,7 @@ DICTIONARY = "dictionary"
 def check_steps(doc: Document, entries: dict[str, list[Entry]]) -> None:
     """Walk the steps in written order, publishing outputs as each one finishes."""
     published: dict[str, str] = {}
-    files: dict[tuple[str, str], Path] = {}
+    files: dict[str, Path] = {}
     for s, step in doc.steps.items():
         at = ("steps", s)
         mine = entries.get(s, [])
@@ -168,7 +168,7 @@ def _check_suffix(save: Save, kind: str, at: Path) -> None:
 
 
 def _check_saves(saves: list[Save], produced: dict[str, dict[str, str]], at: Path,
-                 files: dict[tuple[str, str], Path], nested: bool = False) -> None:
+                 files: dict[str, Path], nested: bool = False) -> None:
     """Value produced here, extension, containment, collisions; ``nested``: a list step,
     whose saves land in ``<step>/<entry>/``."""
     for j, save in enumerate(saves):
@@ -179,10 +179,20 @@ def _check_saves(saves: list[Save], produced: dict[str, dict[str, str]], at: Pat
         directory = f"{at[1]}/{entry}" if nested else ""
         if not directory and name in RESERVED:
             raise DocumentError(here + ("file_path",), f"{name} is written by the run itself")
-        if (directory, name) in files:
-            first = ".".join(str(p) for p in files[(directory, name)])
-            raise DocumentError(here + ("file_path",), f"{name} is already written by {first}")
-        files[(directory, name)] = here
+        _check_collision(posixpath.join(directory, name), here + ("file_path",), files)
+
+
+def _check_collision(full: str, at: Path, files: dict[str, Path]) -> None:
+    """V28: two saves of the point writing one file, or one's file where the other needs a
+    folder, whichever steps they sit in (a list step's ``<step>/<entry>/`` included)."""
+    for other, first in files.items():
+        if full == other or full.startswith(other + "/") or other.startswith(full + "/"):
+            where = ".".join(str(p) for p in first)
+            if full == other:
+                raise DocumentError(at, f"{full} is already written by {where}")
+            clash = "lies inside" if len(full) > len(other) else "would hold"
+            raise DocumentError(at, f"{full} {clash} {other}, which {where} writes")
+    files[full] = at
 
 
 def _contained(file_path: str, at: Path) -> str:

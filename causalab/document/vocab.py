@@ -15,6 +15,7 @@ IDENTITY = "identity"  # the implicit featurizer; never declared
 FEATURIZERS_NODE = "featurizers"  # the compiler's node ahead of the steps; no step may take it
 
 DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
+DTYPE_LARGEST = {"fp32": 3.4028234663852886e38, "bf16": 3.3895313892515355e38}  # past it: inf
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 STEP_KINDS = ("observe", "fit", "weights", "attribute")
 VIEWS = ("raw", "logits")
@@ -395,6 +396,5 @@ def vocab_payload() -> dict:
         "sae_architectures": {k: {key: (list(v) if isinstance(v, tuple) else v)
                                   for key, v in r.items()}
                               for k, r in SAE_ARCHITECTURES.items()},
-        "saelens_hooks": dict(SAELENS_HOOKS),
-        "max_points": MAX_POINTS,
+        "saelens_hooks": dict(SAELENS_HOOKS), "max_points": MAX_POINTS,
     }

@@ -17,6 +17,11 @@ from causalab.compile.plan import MetricOp
 from causalab.errors import RunError
 
 
+# The reason a table gives a row that was placed and had every column, yet whose logits came
+# back NaN or Inf (docs/format.md §7.9).
+NON_FINITE = "non_finite"
+
+
 def _wide(logits: torch.Tensor) -> torch.Tensor:
     """Half-precision logits are scored in float32; a softmax over a vocabulary needs it."""
     return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
@@ -84,7 +89,24 @@ def score(metric: MetricOp, logits_rows: torch.Tensor, placed_rows: Sequence[int
     ids = [torch.tensor([column[row] for row in rows], dtype=torch.long, device=logits.device)
            for column in metric.token_ids]
     index = torch.tensor(local, dtype=torch.long, device=logits.device)
-    return METRICS[metric.kind](logits.index_select(0, index), *ids), rows
+    picked = logits.index_select(0, index)
+    values = METRICS[metric.kind](picked, *ids)
+    return _finite(metric, values, picked, rows)
+
+
+def _finite(metric: MetricOp, values: torch.Tensor, logits: torch.Tensor, rows: tuple[int, ...]
+            ) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """The rows whose logits hold no NaN and whose value is finite: a write that overflowed
+    the dtype leaves rows no number describes, so they are excluded (``NON_FINITE`` in the
+    table), never scored as null or averaged into a NaN; none left is R3."""
+    good = torch.isfinite(values) & ~torch.isnan(logits).any(-1)
+    if bool(good.all()):
+        return values, rows
+    keep = good.nonzero()[:, 0]
+    if keep.numel() == 0:
+        raise RunError((metric.name,), f"every eligible row's {metric.of!r} is NaN or Inf, so "
+                       "no row can be scored: a write overflowed the model's dtype (R3)")
+    return values.index_select(0, keep), tuple(rows[i] for i in keep.tolist())
 
 
 def metric_table(metric: MetricOp, values: torch.Tensor | Sequence[float], eligible: Sequence[int],
@@ -95,23 +117,26 @@ def metric_table(metric: MetricOp, values: torch.Tensor | Sequence[float], eligi
 
     ``values[j]`` belongs to row ``eligible[j]``. ``positions`` is each row's window of the
     metric's read, or None when the pass had no dynamic position; ``reasons`` each row's
-    position reason (None: every row placed). ``name`` overrides the saved value's name.
+    position reason (None: every row placed); a placed, filled row left unscored is
+    ``NON_FINITE``. ``name`` overrides the saved value's name.
     """
     if isinstance(values, torch.Tensor):
         values = values.detach().cpu().tolist()
-    by_row = dict(zip((int(row) for row in eligible), values))
+    by_row = {int(row): value for row, value in zip(eligible, values) if math.isfinite(value)}
+    columns = set(metric.eligible)
     table = []
     for row, example_id in enumerate(example_ids):
         value = by_row.get(row)
-        if value is not None and not math.isfinite(value):
-            value = None
+        reason = "" if reasons is None else reasons[row]
+        if value is None and not reason and row in columns:
+            reason = NON_FINITE  # placed and filled, and still no number: see _finite
         table.append({
             "example_id": str(example_id),
             "metric": metric.name if name is None else name,
             "value": None if value is None else float(value),
-            "eligible": row in by_row,
+            "eligible": value is not None,
             "positions": None if positions is None else [int(p) for p in positions[row]],
-            "reason": "" if reasons is None else reasons[row],
+            "reason": reason,
             "unit": metric.unit,
             "estimand_version": metric.estimand_version,
             "produced_by": produced_by,

@@ -57,7 +57,8 @@ def _replace(target: Path, data: bytes, folder: int | None) -> str:
     name = f".{target.name}.{secrets.token_hex(6)}.part"
     place = {"dir_fd": folder} if folder is not None else {}
     temporary = name if folder is not None else str(target.parent / name)
-    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+    # 0o666 less the umask, as any file the user writes: group-readable under umask 002
+    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666,
                      **place)
     try:
         with os.fdopen(handle, "wb") as stream:

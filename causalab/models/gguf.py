@@ -21,7 +21,7 @@ from typing import Callable
 from causalab.errors import ModelError
 from causalab.models import bars
 from causalab.models.digest import directory_digest, write_record
-from causalab.models.staging import publish
+from causalab.models.staging import publish, staging_folder
 
 _KEY = ("model", "key")
 _CHUNK = 1 << 22
@@ -64,7 +64,7 @@ def materialise(digest: str, root: Path, source: Callable[[Path], Path],
         return final, False
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale(root, final.name)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+    staging = staging_folder(root, final.name)
     try:
         dequantize(source(staging), staging)
         shutil.rmtree(staging / SOURCE_FOLDER, ignore_errors=True)
@@ -73,7 +73,6 @@ def materialise(digest: str, root: Path, source: Callable[[Path], Path],
             raise ModelError(("model", "revision"), f"dequantizing {final.name} gave revision "
                                                     f"{actual}, the registry pins {expected}")
         write_record(staging, actual)
-        os.chmod(staging, 0o755)
         publish(staging, final, "config.json")
     finally:
         shutil.rmtree(staging, ignore_errors=True)

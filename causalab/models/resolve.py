@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from causalab.errors import ModelError, reason
 from causalab.files import causalab_home
-from causalab.models.staging import publish
+from causalab.models.staging import publish, staging_folder
 from causalab.models.digest import (directory_digest, looks_like_digest, recorded,
                                     write_record)
 from causalab.models.json_files import read_json
@@ -107,7 +106,7 @@ def _materialise(name: str, entry: dict, revision: str | None, home: str | None)
             _trusted(cached, wanted)
             return cached, wanted
     root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    staging = staging_folder(root, name)
     try:
         from causalab.models.build import build
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -244,3 +245,41 @@ def test_the_same_ref_for_fit_and_eval_is_allowed(compile_doc, patching):
     doc = fit_document(patching)
     doc["steps"]["fit"]["eval"]["rows"] = dict(doc["steps"]["fit"]["rows"])
     assert compile_doc(doc).children[1].eval.rows == 2
+
+
+def _with_base_input(data_root, name: str, text: str) -> str:
+    """``name`` (a table like days.json whose row Fri-Sun has ``text`` as its input)."""
+    rows = json.loads((data_root / "days.json").read_text())
+    rows[1]["input"] = text
+    (data_root / f"{name}.json").write_text(json.dumps(rows))
+    return f"{name}#train"
+
+
+def test_a_prompt_past_the_checkpoints_positions_is_refused_at_compile_naming_its_row(
+        compile_doc, patching, data_root, builtin):
+    positions = builtin["llama"][1].max_position_embeddings
+    text = "If today is Friday" + ", tomorrow is" * positions
+    patching["steps"]["patch"]["rows"]["base"] = _with_base_input(data_root, "long", text)
+    error = refused(compile_doc, patching)
+    assert error.path == ("steps", "patch", "rows", "base")
+    assert "Fri-Sun" in error.message and str(positions) in error.message
+
+
+def test_a_fifty_megabyte_prompt_is_refused_from_its_head_in_one_line(compile_doc, patching,
+                                                                      data_root):
+    text = "Friday " * (50 * 2 ** 20 // 7)
+    patching["steps"]["patch"]["rows"]["base"] = _with_base_input(data_root, "huge", text)
+    started = time.monotonic()
+    error = refused(compile_doc, patching)
+    assert error.path == ("steps", "patch", "rows", "base")
+    assert "Fri-Sun" in error.message and "\n" not in error.message
+    assert time.monotonic() - started < 30  # the head is tokenized, not 50 MB
+
+
+def test_a_data_table_nested_a_hundred_thousand_deep_is_refused_naming_its_file(
+        compile_doc, patching, data_root):
+    (data_root / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    patching["steps"]["patch"]["rows"]["base"] = "deep"
+    error = refused(compile_doc, patching)
+    assert error.path == ("steps", "patch", "rows", "base")
+    assert "deep.json" in error.message and "\n" not in error.message

@@ -8,7 +8,7 @@ import pytest
 
 from causalab.document import load_json, validate
 from causalab.errors import CausalabError, DocumentError
-from document_examples import dbm, das, decode_probe, patching, point
+from document_examples import TRAIN, dbm, das, decode_probe, patching, point
 
 IV = ("interventions", "patch")
 DAS = ("interventions", "das")
@@ -68,6 +68,19 @@ def _list_step(doc: dict) -> None:
     step["interventions"] = ["patch", "other"]
     step["outputs"] = {}
     step["saves"] = [{"value": "iia", "file_path": "iia.json"}]
+
+
+def _root_save_into_a_list_entry(doc: dict, root_path: str) -> None:
+    """A list step ``compare`` saving ``iia.json`` (into ``compare/patch/``), then a root step
+    saving ``root_path``."""
+    doc["interventions"]["other"] = json.loads(json.dumps(_patch(doc)))
+    doc["steps"] = {
+        "compare": {"kind": "observe", "interventions": ["patch", "other"],
+                    "rows": {"base": TRAIN, "counterfactual": TRAIN},
+                    "saves": [{"value": "patch/iia", "file_path": "iia.json"}]},
+        "root": {"kind": "observe", "interventions": "patch",
+                 "rows": {"base": TRAIN, "counterfactual": TRAIN},
+                 "saves": [{"value": "iia", "file_path": root_path}]}}
 
 
 def _second_publisher(doc: dict) -> None:
@@ -303,6 +316,14 @@ CASES += [
                                                        "mechanism": "gaussian",
                                                        "params": {"seed": 1.0}}),
           IV + ("writes", "patch", "params")),
+    _case("V15", "lerp_weight_past_fp32", patching,
+          lambda d: _set(d, IV + ("writes", "patch"), {"site": "target", "pos": -1,
+                                                       "mechanism": "lerp", "operand": "v_cf",
+                                                       "params": {"t": 1e308}}),
+          IV + ("writes", "patch", "params", "t")),
+    _case("V15", "literal_operand_past_fp32", patching,
+          lambda d: _set(d, IV + ("writes", "patch", "operand"), -1e39),
+          IV + ("writes", "patch", "operand")),
     _case("V15", "operand_on_renormalize", patching,
           lambda d: _set(d, IV + ("writes", "patch", "mechanism"), "renormalize"),
           IV + ("writes", "patch", "operand")),
@@ -466,6 +487,12 @@ CASES += [
           ("steps", "score", "saves", 0, "file_path")),
     _case("V28", "ambiguous_bare_name", patching, _list_step,
           ("steps", "patch", "saves", 0, "value")),
+    _case("V28", "root_save_onto_a_list_entry_save", patching,
+          lambda d: _root_save_into_a_list_entry(d, "compare/patch/iia.json"),
+          ("steps", "root", "saves", 0, "file_path")),
+    _case("V28", "root_save_inside_a_list_entry_file", patching,
+          lambda d: _root_save_into_a_list_entry(d, "compare/patch/iia.json/deeper.json"),
+          ("steps", "root", "saves", 0, "file_path")),
 ]
 
 
@@ -505,3 +532,9 @@ def test_every_rule_of_the_validate_table_has_a_case():
 def test_a_refusal_speaks_of_json_types_never_of_the_schema_s_classes(path, value, message):
     # pydantic's "a valid dictionary or instance of ModelSpec" named a Python class.
     assert _refusal(patching, lambda d: _set(d, path, value)).message == message
+
+
+def test_a_write_number_the_dtype_holds_is_accepted_however_large():
+    doc = patching()
+    _patch(doc)["writes"]["patch"].update(mechanism="lerp", params={"t": 1e20})
+    assert validate(doc)

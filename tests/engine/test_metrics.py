@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from causalab.compile.plan import MetricOp
-from causalab.engine.metrics import METRICS, metric_table, score
+from causalab.engine.metrics import METRICS, NON_FINITE, metric_table, score
 from causalab.errors import RunError
 
 LOGITS = torch.tensor([[2.0, -1.0, 0.5, 3.0],
@@ -110,9 +110,9 @@ def test_the_table_has_one_row_per_example_including_excluded_ones():
                          example_ids=["a", "b", "c", "d"], produced_by="f" * 64)
     assert [row["example_id"] for row in table] == ["a", "b", "c", "d"]
     assert [row["value"] for row in table] == [0.5, None, None, None]
-    assert [row["eligible"] for row in table] == [True, False, False, True]
+    assert [row["eligible"] for row in table] == [True, False, False, False]
     assert [row["positions"] for row in table] == [[9], [8], [], [9]]
-    assert [row["reason"] for row in table] == ["", "", "alignment_missing", ""]
+    assert [row["reason"] for row in table] == ["", "", "alignment_missing", NON_FINITE]
     assert list(table[0]) == ["example_id", "metric", "value", "eligible", "positions", "reason",
                               "unit", "estimand_version", "produced_by"]
     assert {(r["metric"], r["unit"], r["estimand_version"], r["produced_by"]) for r in table} == \
@@ -120,9 +120,37 @@ def test_the_table_has_one_row_per_example_including_excluded_ones():
 
 
 def test_a_pass_without_dynamic_positions_writes_null_positions_and_empty_reasons():
-    table = metric_table(_metric(), [1.0, 2.0], (0, 1), None, None, ["0", "1", "2"], "d",
-                         name="steer/iia")
+    table = metric_table(_metric(eligible=(0, 1)), [1.0, 2.0], (0, 1), None, None,
+                         ["0", "1", "2"], "d", name="steer/iia")
     assert [row["positions"] for row in table] == [None, None, None]
     assert [row["reason"] for row in table] == ["", "", ""]
     assert [row["value"] for row in table] == [1.0, 2.0, None]
     assert table[0]["metric"] == "steer/iia"
+
+
+def test_rows_whose_logits_overflowed_are_excluded_as_non_finite_never_scored_as_null():
+    # A write that overflowed the dtype: row 1's logits are NaN, row 2's hold +inf, so its
+    # logit difference is inf - inf. Only row 0 is a number; the mean a run logs is its value.
+    logits = torch.tensor([[1.0, 2.0, 3.0, 4.0],
+                           [float("nan")] * 4,
+                           [float("inf"), 0.0, 0.0, float("inf")]])
+    metric = _metric(eligible=(0, 1, 2), token_ids=((0, 0, 0), (3, 3, 3)))
+    values, rows = score(metric, logits, (0, 1, 2))
+    assert rows == (0,) and values.tolist() == [1.0 - 4.0]
+    table = metric_table(metric, values, rows, None, None, ["a", "b", "c"], "d")
+    assert [(r["value"], r["eligible"], r["reason"]) for r in table] == [
+        (-3.0, True, ""), (None, False, NON_FINITE), (None, False, NON_FINITE)]
+
+
+def test_a_match_on_nan_logits_is_excluded_though_its_argmax_is_a_number():
+    logits = torch.tensor([[0.0, 5.0, 0.0, 0.0], [float("nan")] * 4])
+    metric = _metric(kind="match", eligible=(0, 1), columns=("expected",), token_ids=((1, 1),))
+    values, rows = score(metric, logits, (0, 1))
+    assert rows == (0,) and values.tolist() == [1.0]
+
+
+def test_a_metric_whose_every_row_overflowed_is_refused_at_the_metric():
+    logits = torch.full((2, 4), float("nan"))
+    with pytest.raises(RunError) as caught:
+        score(_metric(eligible=(0, 1), token_ids=((0, 0), (1, 1))), logits, (0, 1))
+    assert caught.value.path == ("iia",)

@@ -5,7 +5,9 @@ exercised; no model is loaded into nnterp.
 """
 from __future__ import annotations
 
+import os
 import shutil
+import stat
 
 import pytest
 from safetensors.torch import load_file, save_file
@@ -67,3 +69,21 @@ def test_writing_a_built_in_draws_no_transformers_bar_and_leaves_bars_as_they_we
         assert (tmp_path / "model.safetensors").is_file() and hf_logging.is_progress_bar_enabled()
     finally:
         (hf_logging.enable_progress_bar if before else hf_logging.disable_progress_bar)()
+
+
+@pytest.mark.parametrize("umask, file_mode, folder_mode",
+                         [(0o002, 0o664, 0o775), (0o077, 0o600, 0o700)],
+                         ids=["group_shared", "private"])
+def test_a_built_in_materialised_into_a_fresh_cache_follows_the_umask_weights_included(
+        tmp_path, umask, file_mode, folder_mode):
+    previous = os.umask(umask)
+    try:
+        resolved = resolve("causalab:tiny-llama", home=str(tmp_path / "home"))
+    finally:
+        os.umask(previous)
+    made = sorted((tmp_path / "home").rglob("*"))
+    assert any(path.name == "model.safetensors" for path in made)
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in made if p.is_file()} == \
+        {p.name: file_mode for p in made if p.is_file()}
+    assert {stat.S_IMODE(p.stat().st_mode) for p in made if p.is_dir()} == {folder_mode}
+    assert resolved.path.startswith(str(tmp_path / "home"))
