@@ -77,14 +77,17 @@ def _run_claimed(raw: dict, plan, points: list, *, out: str, batch_size: int | N
     from causalab.engine import record
 
     events.run_start(raw, points)
-    written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
     verdicts = _leading_verdicts(events, points)
-    if any(verdicts.values()):
-        saves, engine, dtype = _run_points(plan, points, verdicts, out=out, events=events,
-                                           batch_size=batch_size, device_map=device_map,
-                                           resume_mib=resume_mib)
-    else:  # every point was done before: no model loads, no tensor library is imported
-        saves, engine, dtype = [], ENGINE, DTYPES[(plan.model or points[0].model).dtype]
+    model = None
+    if any(verdicts.values()):  # else every point was done before: no model, no torch
+        from causalab.engine.load import load_model
+
+        model = load_model(plan.model or points[0].model, device_map=device_map)
+    written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
+    saves, engine, dtype = [], ENGINE, DTYPES[(plan.model or points[0].model).dtype]
+    if model is not None:
+        saves, engine, dtype = _run_points(model, points, verdicts, out=out, events=events,
+                                           batch_size=batch_size, resume_mib=resume_mib)
     written.append(record.write_run_record(out, engine, batch_size, dtype))
     written += saves
     events.run_end(written)
@@ -105,15 +108,14 @@ def _leading_verdicts(events, points: list) -> dict[int, bool]:
     return verdicts
 
 
-def _run_points(plan, points: list, verdicts: dict[int, bool], *, out: str, events,
-                batch_size: int | None, device_map: str, resume_mib: int | None):
-    """Load the model and run every fused group: ``(saves, engine name, served dtype)``;
-    the first error is raised once every point has run."""
+def _run_points(model, points: list, verdicts: dict[int, bool], *, out: str, events,
+                batch_size: int | None, resume_mib: int | None):
+    """Run every fused group on ``model``: ``(saves, engine name, served dtype)``; the first
+    error is raised once every point has run."""
     from causalab.engine.cache import DocumentCache
-    from causalab.engine.load import load_model, served_dtype
+    from causalab.engine.load import served_dtype
     from causalab.engine.planner import alike_later, groups
 
-    model = load_model(plan.model or points[0].model, device_map=device_map)
     saves: list[str] = []
     cache = DocumentCache(None if resume_mib is None else resume_mib * 2 ** 20)
     failed: Exception | None = None
