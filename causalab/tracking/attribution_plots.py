@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 from causalab.tracking import plots
 from causalab.tracking import runs as store
 from causalab.tracking.naming import is_score, split_score
+from causalab.tracking.summary import plain
 
 TAG = "causalab.attribution"
 FOLDER = "attribution"
@@ -66,43 +67,16 @@ def log_grids(mlflow, run_id: str, grids: Mapping[str, Mapping[str, list]], *,
     store.log_batch(mlflow, run_id, tags={TAG: json.dumps(sorted(grids))})
 
 
-def _label(value: Any) -> Any:
-    """A coordinate as a point label shows it: ``[3]`` is 3, ``"-1"`` is -1."""
-    if isinstance(value, (list, tuple)) and len(value) == 1:
-        value = value[0]
-    if isinstance(value, Mapping) and "index" in value:
-        value = value["index"]
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    return value
-
-
 def _unit(coordinates: Mapping[str, Any]) -> tuple:
     """A unit's identity across runs: its layer, head, feature and position, as labels show them."""
-    return tuple((name, _label(coordinates[name])) for name in _UNIT_AXES if name in coordinates)
-
-
-def _ranks(values: Sequence[float]) -> list[float]:
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    start = 0
-    while start < len(order):
-        end = start
-        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
-            end += 1
-        for k in range(start, end + 1):
-            ranks[order[k]] = (start + end) / 2
-        start = end + 1
-    return ranks
+    return tuple((name, plain(coordinates[name])) for name in _UNIT_AXES if name in coordinates)
 
 
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
     """Rank correlation, ties at their mean rank; NaN for fewer than two distinct values."""
-    rx, ry = _ranks(xs), _ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    var = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
-    return cov / var if var else math.nan
+    import pandas
+
+    return float(pandas.Series(list(xs)).rank().corr(pandas.Series(list(ys)).rank()))
 
 
 def pairs(exact: Sequence[plots.Point], estimated: Mapping[str, list]) -> dict[str, list]:

@@ -48,29 +48,6 @@ EXACT = {"heads": "ioi_head_patching", "layers": "ioi_layer_sweep"}
 ATTRIBUTION = {"heads": "ioi_head_attribution", "layers": "ioi_layer_attribution"}
 
 
-def _ranks(values: list[float]) -> list[float]:
-    """Ranks from 1, ties sharing their mean rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
-def spearman(xs: list[float], ys: list[float]) -> float:
-    rx, ry = _ranks(xs), _ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
-    return cov / var
-
-
 def _end_only(value):
     """The layer sweep's named position axis fixed at END."""
     if isinstance(value, dict):
@@ -145,6 +122,8 @@ def _subset(every: int, root: Path) -> str:
 
 
 def _report(sweep: str, name: str, exact: dict, estimate: dict, ratio: float, seconds: tuple):
+    from causalab.tracking.attribution_plots import spearman
+
     units = sorted(exact)
     rho = spearman([exact[u] for u in units], [estimate[u] for u in units])
     top = sorted(units, key=lambda u: -exact[u])
