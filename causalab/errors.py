@@ -59,9 +59,9 @@ def format_path(path: Iterable[PathPart]) -> str:
 def reason(error: BaseException) -> str:
     """A library error's own sentence, without its class name: the innermost cause's first line
     (transformers wraps a config's complaint in a dataclass validation error)."""
-    while error.__cause__ is not None:
+    while error.__cause__ is not None and type(error.__cause__).__name__ != "_RemoteTraceback":
         error = error.__cause__
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    lines = [line.strip() for line in str(error).splitlines() if any(c.isalpha() for c in line)]
     return lines[0] if lines else type(error).__name__
 
 

@@ -38,6 +38,8 @@ class Context:
     published: dict[str, dict] = field(default_factory=dict)
     # What the points of one compile share (``_shared``): row tables and prompt batches.
     shared: dict = field(default_factory=dict)
+    # The data files this point's passes read (its resume key covers them: compile/inputs.py).
+    tables: set = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ def _tables(rows: dict, roles: list[str], path: tuple, ctx: Context) -> dict[str
     tables = {role: _shared(ctx, ("rows", rows[role], path + (role,)),
                             lambda role=role: load_rows(rows[role], ctx.data_root, path + (role,)))
               for role in roles}
+    ctx.tables.update(t.file for t in tables.values())
     counts = {role: len(t.rows) for role, t in tables.items()}
     for role, count in counts.items():
         if count != counts[roles[0]]:
@@ -262,4 +265,6 @@ def build_pass(entry: Entry, rows: dict, rows_path: tuple, ctx: Context) -> Pass
 
 def pass_tables(rows: dict, ctx: Context, path: tuple) -> dict[str, Table]:
     """The tables a rows mapping selects, for checks that compare two mappings (C18)."""
-    return {role: load_rows(ref, ctx.data_root, path + (role,)) for role, ref in rows.items()}
+    tables = {role: load_rows(ref, ctx.data_root, path + (role,)) for role, ref in rows.items()}
+    ctx.tables.update(t.file for t in tables.values())
+    return tables

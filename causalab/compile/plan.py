@@ -330,6 +330,9 @@ class Plan:
     digest: str | None = None
     document: dict | None = None
     coordinates: dict[str, Any] = field(default_factory=dict)
+    # What the point reads besides its document, name -> digest (compile/inputs.py): run
+    # state for the resume key, like ``results`` not part of the plan a reader is shown.
+    input_digests: dict[str, str] = field(default_factory=dict, compare=False)
     results: dict = field(default_factory=_results, compare=False)
 
 
@@ -340,7 +343,8 @@ _NODES = {cls.__name__: cls for cls in (
 )}
 
 # Each node class's fields in order, once: looked up per node instead of asked of dataclasses.
-_SERIALISED = {cls: tuple(f.name for f in dataclasses.fields(cls) if f.name != "results")
+_SERIALISED = {cls: tuple(f.name for f in dataclasses.fields(cls)
+                          if f.name not in ("results", "input_digests"))
                for cls in _NODES.values()}
 _LEAVES = frozenset({str, int, float, bool, type(None)})
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from causalab.compile.addresses import facts, resolve_address
 from causalab.compile.featurizers import featurizers_node
+from causalab.compile.inputs import inputs_of
 from causalab.compile.passes import Context
 from causalab.compile.plan import ModelRef, Plan
 from causalab.compile.prompts import RememberingTokenizer
@@ -64,9 +65,11 @@ def compile_point(point, document: Document | None, *, model: ModelRef, config: 
     children = [node] if node else []
     for name, step in document.steps.items():
         children.extend(step_nodes(name, step, ctx, point.label))
+    bundles = [spec.file_path for spec in (node.featurizers if node else ()) if spec.file_path]
     return Plan(name=point.label or "<root>", directory=point.label, children=tuple(children),
                 model=model, digest=digest, document=raw,
-                coordinates={k: _frozen(v) for k, v in point.coordinates.items()})
+                coordinates={k: _frozen(v) for k, v in point.coordinates.items()},
+                input_digests=inputs_of(ctx.tables, data_root, bundles))
 
 
 def _frozen(value: Any) -> Any:

@@ -190,16 +190,22 @@ def resolver(tracking_uri: str | None = None):
     return _resolve
 
 
-def log_files(mlflow, run_id: str, files: list[tuple[str, str]]) -> None:
-    """Log ``(local path, artifact path)`` pairs; a directory part becomes the artifact folder."""
+def log_files(mlflow, run_id: str, files: list[tuple[str, str]]) -> dict[str, int]:
+    """Log ``(local path, artifact path)`` pairs; a directory part becomes the artifact folder.
+    Returns what was sent, ``stored path -> size`` (what :mod:`~causalab.tracking.stored`
+    reads back before the run may end FINISHED)."""
     repository = _repository(run_id)
+    sent: dict[str, int] = {}
     for local, artifact in files:
         folder = str(Path(artifact).parent)
         folder = None if folder in ("", ".") else folder
+        size = os.stat(local).st_size
         if repository is None:
             mlflow.log_artifact(run_id, local, folder)
         else:
             repository.log_artifact(local, folder)
+        sent[str(PurePosixPath(folder or "", Path(local).name))] = size
+    return sent
 
 
 def _repository(run_id: str):
@@ -212,12 +218,12 @@ def _repository(run_id: str):
     return get_artifact_repository(location[0], tracking_uri=location[1])
 
 
-def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> None:
-    """Log in-memory bytes (a PNG) under ``artifact``."""
+def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> dict[str, int]:
+    """Log in-memory bytes (a PNG) under ``artifact``; returns what was sent."""
     with tempfile.TemporaryDirectory(prefix="causalab-artifact-") as staging:
         local = Path(staging) / Path(artifact).name
         local.write_bytes(data)
-        log_files(mlflow, run_id, [(str(local), artifact)])
+        return log_files(mlflow, run_id, [(str(local), artifact)])
 
 
 def download_run(mlflow, run_id: str, destination: str) -> list[str]:
@@ -239,9 +245,9 @@ def download_run(mlflow, run_id: str, destination: str) -> list[str]:
 
 
 def log_loss_curve(mlflow, run_id: str, artifact: str, losses: list, evals: list, *,
-                   title: str, eval_name: str) -> None:
+                   title: str, eval_name: str) -> dict[str, int]:
     """Draw a fit's loss curve (:func:`causalab.tracking.plots.loss_curve`) and log it."""
     from causalab.tracking import plots
 
     png = plots.loss_curve(losses, evals, title=title, eval_name=eval_name)
-    log_bytes(mlflow, run_id, png, artifact)
+    return log_bytes(mlflow, run_id, png, artifact)

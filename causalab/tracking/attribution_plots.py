@@ -53,18 +53,22 @@ def _points(step: str, grid: Mapping[str, list]) -> list[plots.Point]:
 
 
 def log_grids(mlflow, run_id: str, grids: Mapping[str, Mapping[str, list]], *,
-              title: str) -> None:
-    """A point's attribute steps: their heatmaps or curves, their grids, and the tag."""
+              title: str) -> dict[str, int]:
+    """A point's attribute steps: their heatmaps or curves, their grids, and the tag; returns
+    what was sent."""
     from causalab.tracking import artifacts
 
     prefix = len(grids) > 1
+    sent: dict[str, int] = {}
     for step, grid in grids.items():
         for name, png in plots.sweep_plots(_points(step, grid), title=title).items():
             folder, file = name.rsplit("/", 1)
-            artifacts.log_bytes(mlflow, run_id, png, f"{folder}/{step}_{file}" if prefix else name)
+            sent.update(artifacts.log_bytes(mlflow, run_id, png,
+                                            f"{folder}/{step}_{file}" if prefix else name))
         text = json.dumps({m: [[c, v] for c, v in cells] for m, cells in grid.items()})
-        artifacts.log_bytes(mlflow, run_id, text.encode(), f"{FOLDER}/{step}.json")
+        sent.update(artifacts.log_bytes(mlflow, run_id, text.encode(), f"{FOLDER}/{step}.json"))
     store.log_batch(mlflow, run_id, tags={TAG: json.dumps(sorted(grids))})
+    return sent
 
 
 def _unit(coordinates: Mapping[str, Any]) -> tuple:
@@ -170,4 +174,5 @@ def send_grids(listener: Any, run: Any, point: Any) -> None:
     grids to its run, in the listener's lane, after the point's files."""
     grids = grids_of(point)
     if grids:
-        listener.lane.send(lambda: listener.call(log_grids, run.run_id, grids, title=run.title))
+        listener.lane.send(lambda: run.sending(listener.call, log_grids, run.run_id, grids,
+                                               title=run.title))

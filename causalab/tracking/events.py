@@ -27,18 +27,19 @@ its KILLED ends only while the store keeps answering (``STALL_S``).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 from causalab.engine.events import Events
-from causalab.errors import Path as JsonPath, TrackingError, UsageError
+from causalab.errors import CausalabError, Path as JsonPath, TrackingError, UsageError, reason
 from causalab.files import RUN_RECORD
-from causalab.tracking import artifacts, attribution_plots, naming, owners, plots
+from causalab.tracking import artifacts, attribution_plots, naming, owners, plots, stored
 from causalab.tracking import points as facts
 from causalab.tracking import runs as store
 from causalab.tracking.background import Lane, Stalled
 from causalab.tracking.points import PointRun
-from causalab.tracking.reach import Unanswered, reach, source_of
+from causalab.tracking.reach import StoreRefused, Unanswered, reach, source_of
 from causalab.tracking.worker import worker
 from causalab.tracking.writes import StoreWrites
 
@@ -94,6 +95,7 @@ class TrackingEvents(StoreWrites, Events):
         self._swept = False
         self._held = False
         self._done_runs: dict[str, str] = {}
+        self._not_done: dict[str, str] = {}
         self._open: dict[int, PointRun] = {}
         self._ended: list[PointRun] = []
         self._deferred: PointRun | None = None
@@ -142,7 +144,19 @@ class TrackingEvents(StoreWrites, Events):
         block) before reading the run back from the store. ``stall_s``: raise ``Stalled``
         once no call has ended for that long."""
         if self._lane is not None:
-            self._lane.close(stall_s)
+            try:
+                self._lane.close(stall_s)
+            except StoreRefused as error:
+                raise TrackingError(source_of(self.uri_option), (
+                    f"{error.message}; the run's files are in {self.out}, and a rerun "
+                    "stores what this one could not")) from None
+            except (CausalabError, Stalled):
+                raise
+            except Exception as error:  # any other failure of the store, still one line
+                raise TrackingError(source_of(self.uri_option), (
+                    f"the tracking store at {self.uri} failed: {reason(error)}; the run's "
+                    f"files are in {self.out}, and a rerun stores what this one could not")
+                ) from None
             self._lane = None
 
     def _tags(self, kind: str, point: Any = None) -> dict[str, str]:
@@ -168,11 +182,14 @@ class TrackingEvents(StoreWrites, Events):
         varied = plots.varied([getattr(p, "coordinates", None) or {} for p in points])
         self._title = plots.title_of(getattr(first, "document", None) or document, varied)
         digests = [p.digest for p in points if getattr(p, "digest", None)]
+        wanted = {p.digest: dict(getattr(p, "input_digests", None) or {})
+                  for p in points if getattr(p, "digest", None)}
         if not self._held:  # the run computes now: its bookkeeping waits (Lane.hold)
             self.lane.hold()
             self._held = True
         if not self.rerun:  # which points are done decides what runs: the one wait
-            self._done_runs = self.call(store.finished_runs, self.experiment_id, digests)
+            self._done_runs, self._not_done = self.call(stored.done_runs, self.experiment_id,
+                                                        wanted)
         self._swept = len(points) > 1 or any(getattr(p, "coordinates", None) for p in points)
         sweep = digest(document) if self._swept else None
         # What a killed earlier run of this document left RUNNING ends KILLED first.
@@ -189,11 +206,16 @@ class TrackingEvents(StoreWrites, Events):
             self.skipped[label] = found
             self.lane.send(self._reuse, point, label, found)
             return False
+        why = self._not_done.get(getattr(point, "digest", None))
+        if why:  # an earlier run of this document is not this point's result: say why
+            print(f"rerunning {label or '<root>'}: {why}", file=sys.stderr)
         name = label if self._swept else (self.run_name or label or "point")
         tags = self._tags("point", point)
         coordinates = dict(getattr(point, "coordinates", None) or {})
         tags.update({store.PRODUCED_BY: point.digest, store.POINT: label,
-                     store.COORDINATES: json.dumps(coordinates, sort_keys=True, default=str)})
+                     store.COORDINATES: json.dumps(coordinates, sort_keys=True, default=str),
+                     stored.INPUTS: json.dumps(dict(getattr(point, "input_digests", None) or {}),
+                                               sort_keys=True, separators=(",", ":"))})
         run = PointRun(label, facts.steps(point), facts.fits(point),
                        plots.title_of(getattr(point, "document", None)) or self._title)
         run.params = naming.point_params(getattr(point, "document", None), coordinates,
@@ -246,7 +268,8 @@ class TrackingEvents(StoreWrites, Events):
         self._ended = []
         if self._deferred is not None:
             run, self._deferred = self._deferred, None
-            self.lane.send(lambda: self.call(artifacts.log_files, run.run_id, record))
+            self.lane.send(lambda: run.sending(self.call, artifacts.log_files, run.run_id,
+                                               record))
             self.lane.send(self._end_point, run, None)
         if self._swept:
             self.lane.send(self._finish_sweep, written, record)

@@ -4,7 +4,7 @@ Resume skips a point whose digest already has a FINISHED run; a new sweep or mul
 must still show it, or its model or rank silently goes missing there. A link is a small
 FINISHED child of the new parent carrying the original's params, last metric values and
 tags, plus ``causalab.reused_from`` naming the run that holds the files. Resume follows a
-link to its origin (:func:`causalab.tracking.runs.finished_run`), so links never chain.
+link to its origin (:func:`causalab.tracking.stored.done_runs`), so links never chain.
 """
 from __future__ import annotations
 

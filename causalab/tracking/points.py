@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from causalab.errors import reason
 from causalab.files import DOCUMENT
 from causalab.tracking import naming
 from causalab.tracking import runs as store
@@ -33,6 +34,11 @@ class PointRun:
     losses: dict[str, list[float]] = field(default_factory=dict)
     evals: dict[str, list[float]] = field(default_factory=dict)
     finished: bool = False
+    # What reached the store (stored path -> size; metric keys), read back before it ends
+    # FINISHED (tracking/stored.py); why it could not all be sent, once known.
+    sent: dict[str, int] = field(default_factory=dict)
+    keys: set[str] = field(default_factory=set)
+    lost: str | None = None
 
     def score(self, step: str, name: str, mean: float | None, eligible: int) -> None:
         """A step's metric mean (NaN when there is none) and its eligible row count, at the
@@ -65,7 +71,17 @@ class PointRun:
         return key if len(self.fits) <= 1 else f"{step}/{key}"
 
     def add(self, key: str, value: float, step: int) -> None:
-        self.metrics.append(store.metric(key, value, step, int(time.time() * 1000)))
+        point = store.metric(key, value, step, int(time.time() * 1000))
+        self.metrics.append(point)
+        self.keys.add(point.key)
+
+    def sending(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """``call(*args)``, an upload that returns what it sent: kept for the read-back. A
+        failure is kept as the reason the run cannot end FINISHED; the run's end says it."""
+        try:
+            self.sent.update(call(*args, **kwargs) or {})
+        except Exception as error:
+            self.lost = self.lost or getattr(error, "message", None) or reason(error)
 
     def flush(self, call: Callable[..., Any]) -> None:
         """The point's params and every number it buffered, in one request when they fit."""

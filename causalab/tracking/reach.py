@@ -37,6 +37,10 @@ class Unanswered(TrackingError):
     """A store that stopped answering mid-run: MLflow's tries (:data:`DEADLINES`) ran out."""
 
 
+class StoreRefused(TrackingError):
+    """A store that answers but cannot take a write: a full disk, a read-only file system."""
+
+
 def with_deadlines(settings: Mapping[str, str]) -> dict[str, str]:
     """``settings`` (MLflow's environment variables) with :data:`DEADLINES` where unset."""
     return {**DEADLINES, **settings}

@@ -237,21 +237,14 @@ def _tag_values(tags: Mapping[str, Any]) -> dict[str, str]:
     return {_key(k): str(v)[:MAX_TAG_VAL_LENGTH] for k, v in tags.items() if v is not None}
 
 
-def finished_run(mlflow: MlflowClient, experiment: str, produced_by: str) -> str | None:
-    """The id of a FINISHED run in ``experiment`` whose ``causalab.produced_by`` is the digest:
-    the run that computed it, never a link to it (a link names its origin)."""
+def finished_candidates(mlflow: MlflowClient, experiment: str, produced_by: str,
+                        limit: int = 20) -> list:
+    """FINISHED runs in ``experiment`` whose ``causalab.produced_by`` is the digest, newest
+    first: the runs that computed it and links to them (a link names its origin). Which one
+    holds the point's result is :func:`causalab.tracking.stored.done_runs`'s to say."""
     query = (f"tags.`{PRODUCED_BY}` = '{produced_by}' and attributes.status = 'FINISHED'")
-    runs = mlflow.search_runs([experiment], filter_string=query, max_results=1)
-    if not runs:
-        return None
-    return runs[0].data.tags.get(REUSED_FROM) or runs[0].info.run_id
-
-
-def finished_runs(mlflow: MlflowClient, experiment: str, digests: list[str]) -> dict[str, str]:
-    """:func:`finished_run` of each digest that has one, in one call to the worker (MLflow's
-    search has no ``IN`` for tags, so one query per digest)."""
-    found = {d: finished_run(mlflow, experiment, d) for d in dict.fromkeys(digests)}
-    return {d: run_id for d, run_id in found.items() if run_id}
+    return list(mlflow.search_runs([experiment], filter_string=query, max_results=limit,
+                                   order_by=["attributes.start_time DESC"]))
 
 
 def children(mlflow: MlflowClient, experiment: str, parent: str) -> list:

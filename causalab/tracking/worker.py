@@ -20,6 +20,7 @@ answering fails the call as :class:`~causalab.tracking.reach.Unanswered`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing
 import multiprocessing.util
 import os
@@ -169,6 +170,9 @@ def _start() -> None:
     threading.Thread(target=_end_with_parent, name="parent", daemon=True).start()
     # MLflow's tries are its own (reach.DEADLINES); what failed is said once, by the run.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
+    # A store's database errors are raised to the run as well as logged with their traceback
+    # (a full disk wrote hundreds of lines): the raised one is the one said.
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     import mlflow  # noqa: F401
 
 
@@ -209,12 +213,15 @@ def _portable(error: BaseException, uri: str | None) -> BaseException:
     import traceback
 
     from causalab.errors import CausalabError
-    from causalab.tracking.reach import Unanswered
+    from causalab.tracking.reach import StoreRefused, Unanswered
 
     if not isinstance(error, CausalabError):
         why = _unanswered(error, uri)
         if why is not None:
             return Unanswered((), f"the tracking store at {uri} stopped answering ({why})")
+        why = _refused(error)
+        if why is not None:
+            return StoreRefused((), f"the tracking store at {uri} cannot take a write ({why})")
         error.add_note("in the MLflow worker process:\n" + "".join(traceback.format_tb(
             error.__traceback__)).rstrip())
     try:
@@ -222,6 +229,21 @@ def _portable(error: BaseException, uri: str | None) -> BaseException:
         return error
     except Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+_REFUSING = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM}
+
+
+def _refused(error: BaseException) -> str | None:
+    """Why the store cannot take a write, when that is what ``error`` says: its SQLite file
+    (full, read-only, corrupt) or its artifact folder (no space, no permission)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if type(seen).__module__ == "sqlite3" or isinstance(seen, OSError) and seen.errno in _REFUSING:
+            lines = [line.strip() for line in str(seen).splitlines() if line.strip()]
+            return (lines[0] if lines else type(seen).__name__)[:200]
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 _HOST_PREFIX = re.compile(r"^\w+\([^)]*\):\s*")

@@ -12,10 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from causalab.errors import TrackingError
 from causalab.files import DOCUMENT, HYDRA_CONFIG
-from causalab.tracking import artifacts, landing, links, owners
+from causalab.tracking import artifacts, landing, links, owners, stored
 from causalab.tracking import runs as store
 from causalab.tracking.points import PointRun
+from causalab.tracking.reach import source_of
+
+
+class IncompleteStore(RuntimeError):
+    """What a point's run lacks in the store; it ends FAILED with this as its reason."""
 
 
 class StoreWrites:
@@ -64,14 +70,17 @@ class StoreWrites:
                                        self._tags("point", point))
 
     def _upload(self, run: PointRun, files: list) -> None:
-        """Send a point's buffered numbers, its files, its config and its loss plots."""
-        run.flush(self.call)
-        self.call(artifacts.log_files, run.run_id, [f for f in files if Path(f[0]).is_file()])
-        self._log_config(run.run_id)
+        """Send a point's buffered numbers, its files, its config and its loss plots; what
+        reached the store is kept on ``run`` for the read-back at its end."""
+        run.sending(run.flush, self.call)
+        run.sending(self.call, artifacts.log_files, run.run_id,
+                    [f for f in files if Path(f[0]).is_file()])
+        run.sending(self._log_config, run.run_id)
         for step, losses in run.losses.items():
             watched = f"eval/{run.fits.get(step, 'eval')}"
-            self.call(artifacts.log_loss_curve, run.run_id, f"plots/{step}_loss.png", losses,
-                      run.evals.get(step, []), title=f"{run.title} · {step}", eval_name=watched)
+            run.sending(self.call, artifacts.log_loss_curve, run.run_id,
+                        f"plots/{step}_loss.png", losses, run.evals.get(step, []),
+                        title=f"{run.title} · {step}", eval_name=watched)
 
     def _finish_sweep(self, written: list[str], record: list) -> None:
         if self.sweep_run_id is None:
@@ -89,9 +98,9 @@ class StoreWrites:
         self.call(landing.land, self.sweep_run_id, done, title=self._title)
         self._end(self.sweep_run_id, RuntimeError("a point failed") if self.failed else None)
 
-    def _log_config(self, run_id: str) -> None:
+    def _log_config(self, run_id: str) -> dict[str, int]:
         if self.config is None:
-            return
+            return {}
         if self._config_text is None:
             from omegaconf import DictConfig, OmegaConf
 
@@ -99,13 +108,30 @@ class StoreWrites:
             if not isinstance(config, DictConfig):
                 config = OmegaConf.create(config)
             self._config_text = OmegaConf.to_yaml(config, resolve=True)
-        self.call(artifacts.log_bytes, run_id, self._config_text.encode(), HYDRA_CONFIG)
+        return self.call(artifacts.log_bytes, run_id, self._config_text.encode(), HYDRA_CONFIG)
 
     def _end_point(self, run: PointRun, error: BaseException | None) -> None:
+        """End a point's run: FINISHED only once all it sent reads back from the store
+        (:func:`causalab.tracking.stored.finish`), else FAILED with what is missing."""
         if run.run_id is None:
             return
-        if error is not None:
-            self.failed.append(run.run_id)
+        if error is None and run.lost is None:
+            why = self.call(stored.finish, run.run_id, run.sent, sorted(run.keys))
+            if why is None:
+                return
+            error = IncompleteStore(why)
+        elif error is None:
+            error = IncompleteStore(f"not all of the point was stored: {run.lost}")
+        self.failed.append(run.run_id)
+        if isinstance(error, IncompleteStore):
+            refusal = TrackingError(source_of(self.uri_option), (
+                f"point {run.label or '<root>'} (run {run.run_id}) is not FINISHED: {error}; "
+                f"its files are in {self.out}, and a rerun computes it again"))
+            try:
+                self._end(run.run_id, error)
+            except Exception:  # a store that takes nothing more leaves it RUNNING: not done
+                pass
+            raise refusal
         self._end(run.run_id, error)
 
     def _end_sweep(self, error: BaseException, unless_ended: bool = False) -> None:

@@ -19,6 +19,7 @@ from mlflow import MlflowClient
 import causalab
 from causalab.rendering import render
 from causalab.tracking import runs as store
+from causalab.tracking import stored
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = str(REPO / "documents" / "data")
@@ -130,9 +131,10 @@ def test_a_new_parent_asking_for_done_points_links_each_one_with_its_metrics(das
         assert link.data.tags[store.REUSED_FROM] == origin.info.run_id
         assert link.data.metrics["iia/test"] == origin.data.metrics["iia/test"]
         assert link.data.params["k"] == origin.data.params["k"]
-    assert store.finished_run(client, das["experiment_id"],
-                              das["points"]["k=4"].data.tags[store.PRODUCED_BY]) \
-        == das["points"]["k=4"].info.run_id
+    k4 = das["points"]["k=4"]
+    done, _ = stored.done_runs(client, das["experiment_id"], {
+        k4.data.tags[store.PRODUCED_BY]: json.loads(k4.data.tags[stored.INPUTS])})
+    assert done == {k4.data.tags[store.PRODUCED_BY]: k4.info.run_id}
 
 
 def test_the_ui_opens_on_the_runs_table_and_compares_k_with_both_iia_scores(

@@ -1,0 +1,117 @@
+"""A point's run is done only when all of it is stored: its files read back, its inputs unchanged.
+
+Before a point's run ends FINISHED its artifacts are listed back from the store and compared,
+path and size, with what was sent, and its metric keys with the ones it logged; anything short
+(a full disk, a store that lost a file) ends it FAILED naming what is missing. What passed is
+kept on the run as ``causalab.stored``, and what the point read besides its document (its
+data tables and bundles, :mod:`causalab.compile.inputs`) as ``causalab.inputs``. A resume
+lookup takes a FINISHED run as the point's result only when its inputs are the point's and
+its files are still all there; otherwise it says in one line why the point runs again.
+Runs in the tracking worker: every function takes the worker's ``MlflowClient``.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping
+
+from causalab.tracking import runs as store
+
+STORED = "causalab.stored"
+INPUTS = "causalab.inputs"
+_SHOWN = 3  # names a reason lists before "and N more"
+
+
+def listing(mlflow: Any, run_id: str) -> dict[str, int]:
+    """Every artifact of a run, ``path -> size`` in bytes, folders walked."""
+    found: dict[str, int] = {}
+    folders: list[str | None] = [None]
+    while folders:
+        for info in mlflow.list_artifacts(run_id, folders.pop()):
+            if info.is_dir:
+                folders.append(info.path)
+            else:
+                found[info.path] = int(info.file_size or 0)
+    return found
+
+
+def _named(names: list[str]) -> str:
+    shown = ", ".join(names[:_SHOWN])
+    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
+
+
+def shortfall(stored: Mapping[str, int], sent: Mapping[str, int]) -> str | None:
+    """What of ``sent`` (``path -> size``) the store does not hold whole, in words."""
+    missing = sorted(p for p in sent if p not in stored)
+    short = sorted(p for p in sent if p in stored and stored[p] != sent[p])
+    if not missing and not short:
+        return None
+    parts = [f"{len(missing)} of {len(sent)} files missing ({_named(missing)})"] if missing else []
+    parts += [f"{len(short)} stored short ({_named(short)})"] if short else []
+    return "; ".join(parts)
+
+
+def finish(mlflow: Any, run_id: str, sent: Mapping[str, int], metrics: Iterable[str]) -> str | None:
+    """End a point's run FINISHED once what it sent reads back, and return None; else return
+    why not (the caller ends it FAILED with that reason)."""
+    why = shortfall(listing(mlflow, run_id), sent)
+    logged = set(mlflow.get_run(run_id).data.metrics)
+    lost = sorted(set(metrics) - logged)
+    if lost:
+        why = "; ".join(filter(None, [why, f"{len(lost)} metrics not stored ({_named(lost)})"]))
+    if why is not None:
+        return f"not all of the point was stored: {why}"
+    record = {"files": dict(sorted(sent.items())), "metrics": len(set(metrics))}
+    text = json.dumps(record, separators=(",", ":"))
+    if len(text) > store.MAX_TAG_VAL_LENGTH:  # a point of hundreds of files: their count
+        text = json.dumps({"count": len(sent), "bytes": sum(sent.values()),
+                           "metrics": record["metrics"]}, separators=(",", ":"))
+    store.log_batch(mlflow, run_id, tags={STORED: text})
+    store.terminate(mlflow, run_id, "FINISHED")
+    return None
+
+
+def not_done(mlflow: Any, run: Any, inputs: Mapping[str, str]) -> str | None:
+    """Why a FINISHED run is not a point's result (None when it is): inputs that changed since,
+    or files gone from the store. ``run`` is the run that computed it (not a link)."""
+    run_id, tags = run.info.run_id, run.data.tags
+    try:
+        was = json.loads(tags.get(INPUTS) or "null")
+        record = json.loads(tags.get(STORED) or "null")
+    except ValueError:
+        was = record = None
+    if not isinstance(record, dict):
+        return f"run {run_id} has no record that all of it was stored"
+    if was is None and inputs:
+        return f"run {run_id} recorded no digests of what it read"
+    changed = sorted(k for k in set(inputs) | set(was or {}) if (was or {}).get(k) != inputs.get(k))
+    if changed:
+        names = [k.split(":", 1)[-1] for k in changed]
+        return f"{_named(names)} changed since run {run_id}"
+    if len(run.data.metrics) < int(record.get("metrics", 0)):
+        return f"run {run_id} has lost metrics from the store"
+    stored = listing(mlflow, run_id)
+    if "files" in record:
+        why = shortfall(stored, record["files"])
+    else:
+        whole = len(stored) >= record.get("count", 0) and sum(stored.values()) >= record.get("bytes", 0)
+        why = None if whole else "files missing"
+    return None if why is None else f"run {run_id}'s stored files are incomplete: {why}"
+
+
+def done_runs(mlflow: Any, experiment: str, wanted: Mapping[str, Mapping[str, str]]
+              ) -> tuple[dict[str, str], dict[str, str]]:
+    """For each digest (its inputs given): the FINISHED run that holds its result, else why
+    the newest one does not. Both as ``digest -> run id`` and ``digest -> reason``."""
+    done: dict[str, str] = {}
+    why: dict[str, str] = {}
+    for digest, inputs in wanted.items():
+        for found in store.finished_candidates(mlflow, experiment, digest):
+            origin = found.data.tags.get(store.REUSED_FROM)
+            run = mlflow.get_run(origin) if origin else found
+            reason = not_done(mlflow, run, inputs)
+            if reason is None:
+                done[digest] = run.info.run_id
+                why.pop(digest, None)
+                break
+            why.setdefault(digest, reason)
+    return done, why
