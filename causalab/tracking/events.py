@@ -114,6 +114,8 @@ class TrackingEvents(StoreWrites, Events):
         self._check()
         try:
             return worker().call(self.uri, function, *args, **kwargs)
+        except StoreRefused as error:  # named where the store came from
+            raise TrackingError(source_of(self.uri_option), error.message) from None
         except Unanswered as error:
             self._unanswered = TrackingError(source_of(self.uri_option), (
                 f"{error.message}; the run's files are in {self.out}, and a rerun stores "

@@ -221,7 +221,7 @@ def _portable(error: BaseException, uri: str | None) -> BaseException:
             return Unanswered((), f"the tracking store at {uri} stopped answering ({why})")
         why = _refused(error)
         if why is not None:
-            return StoreRefused((), f"the tracking store at {uri} cannot take a write ({why})")
+            return StoreRefused((), f"the tracking store at {uri} is not usable ({why})")
         error.add_note("in the MLflow worker process:\n" + "".join(traceback.format_tb(
             error.__traceback__)).rstrip())
     try:

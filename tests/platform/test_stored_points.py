@@ -202,3 +202,26 @@ def test_a_finished_run_whose_stored_file_went_missing_is_computed_again(tmp_pat
     assert (f"rerunning <root>: run {run.info.run_id}'s stored files are incomplete: "
             "1 of") in again.stderr and "(iia.json)" in again.stderr, again.stderr
     assert (tmp_path / "again" / "iia.json").is_file()
+
+
+def test_a_corrupt_store_is_one_line_naming_its_file(tmp_path):
+    (tmp_path / "mlflow.db").write_bytes(bytes(range(256)) * 80)
+    done = _run(PATCHING, tmp_path / "out", tmp_path, DATA, tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"error: --tracking-uri: the tracking store at sqlite:///{tmp_path / 'mlflow.db'} is not "
+        "usable (file is not a database)"], done.stderr
+
+
+def test_a_read_only_store_is_one_line_and_nothing_is_recorded_as_done(small_disk, tmp_path):
+    first = _run(PATCHING, tmp_path / "first", small_disk, DATA, tmp_path)
+    assert first.returncode == 0, first.stderr
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    again = _run(HEADS, tmp_path / "again", small_disk, DATA, tmp_path)
+    lines = again.stderr.strip().splitlines()
+    assert again.returncode == 1 and len(lines) == 1, again.stderr
+    assert lines[0] == (f"error: --tracking-uri: the tracking store at sqlite:///"
+                        f"{small_disk / 'mlflow.db'} is not usable (attempt to write a "
+                        "readonly database)"), lines
+    runs, _ = _points(small_disk)
+    assert [r.data.tags.get(store.POINT) for r in runs] == [""]  # only the first run's point
