@@ -129,7 +129,7 @@ class NextPrefix(NamedTuple):
 
 
 class Traced(NamedTuple):
-    """What one trace gave: per tap its value (None for a write), per kept need its value,
+    """What one trace gave: per tap its value (a write's ``seam.Written``), per kept need its value,
     the next token of a decode step, and the KV cache a ``keys`` job filled."""
 
     values: tuple

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from causalab.compile.plan import Forward, Pass, ReadOp
-from causalab.engine import attribution, generate, tail
+from causalab.engine import attribution, generate, overflow, tail
 from causalab.engine import windows as window_rules
 from causalab.engine.cache import PLANNED, Prefix, whole_id
 from causalab.engine.forwards import batch_key, read_key
-from causalab.engine.jobs import Stage, Traced
+from causalab.engine.jobs import Stage, Traced, TraceJob
 from causalab.engine.metrics import metric_table, score
 from causalab.engine.outputs import Published
 from causalab.engine.seam import Window, express, gather
@@ -144,12 +144,20 @@ def _forward(stage: Stage, traced: list[Traced] | None, units: list[PassContext]
         return
     pieces: dict = {}
     for job, done in zip(stage.jobs, traced):
+        _keep_written(job, done, units)
         for tap, value in zip(job.taps, done.values):
             if tap.kind == "read":
                 pieces.setdefault(tap.unit, {}).setdefault(tap.op.name, []).append(value)
     for unit, own in pieces.items():
         ctx = units[unit]
         ctx.raw.update(_gathered(ctx, stage.forwards[unit], ctx.rows, own))
+
+
+def _keep_written(job: TraceJob, done: Traced, units: list[PassContext]) -> None:
+    """Each write tap's ``seam.Written`` to its pass, with the rows it acted on."""
+    for tap, value in zip(job.taps, done.values):
+        if tap.kind == "write":
+            units[tap.unit].written.setdefault(tap.op.name, []).append((job.rows, value))
 
 
 def _gathered(ctx: PassContext, forward: Forward, rows: tuple, pieces: dict) -> dict:
@@ -177,6 +185,8 @@ def _decode(stage: Stage, traced: list[Traced] | None, units: list[PassContext])
                                 for read in forward.reads})
         return
     rows, pieces, tokens = (), {read.name: [] for read in forward.reads}, []
+    for job, done in zip(stage.jobs, traced):
+        _keep_written(job, done, units)
     for start in range(0, len(stage.jobs), forward.decode):
         chunk = stage.jobs[start:start + forward.decode]
         per_step = [{tap.op.name: value for tap, value in zip(job.taps, done.values)
@@ -268,7 +278,8 @@ def featurized(raw: Published, read: ReadOp, state: WalkState) -> Published:
 
 
 def result_of(ctx: PassContext) -> PassResult:
-    """The pass's result from its featurized reads."""
+    """The pass's result from its featurized reads; a write that overflowed is refused first."""
+    overflow.refuse_overflowed(ctx.pass_, ctx.written)
     rows, windows = ctx.rows, ctx.windows
     reads = {name: published.value for name, published in ctx.values.items()}
     layouts = {}

@@ -22,7 +22,7 @@ own layout with only those groups replaced.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
@@ -221,3 +221,35 @@ def apply_write(activation: torch.Tensor, write: WriteOp, window: Window, featur
         f_new = done if features is None else f.index_copy(-1, features, done)
         x_new = f_new if featurizer is None else featurizer.inverse(f_new, err, x)
     return scatter(activation, address, window, x_new.to(activation.dtype))
+
+
+class Written(NamedTuple):
+    """What a write tap gives back beside its tensor: per position of its window whether the
+    write left a NaN or Inf where the value before it held none (``(total,)`` bool, still on
+    the device: nothing waits on it until the pass's result is read), the window's per-row
+    widths, and the dtype it wrote in."""
+
+    non_finite: torch.Tensor
+    counts: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def check_write(before: torch.Tensor, after: torch.Tensor, address: Address,
+                window: Window) -> Written:
+    """Which of ``window``'s positions ``after`` (what :func:`apply_write` returned) holds a
+    non-finite value at where ``before`` (its input) held only finite ones: the write's own
+    numbers overflowed the dtype there. Device work only, no host sync.
+
+    >>> import torch
+    >>> from causalab.compile.plan import Address
+    >>> address = Address("block_output", 0, "layers_output", (0, 60), 1, 4, 4)
+    >>> after = torch.ones(2, 3, 4); after[1, 2, 0] = float("inf")
+    >>> check_write(torch.ones(2, 3, 4), after, address, Window.from_windows([(2,), (2,)])).non_finite.tolist()
+    [False, True]
+    """
+    with torch.no_grad():
+        total = window.total
+        x = gather(before.detach(), address, window).reshape(total, -1)
+        y = gather(after.detach(), address, window).reshape(total, -1)
+        flags = torch.isfinite(x).all(-1) & ~torch.isfinite(y).all(-1)
+    return Written(flags, window.counts, after.dtype)

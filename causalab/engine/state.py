@@ -109,7 +109,8 @@ class PassContext:
     the walk state, the pass's windows, the model facts, whether the graph is kept (a fit's
     update), and what its forwards produced so far: ``values`` (read name -> featurized
     ``Published``), ``raw`` (the forward being run: read name -> raw ``Published``) and
-    ``generated`` (result name -> ids); an attribute step's running sums
+    ``generated`` (result name -> ids), ``written`` (write name -> per trace its rows and
+    ``seam.Written``, checked when the result is read); an attribute step's running sums
     (``attribution.Sums``) in ``attributed``."""
 
     model: Any
@@ -122,4 +123,5 @@ class PassContext:
     values: dict = field(default_factory=dict)
     raw: dict = field(default_factory=dict)
     generated: dict = field(default_factory=dict)
+    written: dict = field(default_factory=dict)
     attributed: Any = None

@@ -28,7 +28,7 @@ from causalab.engine.generate import GENERATED
 from causalab.engine.jobs import JobTap, Stage, Traced, TraceJob
 from causalab.engine.passes import PassResult
 from causalab.engine.resume import PART_MODULES, Resume, map_tensors, need_order, need_place
-from causalab.engine.seam import apply_write, gather
+from causalab.engine.seam import apply_write, check_write, gather
 from causalab.engine.sites import Places, project_to_vocabulary
 from causalab.engine.state import PassContext, WalkState, new_state
 from causalab.engine.step_sources import build_from_step
@@ -226,8 +226,8 @@ def _skip(model: Any, entry: Resume, values: dict) -> None:
 
 def _issue(places: Places, job: TraceJob) -> tuple[tuple, dict]:
     """The job's taps in its order, writes at an address before its reads; a kept need is
-    taken before the taps at its place or later. Returns per tap its value (None for a
-    write) and per need its value."""
+    taken before the taps at its place or later. Returns per tap its value (a write's
+    ``seam.Written``) and per need its value."""
     waiting = sorted(job.keep, key=need_order)
     values, kept = [], {}
     for tap, entry in zip(job.taps, job.live.prepared):
@@ -243,7 +243,8 @@ def _issue(places: Places, job: TraceJob) -> tuple[tuple, dict]:
 
 
 def _tap(places: Places, tap: JobTap, entry: PreparedTap) -> Any:
-    """One tap of a kind of ``jobs.TAPS`` at its address; what it gives back (None for a write)."""
+    """One tap of a kind of ``jobs.TAPS`` at its address; what it gives back (a write: the
+    positions it made non-finite, ``seam.Written``)."""
     op, address = tap.op, tap.op.address
     if tap.kind == "replace":
         places.put(address, entry.operand)
@@ -251,9 +252,10 @@ def _tap(places: Places, tap: JobTap, entry: PreparedTap) -> Any:
     activation = places.get(address)
     if tap.kind == "write":
         original = places.original[(address.component, address.layer)]
-        places.put(address, apply_write(activation, op, entry.window, entry.featurizer,
-                                        entry.operand, original))
-        return None
+        written = apply_write(activation, op, entry.window, entry.featurizer, entry.operand,
+                              original)
+        places.put(address, written)
+        return check_write(activation, written, address, entry.window)
     if tap.kind == "shift":
         leaf = torch.zeros_like(activation).requires_grad_(True)
         places.put(address, activation + leaf)

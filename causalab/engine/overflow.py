@@ -1,0 +1,72 @@
+"""A write whose own numbers overflow the dtype: found once a pass's traces have run, refused
+at the write's path, naming its mechanism and site.
+
+The walk's write taps leave a ``seam.Written`` per trace (device flags, no host sync); this
+module reads them all with one sync when the pass's result is made, and only on a hit walks
+the rows to say how many. It never opens a trace. A row whose logits turn non-finite
+downstream of writes that stayed finite is the metric's ``NON_FINITE`` exclusion instead.
+"""
+from __future__ import annotations
+
+import torch
+
+from causalab.compile.plan import Operand, Pass, WriteOp
+from causalab.engine.seam import Written
+from causalab.errors import RunError
+
+
+def refuse_overflowed(pass_: Pass, written: dict[str, list[tuple[tuple[int, ...], Written]]]
+                      ) -> None:
+    """Raise at the first write (in issue order) that made a finite value non-finite.
+
+    ``written`` maps a write's name to per trace the pass rows it acted on and its flags.
+    """
+    traces = [(name, flags) for name, found in written.items() for _, flags in found]
+    if not traces:
+        return
+    device = traces[0][1].non_finite.device
+    hits = torch.stack([flags.non_finite.any().to(device) for _, flags in traces])
+    if not bool(hits.any()):
+        return
+    name = traces[int(hits.nonzero()[0, 0])][0]
+    write = next(w for forward in pass_.forwards for w in forward.writes if w.name == name)
+    bad, every = _rows(written[name])
+    dtype = str(written[name][0][1].dtype).removeprefix("torch.")
+    raise RunError(("interventions", pass_.intervention, "writes", name),
+                   f"the {write.mechanism} write made {len(bad)} of {len(every)} rows "
+                   f"non-finite at {_site(write)} ({_numbers(write)}) overflows {dtype}")
+
+
+def _rows(found: list[tuple[tuple[int, ...], Written]]) -> tuple[set[int], set[int]]:
+    """The pass rows a write made non-finite at some position, and every row it acted on."""
+    bad, every = set(), set()
+    for rows, flags in found:
+        values, start = flags.non_finite.tolist(), 0
+        for row, count in zip(rows, flags.counts):
+            every.add(row)
+            if any(values[start:start + count]):
+                bad.add(row)
+            start += count
+    return bad, every
+
+
+def _site(write: WriteOp) -> str:
+    address = write.address
+    return address.component if address.layer is None else f"{address.component}[{address.layer}]"
+
+
+# operand kind -> how a refusal names it.
+_OPERANDS = {
+    "literal": lambda operand: f"operand {operand.value:g}",
+    "read": lambda operand: f"operand read {operand.name}",
+    "ref": lambda operand: f"operand output {operand.name}",
+    "none": lambda operand: "no operand",
+}
+
+
+def _numbers(write: WriteOp) -> str:
+    """The write's operand and parameters, as the document gave them."""
+    operand: Operand = write.operand
+    parts = [_OPERANDS[operand.kind](operand)]
+    parts += [f"{key} {value:g}" for key, value in sorted(write.params.items())]
+    return ", ".join(parts)
