@@ -244,7 +244,8 @@ def check_write(before: torch.Tensor, after: torch.Tensor, address: Address,
     >>> from causalab.compile.plan import Address
     >>> address = Address("block_output", 0, "layers_output", (0, 60), 1, 4, 4)
     >>> after = torch.ones(2, 3, 4); after[1, 2, 0] = float("inf")
-    >>> check_write(torch.ones(2, 3, 4), after, address, Window.from_windows([(2,), (2,)])).non_finite.tolist()
+    >>> window = Window.from_windows([(2,), (2,)])
+    >>> check_write(torch.ones(2, 3, 4), after, address, window).non_finite.tolist()
     [False, True]
     """
     with torch.no_grad():
