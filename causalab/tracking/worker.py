@@ -251,12 +251,15 @@ _HOST_PREFIX = re.compile(r"^\w+\([^)]*\):\s*")
 
 def _unanswered(error: BaseException, uri: str | None) -> str | None:
     """Why the store did not answer, when that is what ``error`` says: MLflow's tries at an
-    HTTP server ran out (refused, dropped or timed out), or a database server is gone."""
+    HTTP server ran out (refused, dropped, timed out, or a 5xx every time: ``mlflow server``
+    answers 503 once its database is gone), or a database server is gone."""
     import requests
 
     seen: BaseException | None = error
     while seen is not None:
-        if isinstance(seen, (requests.exceptions.ConnectionError, requests.exceptions.Timeout)):
+        # RetryError: every one of MLflow's tries met a status it retries (408, 429, 5xx).
+        if isinstance(seen, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                             requests.exceptions.RetryError)):
             inner = seen.args[0] if seen.args else seen
             text = str(getattr(inner, "reason", None) or inner)
             return _HOST_PREFIX.sub("", text)[:200]
