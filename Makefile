@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 # matmul wait ~10 ms on 2 cores. Passive waiting removes that (measured in scripts/bench).
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup postgresql test test-slow test-all test-cluster run ui server bench clean test-saelens saelens-fixtures
+.PHONY: setup postgresql test test-readme test-slow test-all test-cluster run ui server bench clean test-saelens saelens-fixtures
 
 setup: $(STAMP)
 
@@ -38,6 +38,10 @@ test-slow: setup
 
 test-all: setup
 	$(PY) -m pytest -q -m ''
+
+# The README's benchmark blocks, each run on a fast twin and its lines checked (tests/test_readme.py).
+test-readme: setup
+	$(PY) -m pytest -q -m slow tests/test_readme.py
 
 # PostgreSQL server binaries for `causalab server`: Debian's package (as root: apt-get).
 postgresql:

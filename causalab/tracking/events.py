@@ -249,6 +249,7 @@ class TrackingEvents(StoreWrites, Events):
             return
         files = facts.files_of(self.out, point, written, error)
         run.finished = True
+        run.whole = error is None and bool(getattr(point, "directory", ""))
         self.lane.send(self._upload, run, files)
         attribution_plots.send_grids(self, run, point)
         self._done.append((dict(getattr(point, "coordinates", None) or {}), dict(run.means)))

@@ -34,6 +34,10 @@ class PointRun:
     losses: dict[str, list[float]] = field(default_factory=dict)
     evals: dict[str, list[float]] = field(default_factory=dict)
     finished: bool = False
+    # Whether its files are all sent before its numbers (a swept point that ended well), so
+    # the ``causalab.stored`` record rides with them; the record sent, once sent.
+    whole: bool = False
+    recorded: str | None = None
     # What reached the store (stored path -> size; metric keys), read back before it ends
     # FINISHED (tracking/stored.py); why it could not all be sent, once known.
     sent: dict[str, int] = field(default_factory=dict)
@@ -84,11 +88,16 @@ class PointRun:
             self.lost = self.lost or getattr(error, "message", None) or reason(error)
 
     def flush(self, call: Callable[..., Any]) -> None:
-        """The point's params and every number it buffered, in one request when they fit."""
-        if (self.metrics or self.params) and self.run_id is not None:
+        """The point's params and every number it buffered, in one request when they fit;
+        with the record of what was stored when all of it was sent (:attr:`whole`)."""
+        from causalab.tracking import stored
+
+        text = stored.record(self.sent, self.keys) if self.whole and self.lost is None else None
+        if (self.metrics or self.params or text) and self.run_id is not None:
             call(store.log_batch, self.run_id, metrics=naming.log_order(self.metrics),
-                 params=self.params)
+                 params=self.params, tags={stored.STORED: text} if text else None)
             self.metrics, self.params = [], {}
+            self.recorded = text
 
 
 def shared_params(points: list[Any], job: Mapping[str, str]) -> dict[str, str]:

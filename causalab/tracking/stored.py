@@ -50,22 +50,37 @@ def shortfall(stored: Mapping[str, int], sent: Mapping[str, int]) -> str | None:
     return "; ".join(parts)
 
 
-def finish(mlflow: Any, run_id: str, sent: Mapping[str, int], metrics: Iterable[str]) -> str | None:
+def record(sent: Mapping[str, int], metrics: Iterable[str]) -> str:
+    """The ``causalab.stored`` tag: every file sent with its size and how many metrics, or,
+    for a point of hundreds of files, their count and bytes (a tag holds 8,000 characters)."""
+    count = len(set(metrics))
+    text = json.dumps({"files": dict(sorted(sent.items())), "metrics": count},
+                      separators=(",", ":"))
+    if len(text) > store.MAX_TAG_VAL_LENGTH:
+        text = json.dumps({"count": len(sent), "bytes": sum(sent.values()), "metrics": count},
+                          separators=(",", ":"))
+    return text
+
+
+def finish(mlflow: Any, run_id: str, sent: Mapping[str, int], metrics: Iterable[str],
+           recorded: str | None = None) -> str | None:
     """End a point's run FINISHED once what it sent reads back, and return None; else return
-    why not (the caller ends it FAILED with that reason)."""
+    why not (the caller ends it FAILED with that reason). ``recorded``: the record already
+    sent with the point's numbers (one request fewer), read back like them; written here
+    when there was none or files followed it (an attribution point's grids)."""
+    metrics = set(metrics)
+    text = record(sent, metrics)
     why = shortfall(listing(mlflow, run_id), sent)
-    logged = set(mlflow.get_run(run_id).data.metrics)
-    lost = sorted(set(metrics) - logged)
+    run = mlflow.get_run(run_id)
+    lost = sorted(metrics - set(run.data.metrics))
     if lost:
         why = "; ".join(filter(None, [why, f"{len(lost)} metrics not stored ({_named(lost)})"]))
+    if recorded == text and run.data.tags.get(STORED) != text:
+        why = "; ".join(filter(None, [why, f"its {STORED} record is not the one sent"]))
     if why is not None:
         return f"not all of the point was stored: {why}"
-    record = {"files": dict(sorted(sent.items())), "metrics": len(set(metrics))}
-    text = json.dumps(record, separators=(",", ":"))
-    if len(text) > store.MAX_TAG_VAL_LENGTH:  # a point of hundreds of files: their count
-        text = json.dumps({"count": len(sent), "bytes": sum(sent.values()),
-                           "metrics": record["metrics"]}, separators=(",", ":"))
-    store.log_batch(mlflow, run_id, tags={STORED: text})
+    if recorded != text:
+        store.log_batch(mlflow, run_id, tags={STORED: text})
     store.terminate(mlflow, run_id, "FINISHED")
     return None
 

@@ -62,8 +62,12 @@ class Worker:
         # before the executors' own exit hook runs: the worker is shut down first, or that
         # join waits forever on a worker waiting for its parent. Before the call queue's own
         # finalizer (priority 10) closes the queue the shutdown is sent on.
-        multiprocessing.util.Finalize(None, self._pool.shutdown, exitpriority=100)
+        multiprocessing.util.Finalize(None, self._leave, exitpriority=100)
+        # ... and before the executors' own exit hook, which would wait for it (the hooks
+        # concurrent.futures registers this way run last registered, first).
+        threading._register_atexit(self._leave)
         self._lock = threading.Lock()
+        self._sent: list[Future] = []
         self.broken = False
 
     def submit(self, uri: str | None, function: Callable[..., Any] | None, *args: Any,
@@ -72,7 +76,9 @@ class Worker:
         when ``uri`` is None; no function: open the store only)."""
         try:
             with self._lock, _signals_blocked():  # a process it starts inherits the mask
-                return self._pool.submit(_serve, uri, function, args, kwargs, _context())
+                future = self._pool.submit(_serve, uri, function, args, kwargs, _context())
+                self._sent = [f for f in self._sent if not f.done()] + [future]
+                return future
         except (BrokenProcessPool, RuntimeError):
             self.broken = True
             raise WorkerGone("the MLflow worker process has ended") from None
@@ -90,6 +96,16 @@ class Worker:
         except BrokenProcessPool:
             self.broken = True
             raise WorkerGone("the MLflow worker process ended before it answered") from None
+
+    def _leave(self) -> None:
+        """At the process's exit: a worker with no call left is ended at once (its
+        interpreter's own teardown, with MLflow, SQLAlchemy and matplotlib loaded, took a
+        second of every run's exit); one still in a call is waited for, as ever."""
+        if not any(not future.done() for future in self._sent):
+            for process in list((getattr(self._pool, "_processes", None) or {}).values()):
+                with contextlib.suppress(OSError):
+                    process.kill()
+        self._pool.shutdown(wait=True)
 
     def drop(self) -> None:
         """End the worker process now, mid-call or not (a store that stopped answering); the

@@ -70,9 +70,9 @@ class StoreWrites:
                                        self._tags("point", point))
 
     def _upload(self, run: PointRun, files: list) -> None:
-        """Send a point's buffered numbers, its files, its config and its loss plots; what
-        reached the store is kept on ``run`` for the read-back at its end."""
-        run.sending(run.flush, self.call)
+        """Send a point's files, its config, its loss plots, then its buffered numbers (with
+        the record of what was sent, when that is all of it); what reached the store is kept
+        on ``run`` for the read-back at its end."""
         run.sending(self.call, artifacts.log_files, run.run_id,
                     [f for f in files if Path(f[0]).is_file()])
         run.sending(self._log_config, run.run_id)
@@ -81,6 +81,7 @@ class StoreWrites:
             run.sending(self.call, artifacts.log_loss_curve, run.run_id,
                         f"plots/{step}_loss.png", losses, run.evals.get(step, []),
                         title=f"{run.title} · {step}", eval_name=watched)
+        run.sending(run.flush, self.call)
 
     def _finish_sweep(self, written: list[str], record: list) -> None:
         if self.sweep_run_id is None:
@@ -116,7 +117,8 @@ class StoreWrites:
         if run.run_id is None:
             return
         if error is None and run.lost is None:
-            why = self.call(stored.finish, run.run_id, run.sent, sorted(run.keys))
+            why = self.call(stored.finish, run.run_id, run.sent, sorted(run.keys),
+                            run.recorded)
             if why is None:
                 return
             error = IncompleteStore(why)
