@@ -85,8 +85,10 @@ def verb_run(args: argparse.Namespace) -> dict:
                for label, run_id in events.skipped.items()]
     for entry in skipped:  # stdout stays the list of files; what was reused is said beside it
         print(f"skipped {entry['point']}: done in run {entry['reused_run_id']}", file=sys.stderr)
+    taken = [{"point": label or "<root>", "computed_by": holder}
+             for label, holder in getattr(events, "taken", {}).items()]
     return {"text": "\n".join(written), "written": written, "out": options.out,
-            "skipped": skipped}
+            "skipped": skipped, "taken": taken}
 
 
 def verb_fetch(args: argparse.Namespace) -> dict:

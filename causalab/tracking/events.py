@@ -34,7 +34,8 @@ from typing import Any, Mapping
 from causalab.engine.events import Events
 from causalab.errors import CausalabError, Path as JsonPath, TrackingError, UsageError, reason
 from causalab.files import RUN_RECORD
-from causalab.tracking import artifacts, attribution_plots, naming, owners, plots, stored
+from causalab.tracking import artifacts, attribution_plots, naming, owners, plots, point_claims
+from causalab.tracking import stored
 from causalab.tracking import points as facts
 from causalab.tracking import runs as store
 from causalab.tracking.background import Lane, Stalled
@@ -96,6 +97,9 @@ class TrackingEvents(StoreWrites, Events):
         self._held = False
         self._done_runs: dict[str, str] = {}
         self._not_done: dict[str, str] = {}
+        self._claimed: dict[str, str] = {}  # digest -> the run this run holds the point in
+        self._taken: dict[str, str] = {}  # digest -> the live run elsewhere that holds it
+        self.taken: dict[str, str] = {}  # label -> that run, said as the point is skipped
         self._open: dict[int, PointRun] = {}
         self._ended: list[PointRun] = []
         self._deferred: PointRun | None = None
@@ -189,10 +193,13 @@ class TrackingEvents(StoreWrites, Events):
         if not self._held:  # the run computes now: its bookkeeping waits (Lane.hold)
             self.lane.hold()
             self._held = True
-        if not self.rerun:  # which points are done decides what runs: the one wait
-            self._done_runs, self._not_done = self.call(stored.done_runs, self.experiment_id,
-                                                        wanted)
         self._swept = len(points) > 1 or any(getattr(p, "coordinates", None) for p in points)
+        # Which points are done, and a claim on each of the others, decide what runs: the
+        # one wait (tracking/point_claims.py).
+        asked = {p.digest: self._claim_of(p) for p in points if getattr(p, "digest", None)}
+        found = self.call(point_claims.claim, self.experiment_id, wanted, asked, self.rerun)
+        self._done_runs, self._not_done = found.done, found.why
+        self._claimed, self._taken = found.mine, found.taken
         sweep = digest(document) if self._swept else None
         # What a killed earlier run of this document left RUNNING ends KILLED first.
         self.lane.send(lambda: self.call(owners.reap, self.experiment_id, digests, sweep))
@@ -208,23 +215,36 @@ class TrackingEvents(StoreWrites, Events):
             self.skipped[label] = found
             self.lane.send(self._reuse, point, label, found)
             return False
+        holder = self._taken.get(getattr(point, "digest", None))
+        if holder:  # a live run elsewhere computes it now (tracking/point_claims.py)
+            self.taken[label] = holder
+            print(f"skipped {label or '<root>'}: being computed by {holder}", file=sys.stderr)
+            return False
         why = self._not_done.get(getattr(point, "digest", None))
         if why:  # an earlier run of this document is not this point's result: say why
             print(f"rerunning {label or '<root>'}: {why}", file=sys.stderr)
-        name = label if self._swept else (self.run_name or label or "point")
+        claim = self._claim_of(point)
+        coordinates = dict(getattr(point, "coordinates", None) or {})
+        run = PointRun(label, facts.steps(point), facts.fits(point),
+                       plots.title_of(getattr(point, "document", None)) or self._title)
+        run.run_id = self._claimed.pop(getattr(point, "digest", None), None)
+        run.params = naming.point_params(getattr(point, "document", None), coordinates,
+                                         self.job_params)
+        self._open[id(point)] = run
+        self.lane.send(self._create, run, claim.name, claim.tags)
+        return True
+
+    def _claim_of(self, point: Any) -> point_claims.Claim:
+        """A point's run as it is created: its name and tags (owner, digest, place, inputs)."""
+        label = self._label(point)
         tags = self._tags("point", point)
         coordinates = dict(getattr(point, "coordinates", None) or {})
         tags.update({store.PRODUCED_BY: point.digest, store.POINT: label,
                      store.COORDINATES: json.dumps(coordinates, sort_keys=True, default=str),
                      stored.INPUTS: json.dumps(dict(getattr(point, "input_digests", None) or {}),
                                                sort_keys=True, separators=(",", ":"))})
-        run = PointRun(label, facts.steps(point), facts.fits(point),
-                       plots.title_of(getattr(point, "document", None)) or self._title)
-        run.params = naming.point_params(getattr(point, "document", None), coordinates,
-                                         self.job_params)
-        self._open[id(point)] = run
-        self.lane.send(self._create, run, name, tags)
-        return True
+        name = label if self._swept else (self.run_name or label or "point")
+        return point_claims.Claim(name, tags)
 
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
         run = self._open.get(id(point))
@@ -274,6 +294,7 @@ class TrackingEvents(StoreWrites, Events):
             self.lane.send(lambda: run.sending(self.call, artifacts.log_files, run.run_id,
                                                record))
             self.lane.send(self._end_point, run, None)
+        self._drop_claims()
         if self._swept:
             self.lane.send(self._finish_sweep, written, record)
         self._release()
@@ -296,6 +317,7 @@ class TrackingEvents(StoreWrites, Events):
         if self._deferred is not None:
             self.lane.send(self._end_point, self._deferred, error)
             self._deferred = None
+        self._drop_claims()
         if self._swept:
             self.lane.send(self._end_sweep, error, True)
         try:
@@ -333,6 +355,12 @@ class TrackingEvents(StoreWrites, Events):
             raise
 
     # --- helpers ----------------------------------------------------------------------------
+
+    def _drop_claims(self) -> None:
+        """Withdraw the claims on points this run never started: nothing of them was made."""
+        for run_id in self._claimed.values():
+            self.lane.send(lambda run_id=run_id: self.call(store.withdraw, run_id))
+        self._claimed = {}
 
     def _label(self, point: Any) -> str:
         return getattr(point, "name", "") if self._swept else ""

@@ -81,7 +81,10 @@ def reap(mlflow, experiment_id: str, digests: Iterable[str], sweep: str | None =
         tags = run.data.tags
         ours = tags.get(store.PRODUCED_BY) in digests or (sweep and tags.get(store.SWEEP) == sweep)
         while ours and run is not None and run.info.run_id not in ended and owner_is_dead(run):
-            _kill(mlflow, run)
+            if run.data.tags.get(store.CLAIM) == "waiting":  # a claim it never started on
+                store.withdraw(mlflow, run.info.run_id)
+            else:
+                _kill(mlflow, run)
             ended.append(run.info.run_id)
             run = running.get(run.data.tags.get(store.PARENT, ""))
     return ended

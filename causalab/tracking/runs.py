@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 from urllib.parse import urlparse
 
 from causalab.errors import TrackingError
+from causalab.tracking.moved import ROOT_TAG
 from causalab.tracking.reach import DEADLINES, sqlite_file
 
 if TYPE_CHECKING:
@@ -40,6 +41,9 @@ SWEEP = "causalab.sweep"
 OVERRIDES = "causalab.overrides"
 REUSED_FROM = "causalab.reused_from"
 JOB = "causalab.job"
+# A point claimed at its run's start: "waiting" until the run starts computing it, then
+# "started" (tracking/point_claims.py); a dead owner's waiting claim held nothing.
+CLAIM = "causalab.claim"
 # MLflow 3 opens an experiment on its GenAI pages unless this tag names a training-style kind.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 _UNSAFE_KEY = re.compile(r"[^\w\-. /:]")
@@ -146,7 +150,11 @@ def client(uri: str) -> MlflowClient:
     from causalab.progress import mlflow_notes
 
     os.environ.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
+    database = sqlite_file(uri)
+    if database is not None and database.is_file():  # a store moved since: rebased first
+        from causalab.tracking.moved import rebase
 
+        rebase(database)
     with mlflow_notes():
         return MlflowClient(tracking_uri=uri)
 
@@ -161,9 +169,13 @@ def experiment_id(mlflow: MlflowClient, name: str, uri: str) -> str:
         if found.tags.get(EXPERIMENT_KIND[0]) is None:
             mlflow.set_experiment_tag(found.experiment_id, *EXPERIMENT_KIND)
         return found.experiment_id
+    tags = dict([EXPERIMENT_KIND])
+    database = sqlite_file(uri)
+    if database is not None:  # where the store is made: a move or copy is rebased (moved.py)
+        tags[ROOT_TAG] = str(database.resolve().parent)
     try:
         return mlflow.create_experiment(name, artifact_location=artifact_location(uri),
-                                        tags=dict([EXPERIMENT_KIND]))
+                                        tags=tags)
     except Exception as error:
         found = mlflow.get_experiment_by_name(name)
         if found is None:
@@ -216,6 +228,13 @@ def metrics_of(mlflow: MlflowClient, run_id: str) -> dict[str, float]:
 
 
 def delete(mlflow: MlflowClient, run_id: str) -> None:
+    mlflow.delete_run(run_id)
+
+
+def withdraw(mlflow: MlflowClient, run_id: str) -> None:
+    """Take back a claim that held nothing: ended (no run stays RUNNING, even in the trash),
+    then deleted (no list shows it)."""
+    terminate(mlflow, run_id, "KILLED")
     mlflow.delete_run(run_id)
 
 

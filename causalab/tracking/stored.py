@@ -122,7 +122,12 @@ def done_runs(mlflow: Any, experiment: str, wanted: Mapping[str, Mapping[str, st
     for digest, inputs in wanted.items():
         for found in store.finished_candidates(mlflow, experiment, digest):
             origin = found.data.tags.get(store.REUSED_FROM)
-            run = mlflow.get_run(origin) if origin else found
+            try:
+                run = mlflow.get_run(origin) if origin else found
+            except Exception:  # a link whose origin was deleted for good (mlflow gc)
+                why.setdefault(digest, f"run {origin}, which run {found.info.run_id} "
+                                       "reuses, is gone from the store")
+                continue
             reason = not_done(mlflow, run, inputs)
             if reason is None:
                 done[digest] = run.info.run_id

@@ -43,8 +43,16 @@ class StoreWrites:
         self._log_config(self.sweep_run_id)
 
     def _create(self, run: PointRun, name: str, tags: dict) -> None:
-        run.run_id = self.call(store.create_run, self.experiment_id, name, tags,
-                               self.sweep_run_id or self.parent_run_id)
+        """The point's run: the claim made at the run's start, nested now, or a new one."""
+        parent = self.sweep_run_id or self.parent_run_id
+        if run.run_id is None:
+            run.run_id = self.call(store.create_run, self.experiment_id, name, tags, parent)
+        else:  # the claim made at the run's start, started and nested now (params with it)
+            params = {} if run.finished else run.params
+            tags = {store.CLAIM: "started", **({store.PARENT: parent} if parent else {})}
+            self.call(store.log_batch, run.run_id, tags=tags, params=params)
+            if params:
+                run.params = {}
         self.point_runs[run.label] = run.run_id
         # Params go with the run's creation, so a run whose process dies still says what it
         # was; a point already finished by now sends them with its numbers, in one request.

@@ -44,11 +44,16 @@ def _env() -> dict:
 
 
 def _statuses(database: Path) -> list[tuple[str, str]]:
-    """(name, status) of every run, read without MLflow; empty while the store is being made."""
+    """(name, status) of every run, read without MLflow; empty while the store is being made.
+    A point claimed at the run's start but not started yet (``causalab.claim`` waiting) is
+    listed as ``WAITING``: it is not computing."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True,
                                                 timeout=1)) as db:
-            return list(db.execute("select name, status from runs"))
+            return [(name, "WAITING" if status == "RUNNING" and claim == "waiting" else status)
+                    for name, status, claim in db.execute(
+                        "select r.name, r.status, t.value from runs r left join tags t on "
+                        "t.run_uuid = r.run_uuid and t.key = 'causalab.claim'")]
     except sqlite3.Error:
         return []
 
