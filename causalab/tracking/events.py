@@ -195,11 +195,13 @@ class TrackingEvents(StoreWrites, Events):
             self._held = True
         self._swept = len(points) > 1 or any(getattr(p, "coordinates", None) for p in points)
         # Which points are done, and a claim on each of the others, decide what runs: the
-        # one wait (tracking/point_claims.py).
-        asked = {p.digest: self._claim_of(p) for p in points if getattr(p, "digest", None)}
-        found = self.call(point_claims.claim, self.experiment_id, wanted, asked, self.rerun)
-        self._done_runs, self._not_done = found.done, found.why
-        self._claimed, self._taken = found.mine, found.taken
+        # one wait (tracking/point_claims.py). A rerun asked to compute every point again,
+        # so it neither looks up nor claims, and does not wait for the store.
+        if not self.rerun:
+            asked = {p.digest: self._claim_of(p) for p in points if getattr(p, "digest", None)}
+            found = self.call(point_claims.claim, self.experiment_id, wanted, asked)
+            self._done_runs, self._not_done = found.done, found.why
+            self._claimed, self._taken = found.mine, found.taken
         sweep = digest(document) if self._swept else None
         # What a killed earlier run of this document left RUNNING ends KILLED first.
         self.lane.send(lambda: self.call(owners.reap, self.experiment_id, digests, sweep))

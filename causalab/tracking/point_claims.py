@@ -44,13 +44,12 @@ class Claims:
 
 
 def claim(mlflow: Any, experiment: str, wanted: Mapping[str, Mapping[str, str]],
-          asked: Mapping[str, Claim], rerun: bool = False) -> Claims:
-    """Look up which of ``wanted`` (digest -> its inputs) are done (unless ``rerun``), claim
-    the rest of ``asked`` (digest -> claim) and keep the claims this run won."""
+          asked: Mapping[str, Claim]) -> Claims:
+    """Look up which of ``wanted`` (digest -> its inputs) are done, claim the rest of
+    ``asked`` (digest -> claim) and keep the claims this run won."""
     answer = Claims()
     since = int(time.time() * 1000) - 1000  # a point another run ends after this is seen
-    if not rerun:
-        answer.done, answer.why = stored.done_runs(mlflow, experiment, wanted)
+    answer.done, answer.why = stored.done_runs(mlflow, experiment, wanted)
     for digest, wish in asked.items():
         if digest not in answer.done:
             answer.mine[digest] = store.create_run(mlflow, experiment, wish.name,
@@ -68,8 +67,7 @@ def claim(mlflow: Any, experiment: str, wanted: Mapping[str, Mapping[str, str]],
             store.withdraw(mlflow, run_id)
             del answer.mine[digest]
             answer.taken[digest] = _named(first)
-    if not rerun:
-        _ended_meanwhile(mlflow, experiment, wanted, answer, since)
+    _ended_meanwhile(mlflow, experiment, wanted, answer, since)
     return answer
 
 
