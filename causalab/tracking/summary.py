@@ -82,14 +82,19 @@ def value(metrics: Mapping[str, float], name: str, step: str | None) -> float | 
 
 
 def best(points: Sequence[Point]) -> int | None:
-    """The index of the point with the highest main test score (a loss: the lowest)."""
-    name, test, _ = main_keys(points)
-    scored = [(value(m, name, test), index) for index, (_, m) in enumerate(points)]
-    scored = [(v, index) for v, index in scored if v is not None]
-    if not scored:
-        return None
+    """The index of the point with the highest main test score (a loss: the lowest); a tie
+    goes to the point whose control scores lower, then to the first by its coordinates, so
+    it does not hang on which of a multirun's jobs stored its runs first."""
+    name, test, control = main_keys(points)
     sign = 1 if name == "loss" else -1
-    return min(scored, key=lambda row: (sign * row[0], row[1]))[1]
+    scored = []
+    for index, (coordinates, metrics) in enumerate(points):
+        score = value(metrics, name, test)
+        if score is not None:
+            against = value(metrics, name, control) if control else None
+            place = json.dumps(coordinates, sort_keys=True, default=str)
+            scored.append(((sign * score, sign * -(against or 0.0), place), index))
+    return min(scored)[1] if scored else None
 
 
 def label(coordinates: Mapping[str, Any], swept: Sequence[str]) -> str:
