@@ -29,6 +29,7 @@ import pytest
 from mlflow import MlflowClient
 from test_tracking_deadlines import LIMIT_S, _env, _finished_points, _free_port, _start_run
 
+from causalab.server import group_alive
 from causalab.tracking import runs as store
 from causalab.tracking import worker as workers
 from causalab.tracking.reach import Unanswered
@@ -48,18 +49,6 @@ def _groups(root: Path) -> tuple[int, int]:
     """The process groups (their leaders' pids) of the stack started from ``root`` now."""
     stack = json.loads((root / "server.json").read_text())
     return stack["pg_pid"], stack["mlflow_pid"]
-
-
-def _alive(group: int) -> bool:
-    """Whether a process of ``group`` still runs (zombies do not count), read from /proc."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            return True
-    return False
 
 
 def _kill_groups(groups: set[int]) -> None:
@@ -89,7 +78,7 @@ def stack():
         if (root / "server.json").is_file():
             groups.update(_groups(root))
             _causalab("server", "stop", "--root", str(root))
-        _kill_groups({group for group in groups if _alive(group)})
+        _kill_groups({group for group in groups if group_alive(group)})
         shutil.rmtree(home, ignore_errors=True)
 
 
@@ -117,10 +106,10 @@ def _kill_postgres(root: Path) -> None:
     postgres, mlflow = _groups(root)
     os.killpg(postgres, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while _alive(postgres):
+    while group_alive(postgres):
         assert time.monotonic() < deadline, "PostgreSQL outlived SIGKILL"
         time.sleep(0.1)
-    assert _alive(mlflow)
+    assert group_alive(mlflow)
 
 
 @pytest.mark.cluster
