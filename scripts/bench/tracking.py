@@ -37,6 +37,9 @@ import tempfile
 import time
 from pathlib import Path
 
+# Every store here is the bench's own, in a temporary folder: a tracking URI set for the
+# user's work would otherwise take the tracked runs (it wins over a configured one).
+os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("CAUSALAB_QUIET", "1")
