@@ -245,6 +245,8 @@ class TrackingEvents(StoreWrites, Events):
                      store.COORDINATES: json.dumps(coordinates, sort_keys=True, default=str),
                      stored.INPUTS: json.dumps(dict(getattr(point, "input_digests", None) or {}),
                                                sort_keys=True, separators=(",", ":"))})
+        if self.parent_run_id:  # a multirun job's claims sit under its parent from the start
+            tags[store.PARENT] = self.parent_run_id
         name = label if self._swept else (self.run_name or label or "point")
         return point_claims.Claim(name, tags)
 

@@ -69,7 +69,10 @@ def reap(parent: dict, reason: str = LOST) -> list[str]:
     mlflow = store.client(parent["tracking_uri"])
     ended = []
     for run in store.descendants(mlflow, parent["experiment_id"], parent["run_id"]):
-        if run.info.status == "RUNNING":
+        if run.info.status == "RUNNING" and run.data.tags.get(store.CLAIM) == "waiting":
+            store.withdraw(mlflow, run.info.run_id)  # a point the job never started
+            ended.append(run.info.run_id)
+        elif run.info.status == "RUNNING":
             store.kill(mlflow, run.info.run_id, reason)
             ended.append(run.info.run_id)
     return ended
