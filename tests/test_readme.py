@@ -10,7 +10,12 @@ absolute paths, Hydra's log timestamps. Two kinds of block:
   is 0 except where a fit runs: a rotation fitted for 10 epochs on another machine's CPU
   kernels differs in the last bits of every update, which can move one of the 12 held-out
   rows across the decision boundary (1/12 = 0.083 of IIA) and a mean logit difference by a
-  few thousandths, so those blocks allow 0.1.
+  few thousandths, so those blocks allow 0.1. A rank-1 or rank-4 rotation is under-determined
+  by its 30 pairs: where its fit ends moves with the CPU's kernels and thread count (Qwen2's
+  k=1 held-out logit difference was -5.53 on one machine of this kind, -4.79 and -5.78 on
+  another with one and two threads, -5.58 there with AVX2 kernels forced), so the test lines
+  of those points (``Twin.unsettled``) are compared by their words and row counts; controls
+  and rank 16 keep the 0.1.
 - ``Measured``: a benchmark's timings and ratios are the machine's; only the words around
   the numbers are compared (the lines exist, say what they say, in that order).
 
@@ -31,6 +36,7 @@ README = REPO / "README.md"
 PY = ".venv/bin/python"
 ELIDED = "..."
 FIT_TOLERANCE = 0.1  # see the module docstring: one held-out row of 12, and then some
+LOW_RANKS = r"^(k=(1|4) +test:|skipped k=(1|4):)"  # see the module docstring
 
 # A document refused at sites.t.layers, the `bad.json` the README validates.
 BAD = ('{"version": 2, "model": {"key": "causalab:tiny-llama"}, '
@@ -49,6 +55,7 @@ class Twin:
     echo: str | None = None  # a line the command prints before the program's own (make's echo)
     slow: bool = False
     extra: tuple[str, ...] = field(default_factory=tuple)
+    unsettled: str = ""  # a regex of shown lines whose decimals a fit leaves machine-dependent
 
 
 def _hydra(where: str) -> tuple[str, ...]:
@@ -58,12 +65,13 @@ def _hydra(where: str) -> tuple[str, ...]:
 
 SHOWN: dict[str, Twin] = {
     "make run": Twin((PY, "-m", "causalab.run", "experiment=das", "model=llama", *_hydra("job")),
-                     tolerance=FIT_TOLERANCE,
+                     tolerance=FIT_TOLERANCE, unsettled=LOW_RANKS,
                      echo=".venv/bin/python -m causalab.run experiment=das model=llama"),
     ".venv/bin/causalab runs": Twin((".venv/bin/causalab", "runs")),
     ".venv/bin/python -m causalab.run -m hydra/launcher=joblib experiment=das model=llama,gpt2,qwen2":
         Twin((PY, "-m", "causalab.run", "-m", "hydra/launcher=joblib", "experiment=das",
-              "model=llama,gpt2,qwen2", *_hydra("multirun")), tolerance=FIT_TOLERANCE),
+              "model=llama,gpt2,qwen2", *_hydra("multirun")), tolerance=FIT_TOLERANCE,
+             unsettled=LOW_RANKS),
     ".venv/bin/causalab explain documents/v2/das_apply.json":
         Twin((".venv/bin/causalab", "explain", "documents/v2/das_apply.json")),
     ".venv/bin/causalab validate bad.json":
@@ -146,8 +154,12 @@ def _agrees(shown: str, real: str, twin: Twin) -> bool:
         return _words(shown) == _words(real)
     if NUMBER.sub("#", shown) != NUMBER.sub("#", real):
         return False
+    loose = bool(twin.unsettled) and re.search(twin.unsettled, shown) is not None
     for a, b in zip(NUMBER.findall(shown), NUMBER.findall(real)):
         if "." in a or "e" in a:
+            if loose:
+                continue
+
             if abs(float(a) - float(b)) > twin.tolerance:
                 return False
         elif a != b:
@@ -192,6 +204,11 @@ def test_the_comparison_catches_a_changed_number_a_changed_word_and_a_missing_li
                              ["untracked s: 0.412  median 0.412"], measured)
     assert missing_lines(("tracked s: 0.2  median 0.2",), ["untracked s: 0.4  median 0.4"],
                          measured)
+    low = Twin((), tolerance=FIT_TOLERANCE, unsettled=LOW_RANKS)
+    assert not missing_lines(("k=4 test: iia=0.383 (12) ce=3.616 (12)",), real, low)
+    assert missing_lines(("k=4 test: iia=0.383 (11) ce=3.616 (12)",), real, low)
+    assert missing_lines(("k=4 control: iia=0.383 (12) ce=2.616 (12)",),
+                         ["k=4 control: iia=0.667 (12) ce=2.616 (12)"], low)
 
 
 def _env(tmp: Path) -> dict:
@@ -242,6 +259,9 @@ def session(tmp_path_factory) -> Session:
 
 
 def _check(session: Session, block: Block) -> None:
+    for before in BLOCKS[:BLOCKS.index(block)]:  # what the README ran first (make run fills the
+        if not SHOWN[before.command].slow:       # store the multirun finds done), in its order
+            session.run(before.command)
     real = session.run(block.command)
     missing = missing_lines(block.lines, real, SHOWN[block.command])
     assert not missing, ("README shows lines the command did not print:\n  "
