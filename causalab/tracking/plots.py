@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from causalab.tracking import summary
 from causalab.tracking.naming import site_facts, writes_of
-from causalab.tracking.summary import CONTROLS, Point, numeric, plain, short
+from causalab.tracking.summary import CONTROLS, Point, numeric, plain, short, text
 
 MAX_TICKS = 12
 _LAYER = ("layers", "layer")
@@ -105,7 +105,16 @@ def varied(coordinates: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _values(points: Sequence[Point], key: str) -> list:
-    return sorted({plain(c.get(key)) for c, _ in points}, key=lambda v: (str(type(v)), v))
+    """The distinct values of ``key`` in order (numbers by size, lists element by element);
+    a list or mapping is a value too (``units=[0,1,2,3]``), told apart by its ``repr``."""
+    found: dict[str, Any] = {}
+    for coordinates, _ in points:
+        value = plain(coordinates.get(key))
+        found.setdefault(repr(value), value)
+    try:
+        return sorted(found.values(), key=lambda v: (str(type(v)), v))
+    except TypeError:  # mappings, or lists of mixed types: in the order their text sorts
+        return sorted(found.values(), key=lambda v: (str(type(v)), repr(v)))
 
 
 def _axis(keys: Sequence[str], names: Sequence[str]) -> str | None:
@@ -204,7 +213,7 @@ def _lines(points: Sequence[Point], axis: str, name: str, steps: Sequence[str],
             found = summary.value(metrics, name, step)
             if found is None:
                 continue
-            other = " ".join(f"{short(k)}={plain(coordinates.get(k))}" for k in rest)
+            other = " ".join(f"{short(k)}={text(coordinates.get(k))}" for k in rest)
             label = f"{_step_label(step)} {other}" if other else _step_label(step)
             lines.setdefault(label, (step, []))[1].append((plain(coordinates[axis]), found))
     for _, pairs in lines.values():
@@ -256,8 +265,8 @@ def heatmap_figure(points: Sequence[Point], rows: str, columns: str, *, title: s
         axes = grid[index][0]
         image = axes.imshow(cells, aspect="auto", cmap="viridis", origin="lower")
         shown_x, shown_y = ticks(range(len(xs))), ticks(range(len(ys)))
-        axes.set_xticks(shown_x, [str(xs[i]) for i in shown_x])
-        axes.set_yticks(shown_y, [str(ys[i]) for i in shown_y])
+        axes.set_xticks(shown_x, [text(xs[i]) for i in shown_x])
+        axes.set_yticks(shown_y, [text(ys[i]) for i in shown_y])
         axes.set_xlabel({"heads": "head", "pos": "position"}.get(short(columns), short(columns)))
         axes.set_ylabel("layer")
         axes.set_title(f"{name}/{step}" + (f" · {model}" if model is not None else ""),
@@ -273,12 +282,14 @@ def ranking_figure(points: Sequence[Point], axis: str = "method", *, title: str 
     beside it; the control method's own bar is hatched; every bar carries its value and zero
     is drawn. None unless the points differ in ``axis`` and carry a score."""
     name, test, control = summary.main_keys(points)
-    scored = [(str(plain(c[axis])), summary.value(m, name, test), summary.value(m, name, control))
+    scored = [(text(c[axis]), summary.value(m, name, test), summary.value(m, name, control))
               for c, m in points if axis in c and summary.value(m, name, test) is not None]
     if len({method for method, _, _ in scored}) < 2:
         return None
     scored.sort(key=lambda row: (-row[1], row[0]))
-    figure = _figure((1.6 + 1.1 * len(scored), 3.8))
+    heading = f"{title or 'ranking'} · {name} by {axis}"
+    # as wide as its bars need, or as its title (about 0.085 inch a character at 12 pt)
+    figure = _figure((max(1.6 + 1.1 * len(scored), 0.5 + 0.09 * len(heading)), 3.8))
     axes = figure.subplots()
     heights = [v for _, score, other in scored for v in (score, other) if v is not None]
     span = (max(heights + [0.0]) - min(heights + [0.0])) or 1.0
@@ -292,13 +303,17 @@ def ranking_figure(points: Sequence[Point], axis: str = "method", *, title: str 
     low, high = min(heights + [0.0]), max(heights + [0.0])
     axes.set_ylim(low - 0.12 * span, high + 0.15 * span)
     axes.set_xticks(range(len(scored)), [method for method, _, _ in scored])
+    if max(len(method) for method, _, _ in scored) > 12:  # wider than its bar: slanted
+        axes.tick_params(axis="x", labelrotation=25)
+        for label in axes.get_xticklabels():
+            label.set_horizontalalignment("right")
     axes.set_xlim(-0.6, len(scored) - 0.4)
     axes.set_ylabel(f"{name} ({test})")
     axes.set_xlabel(axis)
     _limit_ticks(axes)
     _legend(figure, any(other is not None for _, _, other in scored),
             any(method == CONTROL_METHOD for method, _, _ in scored), test, control)
-    figure.suptitle(f"{title or 'ranking'} · {name} by {axis}")
+    figure.suptitle(heading)
     return figure
 
 

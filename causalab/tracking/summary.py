@@ -99,7 +99,7 @@ def best(points: Sequence[Point]) -> int | None:
 
 def label(coordinates: Mapping[str, Any], swept: Sequence[str]) -> str:
     """``k=16`` or ``model=causalab:weekday-gpt2,k=16``: a point by what was swept."""
-    return ",".join(f"{short(k)}={plain(coordinates.get(k))}" for k in swept) or "point"
+    return ",".join(f"{short(k)}={text(coordinates.get(k))}" for k in swept) or "point"
 
 
 def short(key: str) -> str:
@@ -117,6 +117,21 @@ def plain(value: Any) -> Any:
     if isinstance(value, str) and value.lstrip("-").isdigit():
         return int(value)
     return value
+
+
+def text(value: Any) -> str:
+    """A coordinate value as a label prints it: ``16``, ``das``; a list as the command line
+    shows it (``[0,1,2,3]``, a long one ``[0,…,63] (64)``), a mapping (a swept site) by its
+    values (``block_output,1``)."""
+    value = plain(value)
+    if isinstance(value, Mapping):
+        return ",".join(text(v) for v in value.values())
+    if isinstance(value, (list, tuple)) and len(value) > 6:
+        return f"[{text(value[0])},…,{text(value[-1])}] ({len(value)})"
+    if isinstance(value, (list, tuple)):
+        shown = json.dumps(value, separators=(",", ":"), default=str)
+        return shown if len(shown) <= 32 else shown[:30] + "…" + shown[-1]
+    return str(value)
 
 
 def numeric(value: Any) -> bool:
@@ -173,7 +188,7 @@ def html_table(points: Sequence[Point], swept: Sequence[str], *, title: str = ""
     rows = []
     for index, (coordinates, metrics) in enumerate(points):
         name = names[index] if index < len(names) else label(coordinates, swept)
-        cells = [name, *[plain(coordinates.get(k)) for k in swept]]
+        cells = [name, *[text(coordinates.get(k)) for k in swept]]
         cells += [_number(value(metrics, n, s)) for n, s in columns]
         style = ' style="font-weight:bold"' if index == winner else ""
         rows.append(f"<tr{style}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)

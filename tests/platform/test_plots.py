@@ -37,6 +37,14 @@ def _kinds():
                for m, v in zip(methods, [1.0, 0.92, 1.0, 1.0, 1.0, 0.42, 0.0])]
     fit_only = [({"featurizers.rot.k": k}, {"eval/logit_diff": k / 3, "train/loss": 3 - k / 8})
                 for k in (1, 4, 16)]
+    neuron_sets = [({"units": list(range(start, start + 4))},
+                    {"iia/patch": start / 16, "logit_diff/patch": start - 9.4})
+                   for start in (0, 4, 8, 12)]
+    wide_sets = [({"units": list(range(start, start + 64))}, {"iia/patch": start / 256})
+                 for start in (0, 64, 128)]
+    sites = [({"sites.target": {"component": component, "layers": [1]}}, {"iia/patch": v})
+             for component, v in (("block_output", 1.0), ("attention_output", 0.5),
+                                  ("mlp_output", 0.25))]
     grid = [({"k": k, "fit.lr": lr}, {"iia/test": k / 16, "iia/control": 0.0})
             for k in (1, 2, 4, 8, 16) for lr in (0.001, 0.003, 0.01, 0.03)]
     return {
@@ -50,6 +58,9 @@ def _kinds():
         "method ranking": plots.sweep_figures(ranking, title=TITLE),
         "fit-only rank sweep": plots.sweep_figures(fit_only, title=TITLE),
         "rank x learning rate": plots.sweep_figures(grid, title=TITLE),
+        "neuron sets": plots.sweep_figures(neuron_sets, title=TITLE),
+        "64-neuron sets": plots.sweep_figures(wide_sets, title=TITLE),
+        "swept sites": plots.sweep_figures(sites, title=TITLE),
         "loss curve": {"loss": plots.loss_figure(
             [3 - i / 40 for i in range(300)], [i / 30 for i in range(30)],
             title=f"{TITLE} · fit", eval_name="eval/iia")},
@@ -153,6 +164,19 @@ def test_a_fit_only_sweep_is_plotted_by_its_fits_last_values():
     axes = next(a for a in figure.axes if a.get_ylabel() == "logit_diff")
     (line,) = axes.lines
     assert list(line.get_ydata()) == pytest.approx([1 / 3, 4 / 3, 16 / 3])
+
+
+def test_a_swept_set_of_neurons_is_a_bar_each_labelled_as_the_command_line_shows_it():
+    # a list is a coordinate value too (experiment=patching site=neurons): once, the parent's
+    # plot failed on it and took the whole run's tracking down with it
+    (figure,) = KINDS["neuron sets"].values()
+    figure.canvas.draw()
+    labels = [t.get_text() for t in figure.axes[0].xaxis.get_ticklabels()]
+    assert labels == ["[12,13,14,15]", "[8,9,10,11]", "[4,5,6,7]", "[0,1,2,3]"]  # best first
+    (figure,) = KINDS["64-neuron sets"].values()
+    figure.canvas.draw()
+    labels = [t.get_text() for t in figure.axes[0].xaxis.get_ticklabels()]
+    assert labels == ["[128,…,191] (64)", "[64,…,127] (64)", "[0,…,63] (64)"]
 
 
 def test_a_test_score_and_its_control_are_two_lines_of_one_panel():
