@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 # matmul wait ~10 ms on 2 cores. Passive waiting removes that (measured in scripts/bench).
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup postgresql test test-readme test-slow test-all test-cluster run ui server bench clean test-saelens saelens-fixtures
+.PHONY: setup postgresql test test-readme test-commands test-slow test-all test-cluster run ui server bench clean test-saelens saelens-fixtures
 
 setup: $(STAMP)
 
@@ -42,6 +42,11 @@ test-all: setup
 # The README's benchmark blocks, each run on a fast twin and its lines checked (tests/test_readme.py).
 test-readme: setup
 	$(PY) -m pytest -q -m slow tests/test_readme.py
+
+# Every command conf/experiment/*.yaml documents on a built-in weekday or tiny model, run to its end
+# (tests/platform/test_documented_commands.py; those on SmolLM2 and Gemma-3 are in test-slow).
+test-commands: setup
+	$(PY) -m pytest -q -m commands tests/platform/test_documented_commands.py
 
 # PostgreSQL server binaries for `causalab server`: Debian's package (as root: apt-get).
 postgresql:
