@@ -159,7 +159,6 @@ def _agrees(shown: str, real: str, twin: Twin) -> bool:
         if "." in a or "e" in a:
             if loose:
                 continue
-
             if abs(float(a) - float(b)) > twin.tolerance:
                 return False
         elif a != b:

@@ -160,7 +160,9 @@ def _axes(raw: dict) -> list[_Axis]:
     return axes
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
+    """A swept value as a point's label prints it: a string as is, a one-element list as its
+    element, anything else as compact JSON (``units=[0,1,2,3]``)."""
     if isinstance(value, list) and len(value) == 1:
         value = value[0]
     if isinstance(value, str):
@@ -225,13 +227,13 @@ def _axis_parts(axis: _Axis, i: int) -> list[tuple[str, Any, str]]:
     (``layers=23,heads=3``); wrappers under one key give ``pair=(23,3)``."""
     first = axis.wrappers[0][1]
     if all(list(values) == list(first) for _, values in axis.wrappers[1:]):
-        return [(axis.name, first[i], _shown(first[i]))]
+        return [(axis.name, first[i], shown(first[i]))]
     keys = [_label_name(path) for path, _ in axis.wrappers]
     if len(set(keys)) == len(keys):
-        return [(key, values[i], _shown(values[i]))
+        return [(key, values[i], shown(values[i]))
                 for key, (_, values) in zip(keys, axis.wrappers)]
     each = [values[i] for _, values in axis.wrappers]
-    return [(axis.name, each, "(" + ",".join(map(_shown, each)) + ")")]
+    return [(axis.name, each, "(" + ",".join(map(shown, each)) + ")")]
 
 
 def _hint(axes: list[_Axis]) -> str:

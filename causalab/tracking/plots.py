@@ -105,16 +105,22 @@ def varied(coordinates: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _values(points: Sequence[Point], key: str) -> list:
-    """The distinct values of ``key`` in order (numbers by size, lists element by element);
-    a list or mapping is a value too (``units=[0,1,2,3]``), told apart by its ``repr``."""
+    """The distinct values of ``key`` in :func:`_order`; a list or mapping is a value too
+    (``units=[0,1,2,3]``), told apart by its ``repr`` as :func:`varied` tells them."""
     found: dict[str, Any] = {}
     for coordinates, _ in points:
         value = plain(coordinates.get(key))
         found.setdefault(repr(value), value)
-    try:
-        return sorted(found.values(), key=lambda v: (str(type(v)), v))
-    except TypeError:  # mappings, or lists of mixed types: in the order their text sorts
-        return sorted(found.values(), key=lambda v: (str(type(v)), repr(v)))
+    return sorted(found.values(), key=_order)
+
+
+def _order(value: Any) -> tuple:
+    """Numbers by size, lists of numbers element by element, anything else by its label."""
+    if numeric(value):
+        return (0, value, "")
+    if isinstance(value, (list, tuple)) and all(numeric(v) for v in value):
+        return (1, tuple(value), "")
+    return (2, (), text(value))
 
 
 def _axis(keys: Sequence[str], names: Sequence[str]) -> str | None:
@@ -288,7 +294,7 @@ def ranking_figure(points: Sequence[Point], axis: str = "method", *, title: str 
         return None
     scored.sort(key=lambda row: (-row[1], row[0]))
     heading = f"{title or 'ranking'} · {name} by {axis}"
-    # as wide as its bars need, or as its title (about 0.085 inch a character at 12 pt)
+    # as wide as its bars need, or as its title (0.085 inch a character at 12 pt, and a margin)
     figure = _figure((max(1.6 + 1.1 * len(scored), 0.5 + 0.09 * len(heading)), 3.8))
     axes = figure.subplots()
     heights = [v for _, score, other in scored for v in (score, other) if v is not None]

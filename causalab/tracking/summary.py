@@ -18,6 +18,7 @@ import json
 import math
 from typing import Any, Mapping, Sequence
 
+from causalab.document.sweep import shown
 from causalab.tracking.naming import CONTROLS, COUNT, MAIN, SERIES, is_score, split_score
 
 Point = tuple[Mapping[str, Any], Mapping[str, float]]  # (coordinates, metrics)
@@ -120,18 +121,15 @@ def plain(value: Any) -> Any:
 
 
 def text(value: Any) -> str:
-    """A coordinate value as a label prints it: ``16``, ``das``; a list as the command line
-    shows it (``[0,1,2,3]``, a long one ``[0,…,63] (64)``), a mapping (a swept site) by its
-    values (``block_output,1``)."""
+    """A coordinate value as a picture or table labels it: as the command line prints it
+    (:func:`causalab.document.sweep.shown`: ``16``, ``das``, ``[0,1,2,3]``), but a long list
+    as its ends (``[0,…,63] (64)``) and a swept site by its values (``block_output,1``)."""
     value = plain(value)
     if isinstance(value, Mapping):
         return ",".join(text(v) for v in value.values())
     if isinstance(value, (list, tuple)) and len(value) > 6:
         return f"[{text(value[0])},…,{text(value[-1])}] ({len(value)})"
-    if isinstance(value, (list, tuple)):
-        shown = json.dumps(value, separators=(",", ":"), default=str)
-        return shown if len(shown) <= 32 else shown[:30] + "…" + shown[-1]
-    return str(value)
+    return shown(value)
 
 
 def numeric(value: Any) -> bool:
