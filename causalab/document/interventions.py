@@ -11,7 +11,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field, StrictInt, StrictStr, create_model, model_validator
 
-from causalab.document.nodes import Node, Number, refuse
+from causalab.document.nodes import Name, Node, Number, refuse
 from causalab.document.positions import Pos
 from causalab.document.vocab import (IDENTITY, MECHANISMS, METRIC_KINDS, ORIGINAL,
                                      TOKEN_FORMS, VIEWS)
@@ -116,8 +116,8 @@ Metric = Annotated[Union[tuple(METRIC_MODELS.values())], Field(discriminator="ki
 class Intervention(Node):
     """A named experiment: reads, writes, models, metrics and decode (docs/format.md §7.1)."""
 
-    reads: dict[StrictStr, Read]
-    writes: dict[StrictStr, Write] = {}
-    models: dict[StrictStr, InterventionModel] = {}
-    metrics: dict[StrictStr, Metric] = {}
+    reads: dict[Name, Read]
+    writes: dict[Name, Write] = {}
+    models: dict[Name, InterventionModel] = {}
+    metrics: dict[Name, Metric] = {}
     decode: Annotated[StrictInt, Field(ge=0)] = 0

@@ -34,6 +34,42 @@ def unsafe_segment(name: str) -> str | None:
     return None
 
 
+def unreadable_name(name: str) -> str | None:
+    """Why ``name`` cannot be shown as a name (in explain, MLflow, a table), or None.
+
+    A name is non-empty, printable (no newline, NUL or other control character, which would
+    forge lines in explain's output) and has no leading or trailing space.
+
+    >>> unreadable_name("  ")
+    'is blank'
+    >>> unreadable_name("a\\nb")
+    'holds a control or other unprintable character'
+    """
+    if not name.strip():
+        return "is blank" if name else "is empty"
+    if not name.isprintable():
+        return "holds a control or other unprintable character"
+    if name != name.strip():
+        return "has a leading or trailing space"
+    return None
+
+
+# MLflow's limits and key characters (mlflow.utils.validation, checked against it in the
+# tests), here so that the document room names keys as MLflow will without importing it.
+MAX_ENTITY_KEY_LENGTH = 250
+_UNSAFE_KEY = re.compile(r"[^\w\-. /:]")
+
+
+def mlflow_key(key: str) -> str:
+    """A key MLflow accepts: its character set, its length. ``s🔥`` and ``s💧`` both become
+    ``s_``, so the document refuses two names that would.
+
+    >>> mlflow_key("iia/s🔥")
+    'iia/s_'
+    """
+    return _UNSAFE_KEY.sub("_", str(key))[:MAX_ENTITY_KEY_LENGTH]
+
+
 def sanitised_label(label: str) -> str:
     """A sweep label as a directory name: ``/``, ``\\`` and control characters become ``_``."""
     return "".join("_" if ch in _CONTROL or ch in "/\\" else ch for ch in label)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Union
 
-from pydantic import AllowInfNan, BaseModel, ConfigDict, Strict, StrictInt
+from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Strict, StrictInt, StrictStr
 from pydantic_core import PydanticCustomError
+
+from causalab.document.names import unreadable_name
 
 FiniteFloat = Annotated[float, Strict(), AllowInfNan(False)]
 # An int stays an int (a gaussian seed must be one); a float is any finite float.
@@ -30,3 +32,15 @@ def refuse(message: str, *at: str | int) -> PydanticCustomError:
     on a write can still name ``….writes.<w>.params``.
     """
     return PydanticCustomError("causalab", "{message}", {"message": message, "at": tuple(at)})
+
+
+def _readable(name: str) -> str:
+    why = unreadable_name(name)
+    if why is not None:
+        raise refuse(f"name {name!r} {why}: a name is shown in explain, MLflow and tables, so "
+                     "it is printable, non-empty and has no leading or trailing space")
+    return name
+
+
+# A name the author gives a node (a site, step, read, metric…): shown, so readable.
+Name = Annotated[StrictStr, AfterValidator(_readable)]

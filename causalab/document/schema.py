@@ -16,7 +16,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 from causalab.document.interventions import (METRIC_MODELS, Intervention, InterventionModel,
                                              Metric, Operand, Read, Ref, Write)
 from causalab.document.names import is_uri, runs_uri_parts, unsafe_segment
-from causalab.document.nodes import Node, Number, refuse
+from causalab.document.nodes import Name, Node, Number, refuse
 from causalab.document.positions import Pos, Position, Scope, as_position
 from causalab.document.steps import (Anneal, Attribute, EarlyStop, Eval, Fit, Observe, Optimizer,
                                      Output, Save, Step, Weights, step_interventions)
@@ -167,11 +167,11 @@ class Document(Node):
 
     header: Header = Header()
     model: ModelSpec
-    roles: dict[StrictStr, Role]
-    sites: dict[StrictStr, Site]
-    featurizers: dict[StrictStr, Featurizer] = {}
-    interventions: dict[StrictStr, Intervention] = {}
-    steps: Annotated[dict[StrictStr, Step], Field(min_length=1)]
+    roles: dict[Name, Role]
+    sites: dict[Name, Site]
+    featurizers: dict[Name, Featurizer] = {}
+    interventions: dict[Name, Intervention] = {}
+    steps: Annotated[dict[Name, Step], Field(min_length=1)]
 
     @model_validator(mode="after")
     def _reserved_step(self) -> "Document":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import posixpath
 
 from causalab.document.attribution import check_attribute
-from causalab.document.names import unsafe_segment
+from causalab.document.names import mlflow_key, unsafe_segment
 from causalab.document.references import Entry, operand_refs, roles_used
 from causalab.document.schema import Attribute, Document, Fit, Observe, Save, Weights
 from causalab.document.vocab import FEATURIZER_KINDS, IDENTITY, is_reserved_result
@@ -53,6 +53,30 @@ def check_steps(doc: Document, entries: dict[str, list[Entry]]) -> None:
             _check_weights(doc, step, at)
             _check_saves(step.saves, {"": {n: TENSOR for n in step.names}}, at, files)
     _check_training_order(doc, entries)
+    _check_metric_keys(doc, entries)
+
+
+def _check_metric_keys(doc: Document, entries: dict[str, list[Entry]]) -> None:
+    """Two keys of one run that MLflow's sanitising makes one (``iia/s🔥`` and ``iia/s💧`` are
+    both ``iia/s_``): the later step's numbers would silently replace the earlier's."""
+    fits = [s for s, step in doc.steps.items() if isinstance(step, Fit)]
+    seen: dict[str, tuple[str, Path]] = {}
+    for s, mine in entries.items():
+        nested = isinstance(getattr(doc.steps[s], "interventions", None), list)
+        keys = [(f"{s}/train/loss", ("steps", s))] if s in fits and len(fits) > 1 else []
+        for entry in mine:
+            label = f"{s}/{entry.name}" if nested else s
+            keys += [(f"{m}/{label}", entry.path + ("metrics", m) if mlflow_key(m) != m
+                      else ("steps", s)) for m in entry.body.metrics]
+        for key, at in keys:
+            logged = mlflow_key(key)
+            if logged in seen and seen[logged][0] != key:
+                first, where = seen[logged]
+                raise DocumentError(at, f"metric key {key!r} is logged to MLflow as {logged!r}, "
+                                    f"as is {first!r} ({'.'.join(map(str, where))}); rename one "
+                                    "so each keeps its own numbers (MLflow keys hold letters, "
+                                    "digits and _-. /: only)")
+            seen.setdefault(logged, (key, at))
 
 
 def _check_rows(doc: Document, rows: dict[str, str], mine: list[Entry], at: Path) -> None:
@@ -202,6 +226,9 @@ def _contained(file_path: str, at: Path) -> str:
     name = posixpath.normpath(file_path)
     if name == ".." or name.startswith("../"):
         raise DocumentError(at, f"{file_path!r} escapes the output directory")
+    if posixpath.basename(name).startswith("."):
+        raise DocumentError(at, f"{file_path!r} names a file with no stem (a hidden file); "
+                            "give it a name before its suffix, e.g. scores.json")
     for part in name.split("/"):
         why = unsafe_segment(part)
         if why is not None:

@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BeforeValidator, Field, StrictInt, StrictStr, model_validator
 
 from causalab.document.interventions import Intervention
-from causalab.document.nodes import Node, Number, refuse
+from causalab.document.nodes import Name, Node, Number, refuse
 from causalab.document.positions import Pos
 from causalab.document.vocab import (ATTRIBUTION_LAYERS_ALL, ATTRIBUTION_UNITS, EARLY_STOP_MODES,
                                      OPTIMIZERS, REDUCE_MODES)
@@ -63,7 +63,7 @@ class Observe(Node):
     kind: Literal["observe"]
     interventions: InterventionsField | None = None
     rows: Rows
-    outputs: dict[StrictStr, OutputField] = {}
+    outputs: dict[Name, OutputField] = {}
     saves: list[Save] = []
 
 

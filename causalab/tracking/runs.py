@@ -13,11 +13,11 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 from urllib.parse import urlparse
 
+from causalab.document.names import MAX_ENTITY_KEY_LENGTH, mlflow_key
 from causalab.errors import TrackingError
 from causalab.tracking.moved import ROOT_TAG
 from causalab.tracking.reach import DEADLINES, sqlite_file
@@ -46,10 +46,8 @@ JOB = "causalab.job"
 CLAIM = "causalab.claim"
 # MLflow 3 opens an experiment on its GenAI pages unless this tag names a training-style kind.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
-_UNSAFE_KEY = re.compile(r"[^\w\-. /:]")
 # MLflow's limits (mlflow.utils.validation, checked against it in the tests), here so that a
 # run's main process names params and keys without importing MLflow (tracking/worker.py).
-MAX_ENTITY_KEY_LENGTH = 250
 MAX_PARAM_VAL_LENGTH = 6000
 MAX_TAG_VAL_LENGTH = 8000
 MAX_METRICS_PER_BATCH = 1000
@@ -310,8 +308,8 @@ def metric(key: str, value: float, step: int, timestamp: int) -> Point:
 
 
 def _key(key: str) -> str:
-    """A key MLflow accepts: its character set, its length."""
-    return _UNSAFE_KEY.sub("_", str(key))[:MAX_ENTITY_KEY_LENGTH]
+    """A key MLflow accepts: the document room's rule, so validate saw the same keys."""
+    return mlflow_key(key)
 
 
 def param_value(value: Any) -> str:
