@@ -1,10 +1,14 @@
-"""A write whose own numbers overflow the dtype: found once a pass's traces have run, refused
-at the write's path, naming its mechanism and site.
+"""A write whose own numbers overflow the dtype, or whose finite numbers overflow the next
+norm's sum of squares: found once a pass's traces have run, refused at the write's path,
+naming its mechanism and site.
 
 The walk's write taps leave a ``seam.Written`` per trace (device flags, no host sync); this
 module reads them all with one sync when the pass's result is made, and only on a hit walks
 the rows to say how many. It never opens a trace. A row whose logits turn non-finite
-downstream of writes that stayed finite is the metric's ``NON_FINITE`` exclusion instead.
+downstream of writes that stayed finite is the metric's ``NON_FINITE`` exclusion instead;
+a write whose values stay finite but square past float32 (``add_scaled`` by 1e30) would make
+the next RMSNorm or LayerNorm divide by infinity and every logit a constant (0.0 under a
+Llama head) with no NaN anywhere, so it is refused here too.
 """
 from __future__ import annotations
 
@@ -25,23 +29,41 @@ def refuse_overflowed(pass_: Pass, written: dict[str, list[tuple[tuple[int, ...]
     if not traces:
         return
     device = traces[0][1].non_finite.device
-    hits = torch.stack([flags.non_finite.any().to(device) for _, flags in traces])
+    hits = torch.stack([_flags(flags).any().to(device) for _, flags in traces])
     if not bool(hits.any()):
         return
     name = traces[int(hits.nonzero()[0, 0])][0]
     write = next(w for forward in pass_.forwards for w in forward.writes if w.name == name)
-    bad, every = _rows(written[name])
     dtype = str(written[name][0][1].dtype).removeprefix("torch.")
+    bad, every = _rows(written[name], "non_finite")
+    if bad:
+        raise RunError(("interventions", pass_.intervention, "writes", name),
+                       f"the {write.mechanism} write made {len(bad)} of {len(every)} rows "
+                       f"non-finite at {_site(write)} ({_numbers(write)}) overflows {dtype}")
+    bad, every = _rows(written[name], "norm_overflow")
+    squares = "float64" if dtype == "float64" else "float32"
     raise RunError(("interventions", pass_.intervention, "writes", name),
-                   f"the {write.mechanism} write made {len(bad)} of {len(every)} rows "
-                   f"non-finite at {_site(write)} ({_numbers(write)}) overflows {dtype}")
+                   f"the {write.mechanism} write left {len(bad)} of {len(every)} rows at "
+                   f"{_site(write)} too large for a norm ({_numbers(write)}): their sum of "
+                   f"squares overflows {squares}, so the next norm divides by infinity and the "
+                   "logits are no longer numbers to score")
 
 
-def _rows(found: list[tuple[tuple[int, ...], Written]]) -> tuple[set[int], set[int]]:
-    """The pass rows a write made non-finite at some position, and every row it acted on."""
+def _flags(flags: Written) -> torch.Tensor:
+    """Per position, whether the write broke the forward there."""
+    if flags.norm_overflow is None:
+        return flags.non_finite
+    return flags.non_finite | flags.norm_overflow
+
+
+def _rows(found: list[tuple[tuple[int, ...], Written]], flag: str
+          ) -> tuple[set[int], set[int]]:
+    """The pass rows ``flag`` (a ``Written`` field) marks at some position, and every row the
+    write acted on."""
     bad, every = set(), set()
     for rows, flags in found:
-        values, start = flags.non_finite.tolist(), 0
+        marked = getattr(flags, flag)
+        values, start = ([False] * sum(flags.counts) if marked is None else marked.tolist()), 0
         for row, count in zip(rows, flags.counts):
             every.add(row)
             if any(values[start:start + count]):

@@ -225,32 +225,43 @@ def apply_write(activation: torch.Tensor, write: WriteOp, window: Window, featur
 
 class Written(NamedTuple):
     """What a write tap gives back beside its tensor: per position of its window whether the
-    write left a NaN or Inf where the value before it held none (``(total,)`` bool, still on
-    the device: nothing waits on it until the pass's result is read), the window's per-row
-    widths, and the dtype it wrote in."""
+    write left a NaN or Inf where the value before it held none, and whether it left finite
+    values whose sum of squares overflows (``(total,)`` bool each, still on the device:
+    nothing waits on them until the pass's result is read), the window's per-row widths, and
+    the dtype it wrote in."""
 
     non_finite: torch.Tensor
     counts: tuple[int, ...]
     dtype: torch.dtype
+    norm_overflow: torch.Tensor | None = None
 
 
 def check_write(before: torch.Tensor, after: torch.Tensor, address: Address,
                 window: Window) -> Written:
     """Which of ``window``'s positions ``after`` (what :func:`apply_write` returned) holds a
     non-finite value at where ``before`` (its input) held only finite ones: the write's own
-    numbers overflowed the dtype there. Device work only, no host sync.
+    numbers overflowed the dtype there. And which hold finite values whose sum of squares
+    overflows the dtype a norm computes it in (float32, or the model's if wider): the next
+    RMSNorm or LayerNorm divides by infinity there and every logit downstream comes out a
+    constant. One reduction per written address; device work only, no host sync.
 
     >>> import torch
     >>> from causalab.compile.plan import Address
     >>> address = Address("block_output", 0, "layers_output", (0, 60), 1, 4, 4)
-    >>> after = torch.ones(2, 3, 4); after[1, 2, 0] = float("inf")
+    >>> after = torch.ones(2, 3, 4); after[1, 2, 0] = float("inf"); after[0, 2, 1] = 1e30
     >>> window = Window.from_windows([(2,), (2,)])
-    >>> check_write(torch.ones(2, 3, 4), after, address, window).non_finite.tolist()
-    [False, True]
+    >>> written = check_write(torch.ones(2, 3, 4), after, address, window)
+    >>> written.non_finite.tolist(), written.norm_overflow.tolist()
+    ([False, True], [True, False])
     """
     with torch.no_grad():
         total = window.total
         x = gather(before.detach(), address, window).reshape(total, -1)
         y = gather(after.detach(), address, window).reshape(total, -1)
-        flags = torch.isfinite(x).all(-1) & ~torch.isfinite(y).all(-1)
-    return Written(flags, window.counts, after.dtype)
+        was_finite = torch.isfinite(x).all(-1)
+        is_finite = torch.isfinite(y).all(-1)
+        flags = was_finite & ~is_finite
+        squares = torch.promote_types(after.dtype, torch.float32)
+        norm_overflow = (is_finite & torch.isfinite(x.to(squares).square().sum(-1))
+                         & ~torch.isfinite(y.to(squares).square().sum(-1)))
+    return Written(flags, window.counts, after.dtype, norm_overflow)
