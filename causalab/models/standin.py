@@ -33,7 +33,10 @@ SHAPES = {
     "llama-3.1-8b": {**_LLAMA3, "hidden_size": 4096, "intermediate_size": 14336,
                      "num_hidden_layers": 32, "num_attention_heads": 32,
                      "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": False},
-    # A small member of the family, for tests and dry runs of the scripts that use the others.
+    # Small members of the family, for tests and dry runs of the scripts that use the others.
+    "llama-small": {**_LLAMA3, "vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1408,
+                    "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
+                    "head_dim": 64, "tie_word_embeddings": False},
     "llama-tiny": {**_LLAMA3, "vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128,
                    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
                    "head_dim": 16, "tie_word_embeddings": False},
