@@ -15,7 +15,6 @@ IDENTITY = "identity"  # the implicit featurizer; never declared
 FEATURIZERS_NODE = "featurizers"  # the compiler's node ahead of the steps; no step may take it
 
 DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
-# The largest finite value of each dtype: past it, inf.
 DTYPE_LARGEST = {"fp32": 3.4028234663852886e38, "bf16": 3.3895313892515355e38, "fp16": 65504.0}
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 STEP_KINDS = ("observe", "fit", "weights", "attribute")
