@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from causalab.files import causalab_home
+from causalab.models.digest import directory_digest, write_record
 from causalab.models.staging import publish, staging_folder
 
 # Real configurations, as their config.json spells them (Meta's Llama 3.2 1B and 3.1 8B).
@@ -101,6 +102,7 @@ def write_standin(name: str, directory: str | Path, *, seed: int = 0, dtype: str
     _index(directory)
     config.save_pretrained(str(directory))
     tokenizer.save_pretrained(str(directory))
+    write_record(directory, directory_digest(directory))  # its revision, read tensor by tensor
 
 
 def _drawn(key: str, shape: tuple, seed: int, dtype):
