@@ -75,6 +75,9 @@ def _run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume-mib", default=None,
                         help="MiB of un-intervened values kept for prefix resume "
                              "(default: 256; 0 turns resume off)")
+    parser.add_argument("--memory", default=None,
+                        help="what the whole process may hold, weights included: 6GiB, 512MiB "
+                             "or a share of free memory (default: 80%%)")
     parser.add_argument("--data-root", default=None, help=f"default: {DEFAULT_DATA_ROOT}")
     parser.add_argument("--no-track", action="store_true", help="skip MLflow tracking")
     parser.add_argument("--tracking-uri", default=None)
@@ -124,6 +127,9 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
                                      "store known, a stamp without a digest)")
             parser.add_argument("--traces", action="store_true",
                                 help="print the traces a run opens instead (no weights loaded)")
+            parser.add_argument("--memory", default=None, type=flags.memory,
+                                help="the run's memory budget the traces are sized to "
+                                     "(6GiB, 80%%; default: 80%% of free memory)")
     elif name == "run":
         _run_args(parser)
     elif name == "render":

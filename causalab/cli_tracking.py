@@ -44,6 +44,7 @@ def run_options_of(args: argparse.Namespace) -> RunOptions:
     """``causalab run``'s flags as the run's options (:mod:`causalab.options`), validated."""
     options = run_options("cli", out=args.out, device_map=args.device_map,
                           batch_size=args.batch_size, resume_mib=args.resume_mib,
+                          memory=args.memory,
                           data_root=args.data_root, track=not args.no_track,
                           tracking_uri=args.tracking_uri, rerun=args.rerun,
                           strict=args.strict)
@@ -78,7 +79,8 @@ def verb_run(args: argparse.Namespace) -> dict:
         written = run_document(raw, out=options.out, batch_size=options.batch_size,
                                device_map=options.device_map, data_root=options.data_root,
                                events=Chain(events, PointProgress(), _Notes()),
-                               resume_mib=options.resume_mib, strict=options.strict)
+                               resume_mib=options.resume_mib, strict=options.strict,
+                               memory=options.memory)
     written = [str(p) for p in written]
     skipped = [{"point": label or "<root>", "reused_run_id": run_id,
                 "linked_run_id": getattr(events, "linked", {}).get(label)}

@@ -167,7 +167,7 @@ def verb_explain(args: argparse.Namespace) -> dict:
     if args.traces:  # the traces a run opens, planned from config and tokenizer alone
         from causalab.engine.traces import explain_traces
 
-        return explain_traces(plan)
+        return explain_traces(plan, args.memory)
     if not args.json:  # the serialised plan costs as much as compiling it; text needs none
         return {"text": causalab.compile.explain(plan)}
     return causalab.compile.explain_payload(plan)

@@ -42,6 +42,17 @@ def device_map(text: str) -> str:
     return text
 
 
+def memory(text: str) -> str:
+    """``--memory``: bytes with a unit (6GiB) or a share of free memory (80%)."""
+    from causalab.memory import parse
+
+    try:
+        parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def tracking_uri(text: str) -> str:
     """``--tracking-uri``: a path or a URI with a scheme MLflow stores understand."""
     scheme = urlparse(text).scheme

@@ -19,7 +19,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from causalab import flags
+from causalab import flags, memory
 from causalab.errors import Path, UsageError
 from causalab.files import DEFAULT_DATA_ROOT
 
@@ -33,7 +33,9 @@ class RunOptions(BaseModel):
     folder for Hydra, a temporary folder for a notebook). ``device_map``: a placement or a
     device; ``auto`` is the accelerator when there is one, else the CPU. ``batch_size``: rows
     per forward window (none: the whole pass). ``resume_mib``: MiB kept for prefix resume
-    (none: 256; 0 turns it off). ``track``: log to MLflow; ``tracking_uri`` (else
+    (none: 256; 0 turns it off). ``memory``: what the whole process may hold, weights
+    included: bytes with a unit (``6GiB``) or a share of free memory (``80%``, the default;
+    :mod:`causalab.memory`). ``track``: log to MLflow; ``tracking_uri`` (else
     MLFLOW_TRACKING_URI or ./mlflow.db), ``experiment`` (else MLFLOW_EXPERIMENT_NAME or
     ``causalab``); ``rerun``: run points even when a finished run has their digest;
     ``strict``: refuse when a bundle check cannot run (a stamp without a digest).
@@ -45,6 +47,7 @@ class RunOptions(BaseModel):
     device_map: str = "auto"
     batch_size: int | None = Field(default=None, ge=1)
     resume_mib: int | None = Field(default=None, ge=0)
+    memory: str | None = None
     data_root: str = DEFAULT_DATA_ROOT
     track: bool = True
     tracking_uri: str | None = None
@@ -56,6 +59,13 @@ class RunOptions(BaseModel):
     @classmethod
     def _placement(cls, value: str) -> str:
         return _flag(flags.device_map, value)
+
+    @field_validator("memory")
+    @classmethod
+    def _budget(cls, value: str | None) -> str | None:
+        if value is not None:
+            memory.parse(value)
+        return value
 
     @field_validator("tracking_uri")
     @classmethod
@@ -82,11 +92,13 @@ def _flag(check: Callable[[str], str], value: str) -> str:
 SPELLINGS: dict[str, dict[str, Path]] = {
     "cli": {"out": ("--out",), "device_map": ("--device-map",),
             "batch_size": ("--batch-size",), "resume_mib": ("--resume-mib",),
+            "memory": ("--memory",),
             "data_root": ("--data-root",), "track": ("--no-track",),
             "tracking_uri": ("--tracking-uri",), "experiment": ("MLFLOW_EXPERIMENT_NAME",),
             "rerun": ("--rerun",), "strict": ("--strict",)},
     "hydra": {"out": ("run", "out"), "device_map": ("run", "device_map"),
               "batch_size": ("run", "batch_size"), "resume_mib": ("run", "resume_mib"),
+              "memory": ("run", "memory"),
               "data_root": ("run", "data_root"), "track": ("tracking", "enabled"),
               "tracking_uri": ("tracking", "uri"), "experiment": ("tracking", "experiment"),
               "rerun": ("tracking", "rerun"), "strict": ("run", "strict")},

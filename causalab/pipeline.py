@@ -32,14 +32,17 @@ def points_of(plan) -> list:
 
 def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = None,
                  device_map: str = "cpu", data_root: str = DEFAULT_DATA_ROOT,
-                 events=None, resume_mib: int | None = None, strict: bool = False) -> list[str]:
+                 events=None, resume_mib: int | None = None, strict: bool = False,
+                 memory: str | None = None) -> list[str]:
     """Run a raw document end to end and return the written paths, in order.
 
     A bundle check compile could not make (a stamp without a digest) goes to ``events.note``
     as one line, or with ``strict`` is refused.
 
     ``resume_mib``: MiB of un-intervened values kept for prefix resume (docs/platform.md §7;
-    default ``RESUME_BUDGET``, 0 turns resume off).
+    default ``RESUME_BUDGET``, 0 turns resume off). ``memory``: what the whole process may
+    hold (``causalab.memory``; default 80% of free memory): a model whose weights alone exceed
+    it is refused before it loads, and the planner sizes every trace's window to it.
 
     ``events`` (a ``causalab.engine.events.Events``) may veto a point from ``point_start``.
     Points whose intervened forwards fuse (``causalab.engine.planner``) are started together,
@@ -59,6 +62,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                   or value < low):
             raise UsageError((flag,), f"must be an integer, {low} or more, not {value!r}")
+    _check_memory(memory)
     events = events or Events()
     plan = compile_only(raw, data_root, resolver=events.resolve)
     _unchecked(plan, events, strict)
@@ -67,27 +71,43 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     check_plan_bundles(plan, resolver=events.resolve)
     with claim(out):
         return _run_claimed(raw, plan, points, out=out, batch_size=batch_size,
-                            device_map=device_map, events=events, resume_mib=resume_mib)
+                            device_map=device_map, events=events, resume_mib=resume_mib,
+                            memory=memory)
+
+
+def _check_memory(memory: str | None) -> None:
+    from causalab import memory as budgets
+    from causalab.errors import UsageError
+
+    try:
+        budgets.parse(memory or budgets.DEFAULT)
+    except ValueError as error:
+        raise UsageError(("--memory",), str(error)) from None
 
 
 def _run_claimed(raw: dict, plan, points: list, *, out: str, batch_size: int | None,
-                 device_map: str, events, resume_mib: int | None) -> list[str]:
+                 device_map: str, events, resume_mib: int | None,
+                 memory: str | None = None) -> list[str]:
     """Run every point into ``out``, which this run holds; a run whose every point was done
     before loads no model."""
     from causalab.engine import record
 
     events.run_start(raw, points)
     verdicts = _leading_verdicts(events, points)
-    model = None
+    model, budget = None, None
     if any(verdicts.values()):  # else every point was done before: no model, no torch
-        from causalab.engine.load import load_model
+        from causalab.engine.load import budget_of, load_model, measure_budget
 
-        model = load_model(plan.model or points[0].model, device_map=device_map)
+        ref = plan.model or points[0].model
+        measured = measure_budget(ref, memory, device_map)  # refused here, before any weight
+        model = load_model(ref, device_map=device_map)
+        budget = budget_of(measured, model)
     written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
     saves, engine, dtype = [], ENGINE, DTYPES[(plan.model or points[0].model).dtype]
     if model is not None:
         saves, engine, dtype = _run_points(model, points, verdicts, out=out, events=events,
-                                           batch_size=batch_size, resume_mib=resume_mib)
+                                           batch_size=batch_size, resume_mib=resume_mib,
+                                           budget=budget)
     written.append(record.write_run_record(out, engine, batch_size, dtype))
     written += saves
     events.run_end(written)
@@ -109,17 +129,18 @@ def _leading_verdicts(events, points: list) -> dict[int, bool]:
 
 
 def _run_points(model, points: list, verdicts: dict[int, bool], *, out: str, events,
-                batch_size: int | None, resume_mib: int | None):
+                batch_size: int | None, resume_mib: int | None, budget=None):
     """Run every fused group on ``model``: ``(saves, engine name, served dtype)``; the first
-    error is raised once every point has run."""
+    error is raised once every point has run. ``budget``: the memory budget
+    (``engine.budget.Budget``) the planner sizes windows to."""
     from causalab.engine.cache import DocumentCache
     from causalab.engine.load import served_dtype
     from causalab.engine.planner import alike_later, groups
 
     saves: list[str] = []
-    cache = DocumentCache(None if resume_mib is None else resume_mib * 2 ** 20)
+    cache = DocumentCache(None if resume_mib is None else resume_mib * 2 ** 20, memory=budget)
     failed: Exception | None = None
-    runs = groups(points, batch_size)
+    runs = groups(points, batch_size, cache)
     for group, ahead in zip(runs, alike_later(runs)):
         done, error = _run_group(group, model, out=out, batch_size=batch_size, events=events,
                                  cache=cache, ahead=ahead, verdicts=verdicts)

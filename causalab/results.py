@@ -182,7 +182,8 @@ def _tensor(published: Any) -> Any:
 def run(document: Mapping[str, Any] | str | Path, *, out: str | None = None,
         track: bool = False, tracking_uri: str | None = None, experiment: str | None = None,
         rerun: bool | None = None, data_root: str | None = None, device_map: str | None = None,
-        batch_size: int | None = None, resume_mib: int | None = None) -> Result:
+        batch_size: int | None = None, resume_mib: int | None = None,
+        memory: str | None = None) -> Result:
     """Run a document (a dict or a JSON file) and return its tables and values as data.
 
     ``out`` defaults to a new temporary folder, removed when the process ends. With
@@ -196,7 +197,8 @@ def run(document: Mapping[str, Any] | str | Path, *, out: str | None = None,
 
     options = run_options("python", out=out, track=track, tracking_uri=tracking_uri,
                           experiment=experiment, rerun=rerun, data_root=data_root,
-                          device_map=device_map, batch_size=batch_size, resume_mib=resume_mib)
+                          device_map=device_map, batch_size=batch_size, resume_mib=resume_mib,
+                          memory=memory)
     check_device(options, "python")
     raw = _document(document)
     out = options.out or _temporary()
@@ -211,7 +213,8 @@ def run(document: Mapping[str, Any] | str | Path, *, out: str | None = None,
     try:
         written = run_document(raw, out=out, batch_size=options.batch_size,
                                device_map=options.device_map, data_root=options.data_root,
-                               events=Chain(tracker, collect), resume_mib=options.resume_mib)
+                               events=Chain(tracker, collect), resume_mib=options.resume_mib,
+                               memory=options.memory)
         if tracker is not None:
             tracker.wait()  # Result.runs names the stored runs
     except BaseException as error:

@@ -138,7 +138,7 @@ def _run(config) -> None:
         written = run_document(document, out=out, batch_size=options.batch_size,
                                device_map=options.device_map, data_root=options.data_root,
                                events=Chain(events, PointProgress(), summary),
-                               resume_mib=options.resume_mib)
+                               resume_mib=options.resume_mib, memory=options.memory)
         # The numbers are shown now; leaving the block waits for MLflow to store them.
         _report(out, written, summary, _job_line(document))
     _report_tracking(events)

@@ -14,8 +14,8 @@ ORIGINAL = "original"  # the un-intervened model; a model of this name cannot be
 IDENTITY = "identity"  # the implicit featurizer; never declared
 FEATURIZERS_NODE = "featurizers"  # the compiler's node ahead of the steps; no step may take it
 
-DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
-DTYPE_LARGEST = {"fp32": 3.4028234663852886e38, "bf16": 3.3895313892515355e38}  # past it: inf
+DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
+DTYPE_LARGEST = {"fp32": 3.4028234663852886e38, "bf16": 3.3895313892515355e38, "fp16": 65504.0}
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
 STEP_KINDS = ("observe", "fit", "weights", "attribute")
 VIEWS = ("raw", "logits")

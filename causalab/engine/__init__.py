@@ -22,11 +22,13 @@ How one forward runs, and who owns what (docs/engine.md walks one through):
   at the last column over kept keys, and decoding's generated frame;
 * ``metrics``, ``outputs``, ``steps``, ``fit`` — scoring, publishing, the steps around a pass;
 * ``load``, ``record``, ``bundles``, ``events`` — model loading, files, stamps, listeners;
+  ``budget`` — the memory budget as the planner spends it (each trace's estimated peak);
   ``traces`` — the schedule of a document without its weights (``explain --traces``).
 
 The pipeline (``causalab.pipeline``, the CLI, ``run``, ``tracking``) may use only:
 ``walk.run_plan``, ``walk.prefetch``, ``walk.discard_prefetched``,
 ``cache.DocumentCache``, ``planner.groups``, ``planner.alike_later``, ``load.load_model``, ``load.served_dtype``,
+``load.measure_budget``, ``load.budget_of`` (the memory budget, measured before the model loads),
 ``record.write_json``, ``record.write_run_record``, ``events.Events``, ``events.Chain``,
 ``containment.check_plan``, ``containment.inside`` (writes stay under ``--out``),
 ``bundles.check_plan_bundles`` (no NaN or Inf in a bundle file, before anything is written)

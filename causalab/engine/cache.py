@@ -18,6 +18,7 @@ import torch
 
 from causalab.compile.plan import Forward, Pass, ReadOp
 from causalab.document import vocab
+from causalab.engine.budget import RESUME_SHARE, WHOLE_SHARE, Budget
 from causalab.engine.forwards import batch_key
 from causalab.engine.resume import map_tensors
 
@@ -97,9 +98,10 @@ class DocumentCache:
     """
 
     __slots__ = ("reads", "generated", "wholes", "inputs", "positions", "prefetched",
-                 "whole_bytes", "prefixes", "keys", "resume_budget", "resume_bytes")
+                 "whole_bytes", "prefixes", "keys", "resume_budget", "resume_bytes",
+                 "whole_budget", "memory")
 
-    def __init__(self, resume_budget: int | None = None) -> None:
+    def __init__(self, resume_budget: int | None = None, memory: Budget | None = None) -> None:
         self.reads: dict = {}
         self.generated: dict = {}
         self.wholes: dict = {}
@@ -109,8 +111,22 @@ class DocumentCache:
         self.whole_bytes = 0
         self.prefixes: dict = {}
         self.keys: dict = {}
-        self.resume_budget = RESUME_BUDGET if resume_budget is None else resume_budget
+        # A memory budget caps both keeping budgets at its shares (``budget.Budget``).
+        self.memory = memory
+        shares = (memory.share(RESUME_SHARE), memory.share(WHOLE_SHARE)) if memory else (
+            RESUME_BUDGET, WHOLE_BUDGET)
+        self.resume_budget = (min(RESUME_BUDGET, shares[0]) if resume_budget is None
+                              else resume_budget)
         self.resume_bytes = 0
+        self.whole_budget = min(WHOLE_BUDGET, shares[1])
+
+    def window(self, batch_size: int | None, tokens: int, grad: bool = False) -> int | None:
+        """Rows per trace: ``batch_size``, narrowed to what the memory budget's trace share
+        holds of rows of ``tokens`` tokens (with a graph kept when ``grad``)."""
+        if self.memory is None:
+            return batch_size
+        fits = self.memory.rows(tokens, grad)
+        return min(batch_size, fits) if batch_size else fits
 
     def prefix_room(self, batch: Any, layers: int, width: int) -> bool:
         """Whether ``layers`` more residuals of ``batch`` (``width`` wide, fp32) fit the
@@ -138,7 +154,7 @@ class DocumentCache:
         if key in self.wholes or key in pending:
             return key
         size = _whole_bytes(batch, read)
-        if size > WHOLE_BYTES or self.whole_bytes + size > WHOLE_BUDGET:
+        if size > WHOLE_BYTES or self.whole_bytes + size > self.whole_budget:
             return None
         self.whole_bytes += size
         return key
@@ -152,7 +168,7 @@ class DocumentCache:
             if whole_id(batch, read) not in self.wholes:
                 new[whole_id(batch, read)] = _whole_bytes(batch, read)
         return (all(size <= WHOLE_BYTES for size in new.values())
-                and self.whole_bytes + sum(new.values()) <= WHOLE_BUDGET)
+                and self.whole_bytes + sum(new.values()) <= self.whole_budget)
 
     def keep_prefetched(self, pass_: Pass, result: Any) -> None:
         self.prefetched[id(pass_)] = (pass_, result)

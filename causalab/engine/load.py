@@ -8,11 +8,15 @@ off for the duration of the load and restored afterwards.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
+from causalab import memory
 from causalab.compile.plan import ModelRef
 from causalab.document import vocab
+from causalab.engine.budget import Budget
+from causalab.engine.state import ModelFacts
 from causalab.errors import ModelError
 
 # vocab.DTYPES spells each document dtype as torch names it ("torch.float32").
@@ -83,3 +87,44 @@ def _attention_kwargs(config, attn_implementation: str | None) -> dict:
 def served_dtype(model) -> str:
     """The dtype of the unembedding weight the run actually used (``run.json``)."""
     return str(model._model.get_output_embeddings().weight.dtype)
+
+
+class Measured(NamedTuple):
+    """A run's memory budget in bytes (the whole process), what the process held before the
+    model loaded, the weights' size in the run's dtype, where they land, and their dtype."""
+
+    total: int
+    before: int
+    weights: int
+    device: str
+    dtype: str
+
+
+def device_of(device_map: str) -> str:
+    """The device a placement's memory is counted on: the first accelerator, or the CPU."""
+    where = placement(device_map)
+    if where == "cpu" or not torch.cuda.is_available():
+        return "cpu"
+    return where if memory.is_accelerator(where) else "cuda:0"
+
+
+def measure_budget(ref: ModelRef, text: str | None, device_map: str = "cpu") -> Measured:
+    """The budget ``text`` (None: ``memory.DEFAULT``) measured on this machine, refused before
+    loading when the weights alone exceed it (one line naming both sizes)."""
+    device = device_of(device_map)
+    total = memory.budget_bytes(text, device)
+    weights = memory.weights_bytes(ref.path, ref.dtype)
+    if weights > total:
+        spelled = text or f"{memory.DEFAULT} of free memory"
+        raise ModelError(("model", "key"), f"{ref.key}: its weights take {memory.gib(weights)} "
+                                           f"in {ref.dtype}, more than the memory budget of "
+                                           f"{memory.gib(total)} ({spelled}) on {device}")
+    return Measured(total, memory.used_bytes(device), weights, device, ref.dtype)
+
+
+def budget_of(measured: Measured, model) -> Budget:
+    """The budget the planner spends once ``model`` is in: what the process holds now, or
+    before plus the weights when their pages are not all resident yet (a mapped file)."""
+    held = max(memory.used_bytes(measured.device), measured.before + measured.weights)
+    return Budget(measured.total, held, memory.ITEMSIZE.get(measured.dtype, 4),
+                  ModelFacts.of(model._model.config))

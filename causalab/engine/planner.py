@@ -54,24 +54,28 @@ def signature(point: Any) -> tuple | None:
     return tuple(shape) if written else None
 
 
-def _capacity(point: Plan, batch_size: int | None) -> int:
-    """How many copies of the point's rows one trace may hold."""
+def _capacity(point: Plan, batch_size: int | None, cache: DocumentCache | None) -> int:
+    """How many copies of the point's rows one trace may hold, within the memory budget's
+    trace share when there is one."""
     passes = [node.pass_ for node in point.children]
     rows = max(pass_.rows for pass_ in passes)
-    if batch_size:
-        return batch_size // max(rows, 1)
+    widest = max(batch.tokens for pass_ in passes for batch in pass_.inputs.values())
     tokens = max(pass_.rows * batch.tokens for pass_ in passes for batch in pass_.inputs.values())
-    return _FUSED_TOKENS // max(tokens, 1)
+    capacity = batch_size // max(rows, 1) if batch_size else _FUSED_TOKENS // max(tokens, 1)
+    if cache is not None and cache.memory is not None:
+        capacity = min(capacity, cache.memory.rows(widest) // max(rows, 1))
+    return capacity
 
 
-def groups(points: list, batch_size: int | None = None) -> list[list]:
+def groups(points: list, batch_size: int | None = None,
+           cache: DocumentCache | None = None) -> list[list]:
     """``points`` in order, cut into runs that share traces: consecutive points of one
     signature, as many as one trace holds. A point that cannot be fused is alone."""
     runs: list[tuple[tuple | None, list]] = []
     for point in points:
         key = signature(point)
         if (key is not None and runs and runs[-1][0] == key
-                and len(runs[-1][1]) < _capacity(point, batch_size)):
+                and len(runs[-1][1]) < _capacity(point, batch_size, cache)):
             runs[-1][1].append(point)
         else:
             runs.append((key, [point]))
@@ -166,7 +170,7 @@ def _intervened(ctx: PassContext, forward: Forward) -> Iterator[Stage]:
         keys = cache.keys.get(batch_key(batch))
     taps = _taps(forward)
     jobs = []
-    for chunk in forwards.chunks(ctx.rows, ctx.state.batch_size):
+    for chunk in forwards.chunks(ctx.rows, ctx.window(batch, ctx.grad)):
         resume = entry if entry is not None and all(
             need in kept and kept[need].covers(chunk, any_rows=fill) for need in needs) else None
         last = keys is not None and resume is not None and tail.all_last(
@@ -188,7 +192,7 @@ def attribute_stages(ctx: PassContext, node: Attribute) -> Iterator[Stage]:
     sites = tuple(SiteOp(node.name, a, i) for i, a in enumerate(node.addresses))
     start = () if node.embeddings is None else (SiteOp(node.name, node.embeddings),)
     base, other = (ctx.pass_.inputs[role] for role in (node.base, node.counterfactual))
-    for chunk in forwards.chunks(ctx.rows, ctx.state.batch_size):
+    for chunk in forwards.chunks(ctx.rows, ctx.window(base, True)):
         kept = tuple(JobTap("read", op, whole=True) for op in start + sites)
         yield Stage("attribute", (_job("attribute", other, chunk, kept, [ctx]),))
         for k in range(node.steps):
@@ -220,7 +224,7 @@ def _decode_jobs(ctx: PassContext, forward: Forward, rows: tuple) -> tuple[Trace
     return tuple(_job("decode", batch, chunk, tuple(JobTap(kind, op) for kind, op
                                                     in generate.step_taps(forward, step)),
                       [ctx], step=step, grad=ctx.grad)
-                 for chunk in forwards.chunks(rows, ctx.state.batch_size)
+                 for chunk in forwards.chunks(rows, ctx.window(batch, ctx.grad, forward.decode))
                  for step in range(forward.decode))
 
 
@@ -261,7 +265,7 @@ def _reads_jobs(units: list[PassContext], batch: PromptBatch, taps: tuple,
     """One fill trace per window of every row of ``batch``."""
     every = tuple(range(len(batch.input_ids)))
     return tuple(_job("reads", batch, chunk, taps, units, keep=needs, grad=units[0].grad)
-                 for chunk in forwards.chunks(every, units[0].state.batch_size))
+                 for chunk in forwards.chunks(every, units[0].window(batch, units[0].grad)))
 
 
 def _fill_batch(units: list[PassContext], own: list[Forward]) -> tuple[PromptBatch, Any]:
@@ -318,7 +322,7 @@ def _prefix_stage(ctx: PassContext, batch: PromptBatch, needs: set, *,
         return None
     every = tuple(range(ctx.pass_.rows))
     return Stage("prefix", tuple(_job("prefix", batch, chunk, (), [ctx], keep=tuple(missing))
-                                 for chunk in forwards.chunks(every, ctx.state.batch_size)))
+                                 for chunk in forwards.chunks(every, ctx.window(batch))))
 
 
 def _keys_stage(ctx: PassContext, batch: PromptBatch) -> Stage | None:
@@ -331,7 +335,7 @@ def _keys_stage(ctx: PassContext, batch: PromptBatch) -> Stage | None:
         return None
     every = tuple(range(ctx.pass_.rows))
     return Stage("keys", tuple(TraceJob("keys", batch, chunk, head="none")
-                               for chunk in forwards.chunks(every, ctx.state.batch_size)))
+                               for chunk in forwards.chunks(every, ctx.window(batch))))
 
 
 def _missing_prefixes(cache: DocumentCache, facts: ModelFacts, batch: PromptBatch,

@@ -49,11 +49,15 @@ def new_state(*, cache: DocumentCache | None = None, model_ref: ModelRef | None 
 class ModelFacts(NamedTuple):
     """What the planner knows of the model, read from its config (no weights): the block
     count, the residual width and one layer's key width (narrower under grouped-query
-    attention), which size the resume budget's charges."""
+    attention), which size the resume budget's charges; the MLP's width, the head count and
+    the vocabulary, which size a trace's estimate (``budget.row_bytes``)."""
 
     layers: int
     hidden: int
     kv: int
+    intermediate: int = 0
+    heads: int = 1
+    vocab: int = 0
 
     @classmethod
     def of(cls, config: Any) -> "ModelFacts":
@@ -63,7 +67,10 @@ class ModelFacts(NamedTuple):
         head_dim = getattr(config, "head_dim", None) or hidden // heads
         kv = int(getattr(config, "num_key_value_heads", None) or heads) * int(head_dim)
         layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer")
-        return cls(int(layers), hidden, kv)
+        intermediate = (getattr(config, "intermediate_size", None)
+                        or getattr(config, "n_inner", None) or 4 * hidden)
+        vocab = getattr(config, "vocab_size", None) or 0
+        return cls(int(layers), hidden, kv, int(intermediate), int(heads), int(vocab))
 
 
 class OpWindows(NamedTuple):
@@ -125,3 +132,8 @@ class PassContext:
     generated: dict = field(default_factory=dict)
     written: dict = field(default_factory=dict)
     attributed: Any = None
+
+    def window(self, batch: Any, grad: bool = False, decode: int = 0) -> int | None:
+        """Rows per trace over ``batch``: the run's batch size within the memory budget. One
+        size per batch and grad, so the prefixes a fill keeps cover the windows that resume."""
+        return self.state.cache.window(self.state.batch_size, batch.tokens + decode, grad)

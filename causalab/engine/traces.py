@@ -13,11 +13,18 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, NamedTuple
 
+from causalab import memory
 from causalab.compile.plan import Attribute, Fit, Observe, Pass, Plan
 from causalab.engine import passes, planner
+from causalab.engine.budget import RESUME_SHARE, Budget, trace_bytes
 from causalab.engine.cache import RESUME_BUDGET, DocumentCache
 from causalab.engine.jobs import Stage, TraceJob, describe
 from causalab.engine.state import ModelFacts, PassContext, WalkState
+
+
+# What a run's process holds before its first trace beyond the weights (python, torch,
+# transformers, nnsight; measured at ~420 MiB on CPU), rounded up.
+RUNTIME = 640 * 2 ** 20
 
 
 class Planned(NamedTuple):
@@ -41,12 +48,12 @@ class _Dry:
 
 
 def schedule(plan: Plan, config: Any, tokenizer: Any, *, batch_size: int | None = None,
-             resume_mib: int | None = None) -> list[Planned]:
-    """Every trace a run of ``plan`` opens, in order."""
+             resume_mib: int | None = None, budget: Budget | None = None) -> list[Planned]:
+    """Every trace a run of ``plan`` opens, in order (its windows sized to ``budget``)."""
     dry = _Dry(ModelFacts.of(config), tokenizer, [])
-    cache = DocumentCache(None if resume_mib is None else resume_mib * 2 ** 20)
+    cache = DocumentCache(None if resume_mib is None else resume_mib * 2 ** 20, memory=budget)
     points = _points(plan)
-    runs = planner.groups(points, batch_size)
+    runs = planner.groups(points, batch_size, cache)
     for group, ahead in zip(runs, planner.alike_later(runs)):
         fused = _prefetch(dry, group, ahead, cache, batch_size)
         for point in group:
@@ -126,13 +133,17 @@ def _dry(dry: _Dry, stages: Iterable[Stage], units: list[PassContext], where: st
 
 
 def text(found: list[Planned], batch_size: int | None = None,
-         resume_mib: int | None = None) -> str:
+         resume_mib: int | None = None, memory: Memory | None = None) -> str:
     """The schedule as ``explain --traces`` prints it: per pass its traces, numbered in run
     order; passes repeating the ones before them (a fit's updates and evals) are counted,
-    not listed again."""
+    not listed again. With ``memory``, the budget and what each trace adds to the process."""
     budget = RESUME_BUDGET // 2 ** 20 if resume_mib is None else resume_mib
+    if memory is not None and resume_mib is None:
+        budget = min(RESUME_BUDGET, memory.budget.share(RESUME_SHARE)) // 2 ** 20
     lines = [f"{len(found)} traces (rows per trace: {batch_size or 'all'}; resume budget "
              f"{budget} MiB; a fit counted to its last epoch)"]
+    if memory is not None:
+        lines.append(memory.line)
     blocks: list[tuple[str, list]] = []
     calls: list[int] = []
     for planned in found:
@@ -148,7 +159,7 @@ def text(found: list[Planned], batch_size: int | None = None,
             lines.append(where)
             for job in jobs:
                 number += 1
-                lines.append(f"  {number}. {describe(job)}")
+                lines.append(f"  {number}. {describe(job)}{memory.adds(job) if memory else ''}")
         if times > 1:
             more = sum(len(jobs) for _, jobs in blocks[index + period:index + period * times])
             number += more
@@ -171,11 +182,47 @@ def _repeats(shapes: list, index: int) -> tuple[int, int]:
     return best
 
 
-def explain_traces(plan: Plan) -> dict:
-    """``causalab explain --traces``: the schedule of a compiled document, as text and data."""
+class Memory(NamedTuple):
+    """The memory budget a planned schedule is sized to, and how its lines say it."""
+
+    budget: Budget
+    spelled: str
+
+    @property
+    def line(self) -> str:
+        held = self.budget.held
+        return (f"memory budget {self.spelled}; held before any trace ~{memory.gib(held)} "
+                f"(weights and runtime); each trace: its estimated peak")
+
+    def adds(self, job: TraceJob) -> str:
+        peak = self.budget.held + trace_bytes(job, self.budget.facts, self.budget.itemsize)
+        return f"; peak ~{memory.gib(peak)}"
+
+
+def planned_budget(model: Any, config: Any, text: str | None) -> Memory:
+    """The budget ``text`` (None: ``memory.DEFAULT``) measured on this machine's CPU, with
+    what a run would hold before any trace: the weights in the run's dtype and the runtime."""
+    total = memory.budget_bytes(text, "cpu")
+    held = memory.weights_bytes(model.path, model.dtype) + RUNTIME
+    spelled = text or f"{memory.DEFAULT} of free memory"
+    if text is not None:
+        spelled = f"{text} ({memory.gib(total)})" if "%" in text else memory.gib(total)
+    return Memory(Budget(total, held, memory.ITEMSIZE.get(model.dtype, 4), ModelFacts.of(config)),
+                  spelled)
+
+
+def explain_traces(plan: Plan, memory_text: str | None = None) -> dict:
+    """``causalab explain --traces``: the schedule of a compiled document, as text and data,
+    sized to the memory budget ``memory_text`` (None: the default) with each trace's peak."""
     from causalab.models import load_config, load_tokenizer
 
     model = plan.model or _points(plan)[0].model
-    found = schedule(plan, load_config(model.path), load_tokenizer(model.path))
-    return {"text": text(found), "traces": [{"where": p.where, "pass": p.call,
-                                             "trace": describe(p.job)} for p in found]}
+    config = load_config(model.path)
+    sized = planned_budget(model, config, memory_text)
+    found = schedule(plan, config, load_tokenizer(model.path), budget=sized.budget)
+    return {"text": text(found, memory=sized),
+            "budget": sized.budget.total, "held": sized.budget.held,
+            "traces": [{"where": p.where, "pass": p.call, "trace": describe(p.job),
+                        "peak": sized.budget.held + trace_bytes(p.job, sized.budget.facts,
+                                                                sized.budget.itemsize)}
+                       for p in found]}

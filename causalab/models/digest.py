@@ -55,12 +55,25 @@ def directory_digest(path: str | Path) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _digest_of(directory: str, stamps: tuple) -> str:
-    from safetensors.torch import load_file
+    """``tensor_digest`` of every file's tensors, read one tensor at a time (an 8B model's
+    files are never in memory at once)."""
+    import contextlib
 
-    tensors: dict = {}
-    for name, _ in stamps:
-        tensors.update(load_file(str(Path(directory) / name)))
-    return tensor_digest(tensors)
+    import torch
+    from safetensors import safe_open
+
+    sha = hashlib.sha256()
+    with contextlib.ExitStack() as stack:
+        where = {}
+        for name, _ in stamps:
+            handle = stack.enter_context(safe_open(str(Path(directory) / name), "pt"))
+            where.update({key: handle for key in handle.keys()})
+        for key in sorted(where):
+            tensor = where[key].get_tensor(key).contiguous()
+            sha.update(f"{key}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+            sha.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+            del tensor
+    return sha.hexdigest()
 
 
 def _file_stamps(directory: Path) -> dict[str, list[int]]:

@@ -143,7 +143,7 @@ CASES = [
     _case("V3", "unknown_metric_kind", patching,
           lambda d: _set(d, IV + ("metrics", "iia", "kind"), "accuracy"),
           IV + ("metrics", "iia", "kind")),
-    _case("V3", "unknown_dtype", patching, lambda d: _set(d, ("model", "dtype"), "fp16"),
+    _case("V3", "unknown_dtype", patching, lambda d: _set(d, ("model", "dtype"), "fp8"),
           ("model", "dtype")),
     _case("V3", "objective_weight_string", das,
           lambda d: _set(d, ("steps", "fit", "objective"), [["1.0", "ce"]]),

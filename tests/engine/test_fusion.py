@@ -68,7 +68,7 @@ def test_fused_points_write_the_tables_one_point_at_a_time_writes(family, mechan
     run_document(document, out=str(tmp_path / "fused"))
     assert fused_traces, "the sweep was never fused"
 
-    monkeypatch.setattr(planner, "groups", lambda points, batch_size=None: [[p] for p in points])
+    monkeypatch.setattr(planner, "groups", lambda points, batch_size=None, cache=None: [[p] for p in points])
     run_document(document, out=str(tmp_path / "alone"))
 
     fused, alone = _tables(tmp_path / "fused"), _tables(tmp_path / "alone")

@@ -141,7 +141,7 @@ def test_a_sweep_cut_into_several_fused_runs_computes_its_shared_values_once(
     will enter with, and the counterfactual's reads are one un-intervened trace, not four."""
     data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
     document = _sweep(tiny("tiny-llama"))
-    monkeypatch.setattr(planner, "_capacity", lambda point, batch_size: 2)
+    monkeypatch.setattr(planner, "_capacity", lambda point, batch_size, cache=None: 2)
     unintervened, fills = [], []
     prefix_room = cache_module.DocumentCache.prefix_room
 
@@ -262,7 +262,7 @@ def test_drawn_counterfactuals_in_windows_and_split_fused_runs_write_the_full_fo
     data_root = kit.write_table(tmp_path / "data", "pairs", rows)
     resolved = tiny("tiny-llama")
     document = _sweep(resolved)
-    monkeypatch.setattr(planner, "_capacity", lambda point, batch_size: 2)
+    monkeypatch.setattr(planner, "_capacity", lambda point, batch_size, cache=None: 2)
     unintervened: list = []
     monkeypatch.setattr(planner, "_reads_jobs", _counted(planner._reads_jobs, unintervened))
     with _traced_ids(document, data_root) as seen:

@@ -108,7 +108,7 @@ def test_a_resumed_fused_sweep_opens_the_traces_its_schedule_lists(
     data_root = kit.write_table(tmp_path / "data", "pairs", _drawn_rows(kit))
     document = _drawn_sweep(kit, tiny("tiny-llama"))
     if capacity is not None:
-        monkeypatch.setattr(planner, "_capacity", lambda point, batch_size: capacity)
+        monkeypatch.setattr(planner, "_capacity", lambda point, batch_size, cache=None: capacity)
     planned = _planned(document, data_root, batch_size)
     # Row by row nothing fuses, and an observe resumes only from a fused run's prefixes.
     assert any(job.copies > 1 for job in planned) == (batch_size != 1)

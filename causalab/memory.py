@@ -1,0 +1,113 @@
+"""A run's memory budget: read from text, measured against the machine, set against a model's weights.
+
+The budget is what the whole process may hold, weights included: bytes with a unit (``6GiB``,
+``512MiB``) or a share of what is free when the run starts (``80%``, the default), counted on
+the device the model lands on (the CPU's available memory, or the accelerator's free memory).
+The weights' size is read from the safetensors headers of the model directory (no tensor is
+read), converted to the dtype the model loads in, so a model that cannot fit is refused before
+it loads. Stdlib only at import; psutil and torch are imported where the machine is measured.
+
+>>> parse("6GiB")
+('bytes', 6442450944)
+>>> parse("80%")
+('share', 0.8)
+"""
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+DEFAULT = "80%"
+UNITS = {"B": 1, "KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,
+         "KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30, "TiB": 2 ** 40}
+_SPELLED = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(%|[KMGT]i?B|B)\s*")
+# Bytes per element of each safetensors dtype and of each document dtype.
+_STORED = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+           "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def parse(text: str) -> tuple[str, float]:
+    """``("bytes", n)`` or ``("share", fraction)``; anything else a ``ValueError`` saying what
+    a budget looks like."""
+    found = _SPELLED.fullmatch(str(text))
+    if found is None:
+        raise ValueError(f"{text!r} is not a memory budget: give bytes with a unit "
+                         f"(6GiB, 512MiB; units {', '.join(UNITS)}) or a share of free memory (80%)")
+    number, unit = float(found.group(1)), found.group(2)
+    if unit == "%":
+        if not 0 < number <= 100:
+            raise ValueError(f"{text!r}: a share of free memory is above 0% and at most 100%")
+        return "share", number / 100
+    if number <= 0:
+        raise ValueError(f"{text!r}: a memory budget is more than 0 bytes")
+    return "bytes", int(number * UNITS[unit])
+
+
+def is_accelerator(device: str) -> bool:
+    """Whether ``device`` (a placement as the loader resolved it) is a CUDA device."""
+    return device.startswith("cuda") or device.isdigit()
+
+
+def free_bytes(device: str = "cpu") -> int:
+    """What the device has free now: the CPU's available memory (page cache counts as free,
+    as the kernel reclaims it), or the accelerator's free memory."""
+    if is_accelerator(device):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device if not device.isdigit()
+                                                        else f"cuda:{device}"))[0])
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def used_bytes(device: str = "cpu") -> int:
+    """What this process holds on the device now: its resident set, or what torch holds."""
+    if is_accelerator(device):
+        import torch
+
+        return int(torch.cuda.memory_reserved())
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def budget_bytes(text: str | None, device: str = "cpu") -> int:
+    """The budget ``text`` (None: ``DEFAULT``) in bytes for the whole process: a share counts
+    what the process holds already plus that share of what is free."""
+    kind, value = parse(text or DEFAULT)
+    if kind == "bytes":
+        return int(value)
+    return used_bytes(device) + int(value * free_bytes(device))
+
+
+def weights_bytes(path: str | Path, dtype: str | None = None) -> int:
+    """Bytes the weights in model directory ``path`` take once loaded in ``dtype`` (None: as
+    stored), from the safetensors headers alone; 0 when the directory holds none."""
+    total = 0
+    for file in sorted(Path(path).glob("*.safetensors")):
+        for name, entry in _header(file).items():
+            if name == "__metadata__":
+                continue
+            count = 1
+            for size in entry["shape"]:
+                count *= size
+            floating = entry["dtype"].startswith(("F", "BF"))
+            itemsize = ITEMSIZE.get(dtype) if floating and dtype else None
+            total += count * (itemsize or _STORED.get(entry["dtype"], 4))
+    return total
+
+
+def _header(file: Path) -> dict:
+    """A safetensors file's JSON header (names, dtypes, shapes, offsets)."""
+    with open(file, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        return json.loads(handle.read(length))
+
+
+def gib(count: float) -> str:
+    """``3.0 GiB``, ``512 MiB``: a size as a budget line says it."""
+    return f"{count / 2 ** 30:.1f} GiB" if count >= 2 ** 30 else f"{count / 2 ** 20:.0f} MiB"

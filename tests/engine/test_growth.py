@@ -1,0 +1,58 @@
+"""Nothing grows: repeated traces of one point leave the process's memory where the first left it.
+
+nnsight's own tracker (#396) reports memory growing trace after trace when a graph, a hook or a
+cache outlives its trace. Here one point is run again and again on one loaded model, each time
+with a fresh document cache (so every trace really runs), and the process's resident set (and
+the accelerator's allocated memory, where the model sits on one) is measured after a warm-up
+and after the repeats.
+"""
+from __future__ import annotations
+
+import gc
+import os
+
+import psutil
+import pytest
+import torch
+
+WARM_UP, REPEATS = 10, 100
+# The tests' device: CAUSALAB_TEST_DEVICE=cuda runs them on the accelerator.
+DEVICE = os.environ.get("CAUSALAB_TEST_DEVICE", "cpu")
+
+
+def _held() -> tuple[int, int]:
+    gc.collect()
+    gpu = torch.cuda.memory_allocated() if DEVICE.startswith("cuda") else 0
+    return psutil.Process().memory_info().rss, gpu
+
+
+@pytest.mark.parametrize("kind", ["patching", "attribution"])
+def test_a_hundred_repeated_traces_of_one_point_leave_memory_within_two_percent(
+        kind, tiny, kit, tmp_path):
+    import causalab.compile
+    from causalab.engine.cache import DocumentCache
+    from causalab.engine.load import load_model
+    from causalab.engine.walk import run_plan
+    from tests.engine.test_attribution import document as attribution_document
+
+    resolved = tiny("tiny-llama")
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    document = (kit.patching_document(resolved) if kind == "patching"
+                else attribution_document(kit, resolved, "attention_premix", unit="head"))
+    plan = causalab.compile.compile_document(document, data_root=data_root)
+    model = load_model(plan.model, device_map=DEVICE)
+
+    def once() -> None:
+        run_plan(plan, model, out=str(tmp_path / "out"), cache=DocumentCache())
+        for node in plan.children:  # a run's pipeline drops a point's results once written
+            if getattr(node, "results", None) is not None:
+                node.results.clear()
+
+    for _ in range(WARM_UP):
+        once()
+    first = _held()
+    for _ in range(REPEATS):
+        once()
+    last = _held()
+    assert last[0] <= first[0] * 1.02, (first, last)
+    assert last[1] <= first[1] * 1.02 + 2 ** 20, (first, last)

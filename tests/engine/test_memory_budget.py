@@ -1,0 +1,154 @@
+"""The memory budget (``--memory``, ``run.memory``, ``memory=``): read, refused, and spent by the planner."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from causalab import memory
+
+
+def _values(path) -> list:
+    return [row["value"] for row in json.loads(path.read_text())]
+
+
+@pytest.mark.parametrize("text,expected", [("6GiB", ("bytes", 6 * 2 ** 30)),
+                                           ("512MiB", ("bytes", 512 * 2 ** 20)),
+                                           ("1.5GB", ("bytes", 1_500_000_000)),
+                                           ("80%", ("share", 0.8))],
+                         ids=["gibibytes", "mebibytes", "decimal", "share"])
+def test_a_budget_is_bytes_with_a_unit_or_a_share_of_free_memory(text, expected):
+    assert memory.parse(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("door,path", [("cli", ("--memory",)), ("hydra", ("run", "memory")),
+                                       ("python", ("memory",))],
+                         ids=["command_line", "hydra", "python"])
+@pytest.mark.parametrize("bad", ["lots", "0GiB", "150%", "6 parsecs"],
+                         ids=["word", "zero", "over_all", "unit"])
+def test_a_bad_budget_is_refused_in_one_line_naming_the_option_as_each_door_spells_it(
+        door, path, bad):
+    from causalab.errors import UsageError
+    from causalab.options import run_options
+
+    with pytest.raises(UsageError) as refused:
+        run_options(door, memory=bad)
+    assert refused.value.path == path
+    assert "\n" not in str(refused.value)
+
+
+def test_the_weights_size_is_read_from_the_headers_in_the_run_dtype(tiny):
+    from safetensors.torch import load_file
+    from pathlib import Path
+
+    resolved = tiny("tiny-llama")
+    tensors = {k: v for f in Path(resolved.path).glob("*.safetensors") for k, v in load_file(f).items()}
+    stored = sum(t.numel() * t.element_size() for t in tensors.values())
+    assert memory.weights_bytes(resolved.path) == stored
+    assert memory.weights_bytes(resolved.path, "bf16") == sum(t.numel() * 2 for t in tensors.values())
+
+
+def test_weights_over_the_budget_are_refused_before_loading_naming_both_sizes(
+        tiny, kit, tmp_path, monkeypatch):
+    from causalab.engine import load
+    from causalab.errors import ModelError
+    from causalab.pipeline import run_document
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(load, "_load", never)
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    document = kit.patching_document(tiny("tiny-llama"))
+    with pytest.raises(ModelError) as refused:
+        run_document(document, out=str(tmp_path / "out"), data_root=data_root, memory="1KiB")
+    assert refused.value.path == ("model", "key")
+    weights = memory.weights_bytes(tiny("tiny-llama").path, "fp32")
+    assert memory.gib(weights) in str(refused.value) and "1 MiB" not in str(refused.value)
+    assert memory.gib(1024) in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_command_line_refuses_a_budget_below_the_weights_in_one_line(tiny, kit, tmp_path,
+                                                                          capsys):
+    from causalab.cli import main
+
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    document = tmp_path / "doc.json"
+    document.write_text(json.dumps(kit.patching_document(tiny("tiny-llama"))))
+    out = tmp_path / "out"
+    status = main(["run", str(document), "--memory", "64KiB", "--no-track", "--out", str(out),
+                   "--data-root", data_root])
+    err = capsys.readouterr().err.strip()
+    assert status != 0 and len(err.splitlines()) == 1 and err.startswith("error: model.key:")
+    assert "64 KiB" not in err and "more than the memory budget" in err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def _tight(resolved, tokens: int, grad: bool) -> str:
+    """A budget whose trace share holds one row of ``tokens`` tokens, not two:
+    what this process holds now, the weights, and room for about two and a half such rows."""
+    from causalab.engine.budget import row_bytes
+    from causalab.engine.state import ModelFacts
+    from causalab.models import load_config
+
+    facts = ModelFacts.of(load_config(resolved.path))
+    room = int(2.5 * row_bytes(facts, tokens, 4, grad=grad))
+    return f"{(memory.used_bytes() + memory.weights_bytes(resolved.path) + room) // 1024}KiB"
+
+
+@pytest.fixture()
+def cuts(monkeypatch):
+    from causalab.engine import forwards
+
+    seen, chunks = [], forwards.chunks
+    monkeypatch.setattr(forwards, "chunks",
+                        lambda rows, size: seen.append(chunks(rows, size)) or seen[-1])
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["patching", "attribution"])
+def test_a_tight_budget_cuts_smaller_windows_and_writes_the_same_tables(
+        kind, tiny, kit, tmp_path, cuts):
+    from causalab.pipeline import run_document
+    from tests.engine.test_attribution import document as attribution_document
+
+    resolved = tiny("tiny-llama")
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    document = (kit.patching_document(resolved) if kind == "patching"
+                else attribution_document(kit, resolved, "attention_premix", unit="head"))
+    loose, tight = tmp_path / "loose", tmp_path / "tight"
+    run_document(document, out=str(loose), data_root=data_root)
+    assert all(len(cut) == 1 for cut in cuts)
+    cuts.clear()
+    run_document(document, out=str(tight), data_root=data_root, memory=_tight(resolved, 12, kind == "attribution"))
+    assert any(len(cut) > 1 for cut in cuts)
+    # A row's numbers do not depend on the rows it shares a window with, up to the kernels'
+    # summation order (tests/engine/test_batching.py's bound).
+    assert _values(tight / "logit_diff.json") == pytest.approx(_values(loose / "logit_diff.json"),
+                                                               abs=1e-5)
+
+
+def test_explain_traces_prints_the_budget_and_each_traces_peak(tiny, kit, tmp_path, capsys):
+    from causalab.cli import main
+
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    document = tmp_path / "doc.json"
+    document.write_text(json.dumps(kit.patching_document(tiny("tiny-llama"))))
+    assert main(["explain", "--traces", str(document), "--memory", "6GiB",
+                 "--data-root", data_root]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("memory budget 6.0 GiB; held before any trace ~")
+    traces = [line for line in lines if line.startswith("  ") and ". " in line]
+    assert traces and all("; peak ~" in line for line in traces)
+
+
+def test_a_trace_estimate_grows_with_its_rows_and_with_a_graph(tiny):
+    from causalab.engine.budget import row_bytes
+    from causalab.engine.state import ModelFacts
+    from causalab.models import load_config
+
+    facts = ModelFacts.of(load_config(tiny("tiny-llama").path))
+    assert row_bytes(facts, 16, 4, grad=True) > row_bytes(facts, 16, 4) > row_bytes(facts, 8, 4)
+    assert torch.finfo(torch.bfloat16).bits == 8 * memory.ITEMSIZE["bf16"]
