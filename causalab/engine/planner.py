@@ -195,9 +195,19 @@ def attribute_stages(ctx: PassContext, node: Attribute) -> Iterator[Stage]:
             taps = [JobTap("replace" if k else "read", dataclasses.replace(op, step=k),
                            whole=True) for op in start]
             taps += [JobTap("shift", op, whole=True) for op in sites] + [head]
+            taps += _correction_taps(node)
             taps.sort(key=lambda tap: tuple(tap.op.address.order))
             yield Stage("attribute", (_job("attribute", base, chunk, tuple(taps), [ctx],
                                            grad=True),))
+
+
+def _correction_taps(node: Attribute) -> list[JobTap]:
+    """AtP*'s taps on a base forward: the QK fix's partner and scores read whole and its
+    pattern shifted; GradDrop's gates."""
+    kinds = (("partners", "read", "partner"), ("scores", "read", "scores"),
+             ("patterns", "shift", "pattern"), ("gates", "gate", "gate"))
+    return [JobTap(kind, SiteOp(node.name, address, i, role=role), whole=True)
+            for field, kind, role in kinds for i, address in enumerate(getattr(node, field))]
 
 
 def _decode_stages(ctx: PassContext, forward: Forward) -> Iterator[Stage]:

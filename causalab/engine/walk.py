@@ -21,7 +21,8 @@ from typing import Any, Iterable
 import torch
 
 from causalab.compile.plan import Attribute, Featurizers, Fit, Observe, Pass, Plan, Weights
-from causalab.engine import attribution, containment, passes, planner, record, steps, taps
+from causalab.engine import (atp_star, attribution, containment, passes, planner, record, steps,
+                             taps)
 from causalab.engine.cache import DocumentCache
 from causalab.engine.events import Events
 from causalab.engine.generate import GENERATED
@@ -260,6 +261,9 @@ def _tap(places: Places, tap: JobTap, entry: PreparedTap) -> Any:
         leaf = torch.zeros_like(activation).requires_grad_(True)
         places.put(address, activation + leaf)
         return activation.detach().clone(), leaf
+    if tap.kind == "gate":
+        places.put(address, atp_star.Gate.apply(activation, entry.operand, address.layer))
+        return None
     if tap.whole:
         # Kept past this forward: a copy, safe from any in-place update after the tap.
         return activation.detach().clone()
