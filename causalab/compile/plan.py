@@ -283,10 +283,8 @@ class Attribute:
     ``passes[i]`` is the interchange compiled with the write and its operand at position
     ``labels[i]`` (``(None,)``: the write's own position); all share the rows and ids.
     ``addresses[j]`` is the site at ``layers[j]`` (a head unit selects every head the site
-    has); ``embeddings`` is where ``steps > 1`` interpolates the two prompts. AtP*'s QK fix
-    (non-empty ``partners``) reads at each layer the other side of the dot product, the
-    pattern's scores and the pattern itself; GradDrop (non-empty ``gates``) gates the
-    gradient through every layer's attention and MLP outputs.
+    has); ``embeddings`` is where ``steps > 1`` interpolates the two prompts. AtP*'s QK fix:
+    per layer ``partners``, ``scores``, ``patterns``; GradDrop: ``gates`` (docs/format.md §9.7).
     """
 
     name: str

@@ -1,4 +1,4 @@
-"""AtP*'s two corrections to attribution patching (Kramár et al. 2024, §3.1), as tensor math.
+"""AtP*'s two corrections to attribution patching (Kramár et al. 2024, section 3.1).
 
 **QK fix.** A patched query or key moves its head's attention pattern through a softmax,
 which a gradient linearises badly where the pattern saturates. Instead the pattern is
@@ -19,9 +19,20 @@ from typing import Any
 
 import torch
 
+from causalab.compile.plan import Attribute
+from causalab.engine.jobs import JobTap, SiteOp
 from causalab.engine.seam import Window
 
 QUERY = "attention_query"
+
+
+def taps(node: Attribute) -> list[JobTap]:
+    """The corrections' taps on a base forward: the QK fix's partner and scores read whole
+    and its pattern shifted (its gradient taken); GradDrop's gates."""
+    kinds = (("partners", "read", "partner"), ("scores", "read", "scores"),
+             ("patterns", "shift", "pattern"), ("gates", "gate", "gate"))
+    return [JobTap(kind, SiteOp(node.name, address, i, role=role), whole=True)
+            for field, kind, role in kinds for i, address in enumerate(getattr(node, field))]
 
 
 class Gate(torch.autograd.Function):

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from causalab.compile.plan import Attribute, Forward, Observe, Plan, PromptBatch
 from causalab.document import vocab
-from causalab.engine import forwards, generate, tail
+from causalab.engine import atp_star, forwards, generate, tail
 from causalab.engine.cache import DocumentCache, Prefix
 from causalab.engine.forwards import batch_key, read_key, tap_ops
 from causalab.engine.jobs import JobTap, NextPrefix, SiteOp, Stage, TraceJob, Wanted
@@ -195,19 +195,10 @@ def attribute_stages(ctx: PassContext, node: Attribute) -> Iterator[Stage]:
             taps = [JobTap("replace" if k else "read", dataclasses.replace(op, step=k),
                            whole=True) for op in start]
             taps += [JobTap("shift", op, whole=True) for op in sites] + [head]
-            taps += _correction_taps(node)
+            taps += atp_star.taps(node)
             taps.sort(key=lambda tap: tuple(tap.op.address.order))
             yield Stage("attribute", (_job("attribute", base, chunk, tuple(taps), [ctx],
                                            grad=True),))
-
-
-def _correction_taps(node: Attribute) -> list[JobTap]:
-    """AtP*'s taps on a base forward: the QK fix's partner and scores read whole and its
-    pattern shifted; GradDrop's gates."""
-    kinds = (("partners", "read", "partner"), ("scores", "read", "scores"),
-             ("patterns", "shift", "pattern"), ("gates", "gate", "gate"))
-    return [JobTap(kind, SiteOp(node.name, address, i, role=role), whole=True)
-            for field, kind, role in kinds for i, address in enumerate(getattr(node, field))]
 
 
 def _decode_stages(ctx: PassContext, forward: Forward) -> Iterator[Stage]:

@@ -155,7 +155,25 @@ def text(found: list[Planned], batch_size: int | None = None,
             lines.append(f"  … the {period} pass{'es' if period > 1 else ''} above "
                          f"{times - 1} more time{'s' if times > 2 else ''} ({more} traces)")
         index += period * times
-    return "\n".join(lines)
+    return "\n".join(lines + _attribute_costs(found))
+
+
+def _attribute_costs(found: list[Planned]) -> list[str]:
+    """Per attribute step its forwards and its backward passes per metric: one per base
+    forward, and with GradDrop one more per layer dropped."""
+    costs: dict[str, list[int]] = {}
+    for planned in found:
+        if planned.job.kind != "attribute":
+            continue
+        cost = costs.setdefault(planned.where, [0, 0, 0])
+        cost[0] += 1
+        if planned.job.grad:
+            drops = sum(tap.kind == "gate" for tap in planned.job.taps) // 2
+            cost[1] += 1 + drops
+            cost[2] = drops
+    return [f"{where}: cost {forwards} forwards, {backwards} backwards per metric"
+            + (f" (GradDrop: {drops} layers dropped one at a time)" if drops else "")
+            for where, (forwards, backwards, drops) in costs.items()]
 
 
 def _repeats(shapes: list, index: int) -> tuple[int, int]:

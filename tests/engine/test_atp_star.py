@@ -126,3 +126,72 @@ def test_the_qk_fix_equals_exact_patching_of_a_query_where_the_softmax_saturates
         assert one["estimand_version"] == "logit_diff/v1 atp+qk"
         worst_plain = max(worst_plain, abs(other["effect"] - float(exact[row, head])))
     assert worst_plain > 0.05  # the gradient at the saturated pattern misses the change
+
+
+def _dropped_gradient_estimates(model, tokenizer, kit, dropped: int | None) -> dict:
+    """``{layer: (rows, heads)}``: each head's AtP estimate at END with the gradient through
+    layer ``dropped``'s attention and MLP outputs cut by ``detach`` in hooks (None: none)."""
+    rows = kit.pair_rows(PAIRS)
+    base = kit.encode(tokenizer, [r["input"] for r in rows])
+    cf = kit.encode(tokenizer, [r["counterfactual_inputs"][0] for r in rows])
+    layers, kept, leaves = model.model.layers, {}, {}
+    handles = [layers[l].self_attn.o_proj.register_forward_pre_hook(
+        lambda m, a, l=l: kept.__setitem__(l, a[0].detach().clone())) for l in (0, 1)]
+    with torch.no_grad():
+        model(**cf)
+    for handle in handles:
+        handle.remove()
+    cf_values = dict(kept)
+
+    def shift(m, a, l):
+        leaves[l] = torch.zeros_like(a[0], requires_grad=True)
+        kept[l] = a[0].detach().clone()
+        return (a[0] + leaves[l],)
+
+    def cut(m, a, out):
+        return (out[0].detach(), *out[1:]) if isinstance(out, tuple) else out.detach()
+    handles = [layers[l].self_attn.o_proj.register_forward_pre_hook(
+        lambda m, a, l=l: shift(m, a, l)) for l in (0, 1)]
+    if dropped is not None:
+        handles += [layers[dropped].self_attn.register_forward_hook(cut),
+                    layers[dropped].mlp.register_forward_hook(cut)]
+    try:
+        values = _metric(tokenizer, rows)(model(**base).logits[:, -1])
+    finally:
+        for handle in handles:
+            handle.remove()
+    grads = torch.autograd.grad(values.sum(), [leaves[0], leaves[1]], allow_unused=True)
+    found = {}
+    for l, grad in zip((0, 1), grads):
+        grad = torch.zeros_like(leaves[l]) if grad is None else grad
+        delta = cf_values[l][:, -1] - kept[l][:, -1]
+        found[l] = (delta * grad[:, -1]).reshape(len(rows), HEADS, HEAD_DIM).sum(-1)
+    return found
+
+
+def test_graddrop_estimates_equal_gradients_with_one_layer_cut_by_hooks(kit, tiny, oracle,
+                                                                        tmp_path):
+    resolved = tiny("tiny-llama")
+    model, tokenizer = oracle(resolved.path)
+    doc = kit.patching_document(resolved, component="attention_premix")
+    doc["steps"] = {"attribute": {"kind": "attribute", "interventions": "patch",
+                                  "rows": {"base": "pairs", "counterfactual": "pairs"},
+                                  "layers": "all", "unit": "head", "graddrop": True,
+                                  "metrics": ["logit_diff"],
+                                  "saves": [{"value": "logit_diff",
+                                             "file_path": "logit_diff.json"}]}}
+    table = _run(kit, tmp_path, doc)
+    plain = _dropped_gradient_estimates(model, tokenizer, kit, None)
+    per_layer = [_dropped_gradient_estimates(model, tokenizer, kit, l) for l in (0, 1)]
+    moved = 0.0
+    for entry in table:
+        place, row = entry["coordinates"], int(entry["example_id"].split("-")[1])
+        layer, head = place["layers"], place["heads"]
+        expected = [float(found[layer][row, head]) for found in per_layer]
+        # float32 gradients of one small model: rounding stays near 1e-7 of values near 1.
+        assert entry["graddrop_layers"] == pytest.approx(expected, abs=1e-5)
+        assert entry["effect"] == pytest.approx(float(plain[layer][row, head]), abs=1e-5)
+        # AtP*'s combination over L = 2 layers: Σ_l |ĉ_l| / (L − 1).
+        assert entry["graddrop"] == pytest.approx(sum(abs(v) for v in expected), abs=1e-5)
+        moved += abs(expected[1] - entry["effect"])
+    assert moved > 1e-4  # dropping layer 1 changed layer 0's estimates
