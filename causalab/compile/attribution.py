@@ -123,9 +123,27 @@ def _corrections(raw: AttributeStep, component: str, addresses: tuple, ctx: Cont
                  for key, name in (("partners", QK_PARTNER[component]),
                                    ("scores", "attention_scores"),
                                    ("patterns", "attention_probs"))}
+    if raw.verify:
+        found.update(verify=raw.verify, units=_unit_addresses(raw, addresses, ctx, at))
     if raw.graddrop:
         found["gates"] = tuple(resolve_address(name, layer, None, None, ctx.config, attn,
                                                at + ("graddrop",))
                                for layer in range(ctx.facts.layers)
                                for name in ("attention_output", "mlp_output"))
     return found
+
+
+def _unit_addresses(raw: AttributeStep, addresses: tuple, ctx: Context, at: tuple) -> tuple:
+    """Each unit of one position label alone, in table order: what ``verify`` patches."""
+    attn = ctx.document.model.attn_implementation
+    found = []
+    for a in addresses:
+        if raw.unit == "site":
+            found.append(a)
+            continue
+        each = a.heads if raw.unit == "head" else (a.units or tuple(range(a.width)))
+        for u in each:
+            heads, units = ((u,), a.units) if raw.unit == "head" else (a.heads, (u,))
+            found.append(resolve_address(a.component, a.layer, heads, units, ctx.config, attn,
+                                         at + ("verify",)))
+    return tuple(found)

@@ -151,6 +151,7 @@ class Attribute(Node):
     steps: PositiveInt = 1
     qk_fix: StrictBool = False
     graddrop: StrictBool = False
+    verify: Annotated[StrictInt, Field(ge=0)] = 0
     saves: list[Save] = []
 
     @model_validator(mode="after")

@@ -22,7 +22,7 @@ import torch
 
 from causalab.compile.plan import Attribute, Featurizers, Fit, Observe, Pass, Plan, Weights
 from causalab.engine import (atp_star, attribution, containment, passes, planner, record, steps,
-                             taps)
+                             taps, verify)
 from causalab.engine.cache import DocumentCache
 from causalab.engine.events import Events
 from causalab.engine.generate import GENERATED
@@ -100,7 +100,13 @@ def _attribute(node: Attribute, model: Any, state: WalkState, directory: Path) -
     ctx = attribution.open_step(passes.open_pass(model, node.passes[0], state), node)
     with torch.no_grad():
         _run_stages(model, planner.attribute_stages(ctx, node), [ctx])
-    return attribution.publish(ctx, directory)
+    written = attribution.publish(ctx, directory)
+    if node.verify:
+        found = verify.run(node, lambda pass_: run_pass(model, pass_, state))
+        node.results["verify"] = found
+        written.append(record.write_json(directory / f"{node.name}.verify.json", found,
+                                         root=directory))
+    return written
 
 
 def prefetch(points: list, model: Any, *, batch_size: int | None = None,
