@@ -56,7 +56,11 @@ def signature(point: Any) -> tuple | None:
 
 def _capacity(point: Plan, batch_size: int | None) -> int:
     """How many copies of the point's rows one trace may hold."""
-    passes = [node.pass_ for node in point.children]
+    return capacity([node.pass_ for node in point.children], batch_size)
+
+
+def capacity(passes: list, batch_size: int | None) -> int:
+    """How many copies of the rows of ``passes`` (one point's) one fused trace may hold."""
     rows = max(pass_.rows for pass_ in passes)
     if batch_size:
         return batch_size // max(rows, 1)

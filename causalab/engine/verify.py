@@ -72,19 +72,19 @@ def unit_pass(pass_: Pass, write: str, operand: str, address: Address) -> Pass:
     return dataclasses.replace(pass_, forwards=forwards, results={})
 
 
-def run(node: Attribute, run_pass: Callable[[Pass], Any]) -> dict:
-    """``{metric: {"units": [...], "bound": {...}}}`` of the step's verified units."""
+def run(node: Attribute, run_passes: Callable[[list[Pass]], list[Any]]) -> dict:
+    """``{metric: {"units": [...], "bound": {...}}}`` of the step's verified units, their
+    passes run together by ``run_passes`` (the walk's fused sweep points)."""
     tables = node.results["tables"]
     per_label = len(node.units)
     units = per_label * len(node.labels)
     means = {m: unit_means(t, units) for m, t in tables.items()}
-    ranked = means[node.metrics[0]]
-    top, drawn = chosen(ranked, node.verify)
+    top, drawn = chosen(means[node.metrics[0]], node.verify)
+    places = [divmod(u, per_label) for u in top + drawn]
+    results = run_passes([unit_pass(node.passes[label], node.write, node.operand,
+                                    node.units[k]) for label, k in places])
     exact: dict[str, dict[int, float | None]] = {m: {} for m in tables}
-    for u in top + drawn:
-        label, k = divmod(u, per_label)
-        result = run_pass(unit_pass(node.passes[label], node.write, node.operand,
-                                    node.units[k]))
+    for u, result in zip(top + drawn, results):
         for metric in tables:
             values, eligible = result.metrics[metric]
             base = means[metric][u]["base"]

@@ -102,11 +102,25 @@ def _attribute(node: Attribute, model: Any, state: WalkState, directory: Path) -
         _run_stages(model, planner.attribute_stages(ctx, node), [ctx])
     written = attribution.publish(ctx, directory)
     if node.verify:
-        found = verify.run(node, lambda pass_: run_pass(model, pass_, state))
-        node.results["verify"] = found
-        written.append(record.write_json(directory / f"{node.name}.verify.json", found,
-                                         root=directory))
+        node.results["verify"] = verify.run(node, lambda ps: run_fused(model, ps, state))
+        written.append(record.write_json(directory / f"{node.name}.verify.json",
+                                         node.results["verify"], root=directory))
     return written
+
+
+def run_fused(model: Any, passes_: list[Pass], state: WalkState) -> list[PassResult]:
+    """Passes of one shape run as an exact sweep's fused points are, each forward together."""
+    size = max(1, planner.capacity(passes_[:1], state.batch_size))
+    results = []
+    for start in range(0, len(passes_), size):
+        units = [passes.open_pass(model, pass_, state) for pass_ in passes_[start:start + size]]
+        with torch.no_grad():
+            for step in range(len(units[0].pass_.forwards)):
+                _run_stages(model, planner.fused_stages(units, [], step), units)
+                for ctx in units:
+                    passes.take_forward(ctx, ctx.pass_.forwards[step])
+        results += [passes.result_of(ctx) for ctx in units]
+    return results
 
 
 def prefetch(points: list, model: Any, *, batch_size: int | None = None,
