@@ -46,8 +46,8 @@ def figure(reports: Mapping[str, dict], *, title: str = "") -> bytes | None:
             axes.plot(xs, ys, marker, markersize=5, alpha=0.8, label=label)
         axes.plot([min(ends), max(ends)], [min(ends), max(ends)], "--", color="grey",
                   linewidth=1)
-        axes.set_xlabel(f"exact patching: {metric}")
-        axes.set_ylabel(f"attribution: {metric}")
+        axes.set_xlabel(f"exact patching effect: {metric}")
+        axes.set_ylabel(f"estimated effect: {metric}")
         bound = report["bound"]
         axes.set_title(f"{bound['unverified']} unverified: |exact| <= "
                        f"{bound['largest_exact_bound']:.3g}", fontsize="medium")

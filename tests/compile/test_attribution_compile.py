@@ -165,3 +165,11 @@ def test_graddrop_gates_every_layers_attention_and_mlp_outputs(compile_doc, patc
                                  graddrop=True)).children[0]
     assert [(a.component, a.layer) for a in node.gates] == [
         ("attention_output", 0), ("mlp_output", 0), ("attention_output", 1), ("mlp_output", 1)]
+
+
+def test_explain_names_the_corrections_and_verify(compile_doc, patching):
+    from causalab.compile.explain import explain
+
+    patching["sites"]["target"]["component"] = "attention_premix"
+    text = explain(compile_doc(attribute(patching, unit="head", graddrop=True, verify=3)))
+    assert "estimate=atp + GradDrop + verify 3" in text
