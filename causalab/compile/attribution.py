@@ -12,7 +12,7 @@ from causalab.compile.addresses import head_count, resolve_address
 from causalab.compile.passes import Context, Entry, build_pass
 from causalab.compile.plan import Address, Attribute, Pass
 from causalab.compile.saves import save_ops
-from causalab.document.attribution import HEADS_THROUGH, interchange
+from causalab.document.attribution import HEADS_THROUGH, QK_PARTNER, interchange
 from causalab.document.schema import Attribute as AttributeStep
 from causalab.document.vocab import ATTRIBUTION_LAYERS_ALL, MAX_ATTRIBUTION_ROWS
 from causalab.errors import CompileError
@@ -99,7 +99,51 @@ def attribute(step: str, raw: AttributeStep, entry: Entry, ctx: Context) -> Attr
         embeddings = resolve_address("embeddings", None, None, None, ctx.config,
                                      ctx.document.model.attn_implementation, at)
     metrics = tuple(raw.metrics) if raw.metrics is not None else tuple(entry.body.metrics)
+    corrections = _corrections(raw, site.component, addresses, ctx, at)
     return Attribute(name=step, passes=passes, labels=labels, write=found.write,
                      operand=found.operand, base=found.base, counterfactual=found.counterfactual,
                      layers=layers, addresses=addresses, unit=raw.unit, metrics=metrics,
-                     steps=raw.steps, embeddings=embeddings, saves=save_ops(raw.saves))
+                     steps=raw.steps, embeddings=embeddings, saves=save_ops(raw.saves),
+                     **corrections)
+
+
+def _corrections(raw: AttributeStep, component: str, addresses: tuple, ctx: Context,
+                 at: tuple) -> dict:
+    """AtP*'s addresses: per layer the QK fix's partner, scores and pattern (eager attention,
+    no softcap: C20 at ``qk_fix``); every layer's attention and MLP outputs for GradDrop."""
+    found = {}
+    attn = ctx.document.model.attn_implementation
+    if raw.qk_fix:
+        if getattr(ctx.config, "attn_logit_softcapping", None):
+            raise CompileError(at + ("qk_fix",), "the QK fix recomputes a softmax of scores "
+                               "shifted linearly; softcapped attention scores are not")
+        heads = lambda name: list(range(head_count(name, ctx.facts)))  # noqa: E731
+        found = {key: tuple(resolve_address(name, a.layer, heads(name), None, ctx.config, attn,
+                                            at + ("qk_fix",)) for a in addresses)
+                 for key, name in (("partners", QK_PARTNER[component]),
+                                   ("scores", "attention_scores"),
+                                   ("patterns", "attention_probs"))}
+    if raw.verify:
+        found.update(verify=raw.verify, units=_unit_addresses(raw, addresses, ctx, at))
+    if raw.graddrop:
+        found["gates"] = tuple(resolve_address(name, layer, None, None, ctx.config, attn,
+                                               at + ("graddrop",))
+                               for layer in range(ctx.facts.layers)
+                               for name in ("attention_output", "mlp_output"))
+    return found
+
+
+def _unit_addresses(raw: AttributeStep, addresses: tuple, ctx: Context, at: tuple) -> tuple:
+    """Each unit of one position label alone, in table order: what ``verify`` patches."""
+    attn = ctx.document.model.attn_implementation
+    found = []
+    for a in addresses:
+        if raw.unit == "site":
+            found.append(a)
+            continue
+        each = a.heads if raw.unit == "head" else (a.units or tuple(range(a.width)))
+        for u in each:
+            heads, units = ((u,), a.units) if raw.unit == "head" else (a.heads, (u,))
+            found.append(resolve_address(a.component, a.layer, heads, units, ctx.config, attn,
+                                         at + ("verify",)))
+    return tuple(found)

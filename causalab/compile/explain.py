@@ -118,6 +118,9 @@ def attribute_lines(node: Attribute, pad: str) -> list[str]:
     first = node.addresses[0]
     units = sum(unit_count(a, node.unit) for a in node.addresses) * len(node.labels)
     estimate = "atp" if node.steps == 1 else f"integrated gradients, {node.steps} steps"
+    estimate += "".join(text for on, text in ((node.patterns, " + QK fix"),
+                                              (node.gates, " + GradDrop"),
+                                              (node.verify, f" + verify {node.verify}")) if on)
     line = (f"{pad}{node.name}: Attribute  {first.component}{_layer_span(node.layers)} "
             f"unit={node.unit} ({units} units)  metrics={_names(node.metrics)}  "
             f"estimate={estimate}")

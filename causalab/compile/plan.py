@@ -283,8 +283,8 @@ class Attribute:
     ``passes[i]`` is the interchange compiled with the write and its operand at position
     ``labels[i]`` (``(None,)``: the write's own position); all share the rows and ids.
     ``addresses[j]`` is the site at ``layers[j]`` (a head unit selects every head the site
-    has); ``embeddings`` is where ``steps > 1`` interpolates the two prompts.
-    """
+    has); ``embeddings`` is where ``steps > 1`` interpolates the two prompts. AtP*: the QK
+    fix's ``partners``/``scores``/``patterns``, GradDrop's ``gates``, ``verify``'s units."""
 
     name: str
     passes: tuple[Pass, ...]
@@ -299,6 +299,12 @@ class Attribute:
     metrics: tuple[str, ...]
     steps: int = 1
     embeddings: Address | None = None
+    partners: tuple[Address, ...] = ()
+    scores: tuple[Address, ...] = ()
+    patterns: tuple[Address, ...] = ()
+    gates: tuple[Address, ...] = ()
+    verify: int = 0
+    units: tuple[Address, ...] = ()
     saves: tuple[SaveOp, ...] = ()
     results: dict = field(default_factory=_results, compare=False)
 

@@ -20,6 +20,10 @@ from causalab.errors import DocumentError, Path
 # A head of attention_output is its premix slice through the out-projection, which is linear:
 # the two estimates are one number, so a head unit there is computed at attention_premix.
 HEADS_THROUGH = {"attention_output": "attention_premix"}
+# AtP*'s QK fix: a patched query or key moves its head's pattern, which is recomputed exactly
+# (the softmax of the scores the patch moves) at the pattern that component feeds; the other
+# side of the dot product is read whole at the same layer.
+QK_PARTNER = {"attention_query": "attention_key", "attention_key": "attention_query"}
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,10 @@ def _check_unit(doc: Document, step: Attribute, site: str, at: Path) -> None:
                             "per-head component or attention_output")
     if needs == "width" and (row["width"] is None or row["key_axis"]):
         raise DocumentError(at + ("unit",), f"{component} has no feature axis to cut into units")
+    if step.qk_fix and (component not in QK_PARTNER or step.unit != "head"):
+        raise DocumentError(at + ("qk_fix",), "the QK fix recomputes a head's pattern for a "
+                            "patched query or key: it needs unit: head on "
+                            f"{' or '.join(QK_PARTNER)}, not unit {step.unit} on {component}")
     if step.layers is not None and row["whole_model"]:
         raise DocumentError(at + ("layers",), f"{component} is whole-model: it has no layers "
                             "to attribute over")

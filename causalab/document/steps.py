@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BeforeValidator, Field, StrictInt, StrictStr, model_validator
+from pydantic import BeforeValidator, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from causalab.document.interventions import Intervention
 from causalab.document.nodes import Name, Node, Number, refuse
@@ -149,12 +149,19 @@ class Attribute(Node):
     positions: dict[StrictStr, Pos] = {}
     metrics: Annotated[list[StrictStr], Field(min_length=1)] | None = None
     steps: PositiveInt = 1
+    qk_fix: StrictBool = False
+    graddrop: StrictBool = False
+    verify: Annotated[StrictInt, Field(ge=0)] = 0
     saves: list[Save] = []
 
     @model_validator(mode="after")
     def _distinct_layers(self) -> "Attribute":
         if isinstance(self.layers, list) and len(set(self.layers)) != len(self.layers):
             raise refuse(f"layers must be distinct, got {self.layers}", "layers")
+        for field in ("qk_fix", "graddrop"):
+            if getattr(self, field) and self.steps > 1:
+                raise refuse(f"{field} corrects plain AtP: it takes steps: 1, got "
+                             f"{self.steps}", field)
         return self
 
 

@@ -9,8 +9,9 @@ a row, the estimate of the metric with only ``u`` patched from the counterfactua
 (Nanda 2023; Kramár et al. 2024, "AtP"). The gradient is taken at the base run; with
 ``steps = n > 1`` it is averaged over ``n`` forwards whose input embeddings lie on the straight
 line from the base prompt's to the counterfactual's, at ``α = k/n`` for ``k = 0 … n−1``
-(integrated gradients as EAP-IG takes it: ``steps: 1`` is plain AtP). AtP*'s corrections
-(recomputing attention softmaxes for keys and queries, GradDrop) are not made.
+(integrated gradients as EAP-IG takes it: ``steps: 1`` is plain AtP). AtP*'s corrections, when
+the step asks for them, are ``causalab.engine.atp_star``'s: the QK fix replaces a query or key
+unit's estimate, GradDrop adds per-layer estimates and their combination to the table.
 
 This module never opens a trace and plans none: the planner's ``attribute_stages`` says which
 traces run, the walk runs them, and ``keep`` takes each one's values and gradients before the
@@ -29,7 +30,7 @@ import torch
 
 from causalab.compile.plan import Address, Attribute, MetricOp
 from causalab.document.vocab import ATTRIBUTION_UNITS
-from causalab.engine import record
+from causalab.engine import atp_star, record
 from causalab.engine import windows as window_rules
 from causalab.engine.jobs import Stage, Traced, TraceJob
 from causalab.engine.metrics import score
@@ -54,11 +55,16 @@ class Sums:
     grads: dict = dataclasses.field(default_factory=dict)
     runs: int = 0
     parts: list = dataclasses.field(default_factory=list)
+    aux: dict = dataclasses.field(default_factory=dict)
+    drops: list = dataclasses.field(default_factory=list)
+    dropped: list = dataclasses.field(default_factory=lambda: [None])
+    scales: list = dataclasses.field(default_factory=list)
 
 
-def estimand(metric: MetricOp, steps: int) -> str:
-    """``logit_diff/v1 atp`` or ``logit_diff/v1 ig-8``: the metric's estimand, estimated."""
-    return f"{metric.estimand_version} {'atp' if steps == 1 else f'ig-{steps}'}"
+def estimand(metric: MetricOp, node: Attribute) -> str:
+    """``logit_diff/v1 atp``, ``… atp+qk`` or ``… ig-8``: the metric's estimand, estimated."""
+    method = "atp" if node.steps == 1 else f"ig-{node.steps}"
+    return f"{metric.estimand_version} {method}{'+qk' if node.patterns else ''}"
 
 
 def open_step(ctx: PassContext, node: Attribute) -> PassContext:
@@ -90,16 +96,25 @@ def keep(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) ->
         sums.counterfactual = {tap.op.index: value for tap, value in taps if tap.whole}
         sums.ends, sums.runs, sums.grads = tuple(embeddings), 0, {}
         return
-    shifts = {tap.op.index: value for tap, value in taps if tap.kind == "shift"}
+    roles = {}
+    for tap, value in taps:
+        roles.setdefault(getattr(tap.op, "role", None), []).append(value)
+    shifts = {tap.op.index: value for tap, value in taps
+              if tap.kind == "shift" and tap.op.role == "site"}
     head = next(value for tap, value in taps if tap.kind == "read" and not tap.whole)
     with torch.enable_grad():  # the metrics read one read (V29)
         scores = _scores(sums, job.rows, head)
         leaves = [shifts[i][1] for i in range(len(sums.node.addresses))]
-        grads = _gradients(scores, leaves)
+        leaves += [leaf for _, leaf in roles.get("pattern", [])]
+        gates = len(sums.node.gates) // 2
+        grads = _gradients(scores, leaves, retain=gates > 0)
+        sums.drops = [_dropped(sums, scores, leaves, layer, gates) for layer in range(gates)]
     if sums.runs == 0:
         sums.base = {i: value for i, (value, _) in shifts.items()}
         sums.ends = tuple(embeddings) + sums.ends
         sums.scores, sums.grads = scores, grads
+        sums.aux = {role: roles.get(role, []) for role in ("partner", "scores")}
+        sums.scales = [atp_star.scaling(units[0].model, a.layer) for a in sums.node.partners]
     else:
         sums.grads = {m: [g + h for g, h in zip(sums.grads[m], grads[m])] for m in grads}
     sums.runs += 1
@@ -117,13 +132,24 @@ def _scores(sums: Sums, chunk: tuple, head: torch.Tensor) -> dict:
     return found
 
 
-def _gradients(scores: dict, shifts: list) -> dict:
-    """``∂ Σ_rows metric / ∂ site`` at every address, per metric, one backward each."""
+def _dropped(sums: Sums, scores: dict, leaves: list, layer: int, layers: int) -> dict:
+    """GradDrop's gradients for ``layer``: its attention and MLP outputs pass none back."""
+    sums.dropped[0] = layer
+    try:
+        return _gradients(scores, leaves, retain=layer < layers - 1)
+    finally:
+        sums.dropped[0] = None
+
+
+def _gradients(scores: dict, shifts: list, retain: bool = False) -> dict:
+    """``∂ Σ_rows metric / ∂ site`` at every address, per metric, one backward each;
+    ``retain``: the graph kept for more backward passes (GradDrop's)."""
     names = list(scores)
     grads = {}
     for j, name in enumerate(names):
         total = scores[name][0].sum()
-        grads[name] = torch.autograd.grad(total, shifts, retain_graph=j < len(names) - 1,
+        grads[name] = torch.autograd.grad(total, shifts,
+                                          retain_graph=retain or j < len(names) - 1,
                                           allow_unused=True)
         grads[name] = [torch.zeros_like(s) if g is None else g
                        for g, s in zip(grads[name], shifts)]
@@ -131,14 +157,22 @@ def _gradients(scores: dict, shifts: list) -> dict:
 
 
 def _close_window(sums: Sums, job: TraceJob) -> None:
-    """A window's effects per metric and label, kept with its scores; its tensors let go."""
+    """A window's effects per metric and label (and per GradDrop layer), kept with its
+    scores; its tensors let go."""
+    sums.parts.append({"effects": _effects(sums, job, sums.grads), "scores": sums.scores,
+                       "drops": [_effects(sums, job, grads) for grads in sums.drops]})
+    sums.counterfactual, sums.base, sums.ends, sums.grads, sums.scores = {}, {}, (), {}, {}
+    sums.aux, sums.drops = {}, []
+
+
+def _effects(sums: Sums, job: TraceJob, grads: dict) -> dict:
+    """``{metric: [(rows, units) per position label]}`` from the gradients of each leaf."""
     effects = {}
-    for metric, per_site in sums.grads.items():
+    for metric, per_site in grads.items():
         mean = [g / sums.node.steps for g in per_site]
         effects[metric] = [_label_effects(sums, pass_, windows, job.rows, mean)
                            for pass_, windows in zip(sums.node.passes, sums.windows)]
-    sums.parts.append({"effects": effects, "scores": sums.scores})
-    sums.counterfactual, sums.base, sums.ends, sums.grads, sums.scores = {}, {}, (), {}, {}
+    return effects
 
 
 def _per_row(value: torch.Tensor, window: Window) -> torch.Tensor:
@@ -172,11 +206,24 @@ def _label_effects(sums: Sums, pass_: Any, windows: Windows, chunk: tuple,
                        "the operand and the write cover different positions on some row")
     out = []
     for i, address in enumerate(node.addresses):
+        if node.patterns:
+            out.append(_qk_fixed(sums, i, grads[len(node.addresses) + i], at_cf, at_base))
+            continue
         delta = (gather(sums.counterfactual[i], address, at_cf)
                  - gather(sums.base[i], address, at_base)).float()
         gradient = gather(grads[i], address, at_base).float()
         out.append(_units(_per_row(delta * gradient, at_base), address, node.unit))
     return torch.cat(out, -1)
+
+
+def _qk_fixed(sums: Sums, i: int, grad: torch.Tensor, at_cf: Window,
+              at_base: Window) -> torch.Tensor:
+    """``(rows, heads)`` of address ``i``: the QK fix's estimate, its selected heads."""
+    address = sums.node.addresses[i]
+    tensors = {"cf": sums.counterfactual[i], "base": sums.base[i], "grad": grad,
+               "partner": sums.aux["partner"][i], "scores": sums.aux["scores"][i]}
+    every = atp_star.qk_effects(address.component, tensors, at_cf, at_base, sums.scales[i])
+    return every[:, list(address.heads)].float()
 
 
 def _coordinates(node: Attribute) -> list[dict]:
@@ -214,9 +261,23 @@ def _table(node: Attribute, metric: MetricOp, effects: torch.Tensor, base: dict,
                          "effect": effect, "eligible": value is not None,
                          "coordinates": place, "positions": positions[label][row],
                          "reason": "", "unit": metric.unit,
-                         "estimand_version": estimand(metric, node.steps),
+                         "estimand_version": estimand(metric, node),
                          "produced_by": digest})
     return rows
+
+
+def _with_drops(table: list[dict], drops: torch.Tensor) -> list[dict]:
+    """GradDrop's columns on each eligible row: ``graddrop_layers`` (``ĉ_l`` for each dropped
+    layer ``l``) and ``graddrop``, their combination (``atp_star.combined``)."""
+    rows = drops.shape[1]
+    together = atp_star.combined(drops)
+    for j, entry in enumerate(table):
+        unit, row = divmod(j, rows)
+        eligible = entry["eligible"]
+        entry["graddrop"] = float(together[row, unit]) if eligible else None
+        entry["graddrop_layers"] = ([float(v) for v in drops[:, row, unit]] if eligible
+                                    else None)
+    return table
 
 
 def grid(table: list[dict]) -> list[tuple[dict, float | None]]:
@@ -248,6 +309,11 @@ def publish(ctx: PassContext, directory: Path) -> list[str]:
             base.update(zip(eligible, values.detach().double().cpu().tolist()))
         tables[metric.name] = _table(node, metric, effects.detach().double().cpu(), base,
                                      windows, ctx.state.digest)
+        if node.gates:
+            drops = torch.stack([torch.cat([torch.cat(part["drops"][layer][metric.name], -1)
+                                            for part in parts], 0)
+                                 for layer in range(len(parts[0]["drops"]))])
+            _with_drops(tables[metric.name], drops.detach().double().cpu())
     node.results.update(tables=tables, grid={m: grid(t) for m, t in tables.items()})
     return [record.write_json(directory / save.file_path, tables[save.value], root=directory)
             for save in node.saves]

@@ -31,6 +31,8 @@ TAPS = {
              "zero leaf (the metric's gradient at the site is the leaf's)",
     "replace": "the bound tensor put in place of the address's (integrated gradients' "
                "interpolated embeddings)",
+    "gate": "the tensor passed on unchanged, its gradient zeroed in the backward passes that "
+            "drop its layer (GradDrop)",
 }
 # head -> how the output head runs in the trace.
 HEADS = {
@@ -57,12 +59,14 @@ class JobTap:
 class SiteOp:
     """An address an attribute job taps whole: the step's ``name``, the ``index`` of the
     address among its addresses (-1: the embeddings) and, for a ``replace`` tap, the
-    integrated-gradients ``step`` whose interpolated embeddings go there."""
+    integrated-gradients ``step`` whose interpolated embeddings go there; ``role`` is ``site``
+    or an AtP* correction's tensor (``partner``, ``scores``, ``pattern``, ``gate``)."""
 
     name: str
     address: Address
     index: int = -1
     step: int = 0
+    role: str = "site"
 
 
 @dataclass(frozen=True)

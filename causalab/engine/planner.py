@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from causalab.compile.plan import Attribute, Forward, Observe, Plan, PromptBatch
 from causalab.document import vocab
-from causalab.engine import forwards, generate, tail
+from causalab.engine import atp_star, forwards, generate, tail
 from causalab.engine.cache import DocumentCache, Prefix
 from causalab.engine.forwards import batch_key, read_key, tap_ops
 from causalab.engine.jobs import JobTap, NextPrefix, SiteOp, Stage, TraceJob, Wanted
@@ -55,9 +55,13 @@ def signature(point: Any) -> tuple | None:
 
 
 def _capacity(point: Plan, batch_size: int | None, cache: DocumentCache | None) -> int:
-    """How many copies of the point's rows one trace may hold, within the memory budget's
-    trace share when there is one."""
-    passes = [node.pass_ for node in point.children]
+    """How many copies of the point's rows one trace may hold."""
+    return capacity([node.pass_ for node in point.children], batch_size, cache)
+
+
+def capacity(passes: list, batch_size: int | None, cache: DocumentCache | None = None) -> int:
+    """How many copies of the rows of ``passes`` (one point's) one fused trace may hold,
+    within the memory budget's trace share when there is one."""
     rows = max(pass_.rows for pass_ in passes)
     widest = max(batch.tokens for pass_ in passes for batch in pass_.inputs.values())
     tokens = max(pass_.rows * batch.tokens for pass_ in passes for batch in pass_.inputs.values())
@@ -199,6 +203,7 @@ def attribute_stages(ctx: PassContext, node: Attribute) -> Iterator[Stage]:
             taps = [JobTap("replace" if k else "read", dataclasses.replace(op, step=k),
                            whole=True) for op in start]
             taps += [JobTap("shift", op, whole=True) for op in sites] + [head]
+            taps += atp_star.taps(node)
             taps.sort(key=lambda tap: tuple(tap.op.address.order))
             yield Stage("attribute", (_job("attribute", base, chunk, tuple(taps), [ctx],
                                            grad=True),))

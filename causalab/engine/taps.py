@@ -111,6 +111,8 @@ def _prepared(job: TraceJob, tap: JobTap, units: list[PassContext], width: int) 
     ctx, op = units[tap.unit], tap.op
     if tap.kind == "replace":
         return PreparedTap(None, operand=attribution.interpolated(ctx, op.step))
+    if tap.kind == "gate":
+        return PreparedTap(None, operand=ctx.attributed.dropped)
     if tap.whole:
         return PreparedTap(None)
     if op.pos.frame == "generated":

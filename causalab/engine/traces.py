@@ -15,7 +15,7 @@ from typing import Any, Iterable, NamedTuple
 
 from causalab import memory
 from causalab.compile.plan import Attribute, Fit, Observe, Pass, Plan
-from causalab.engine import passes, planner
+from causalab.engine import passes, planner, verify
 from causalab.engine.budget import RESUME_SHARE, Budget, trace_bytes
 from causalab.engine.cache import RESUME_BUDGET, DocumentCache
 from causalab.engine.jobs import Stage, TraceJob, describe
@@ -104,12 +104,29 @@ def _walk(dry: _Dry, plan: Plan, state: WalkState, fused: set, where: str) -> No
             ctx = _open(dry, node.passes[0], state)
             dry.calls += 1
             _dry(dry, planner.attribute_stages(ctx, node), [ctx], label)
+            if node.verify:
+                _verify(dry, node, state, label)
         elif isinstance(node, Fit):
             fit = dataclasses.replace(state, fill_prefixes=True)
             for epoch in range(node.epochs):
                 for rows in node.batches[epoch]:
                     _pass(dry, node.train, fit, f"{label} update", rows=rows, grad=True)
                 _pass(dry, node.eval, fit, f"{label} eval")
+
+
+def _verify(dry: _Dry, node: Attribute, state: WalkState, where: str) -> None:
+    """``verify``'s fused exact patches, planned on stand-ins: which units run is known only
+    once the estimates are, but not how many (``2 N``, fewer when the units are fewer)."""
+    count = min(2 * node.verify, len(node.units) * len(node.labels))
+    stand_ins = [verify.unit_pass(node.passes[u // len(node.units)], node.write, node.operand,
+                                  node.units[u % len(node.units)]) for u in range(count)]
+    size = max(1, planner.capacity(stand_ins[:1], state.batch_size, state.cache))
+    for start in range(0, count, size):
+        units = [_open(dry, pass_, state) for pass_ in stand_ins[start:start + size]]
+        dry.calls += 1
+        for step in range(len(units[0].pass_.forwards)):
+            _dry(dry, planner.fused_stages(units, [], step), units,
+                 f"{where} verify ({count} units chosen at run time)")
 
 
 def _open(dry: _Dry, pass_: Pass, state: WalkState, rows=None, grad: bool = False) -> PassContext:
@@ -166,7 +183,25 @@ def text(found: list[Planned], batch_size: int | None = None,
             lines.append(f"  … the {period} pass{'es' if period > 1 else ''} above "
                          f"{times - 1} more time{'s' if times > 2 else ''} ({more} traces)")
         index += period * times
-    return "\n".join(lines)
+    return "\n".join(lines + _attribute_costs(found))
+
+
+def _attribute_costs(found: list[Planned]) -> list[str]:
+    """Per attribute step its forwards and its backward passes per metric: one per base
+    forward, and with GradDrop one more per layer dropped."""
+    costs: dict[str, list[int]] = {}
+    for planned in found:
+        if planned.job.kind != "attribute":
+            continue
+        cost = costs.setdefault(planned.where, [0, 0, 0])
+        cost[0] += 1
+        if planned.job.grad:
+            drops = sum(tap.kind == "gate" for tap in planned.job.taps) // 2
+            cost[1] += 1 + drops
+            cost[2] = drops
+    return [f"{where}: cost {forwards} forwards, {backwards} backwards per metric"
+            + (f" (GradDrop: {drops} layers dropped one at a time)" if drops else "")
+            for where, (forwards, backwards, drops) in costs.items()]
 
 
 def _repeats(shapes: list, index: int) -> tuple[int, int]:

@@ -21,7 +21,8 @@ from typing import Any, Iterable
 import torch
 
 from causalab.compile.plan import Attribute, Featurizers, Fit, Observe, Pass, Plan, Weights
-from causalab.engine import attribution, containment, passes, planner, record, steps, taps
+from causalab.engine import (atp_star, attribution, containment, passes, planner, record, steps,
+                             taps, verify)
 from causalab.engine.cache import DocumentCache
 from causalab.engine.events import Events
 from causalab.engine.generate import GENERATED
@@ -99,7 +100,27 @@ def _attribute(node: Attribute, model: Any, state: WalkState, directory: Path) -
     ctx = attribution.open_step(passes.open_pass(model, node.passes[0], state), node)
     with torch.no_grad():
         _run_stages(model, planner.attribute_stages(ctx, node), [ctx])
-    return attribution.publish(ctx, directory)
+    written = attribution.publish(ctx, directory)
+    if node.verify:
+        node.results["verify"] = verify.run(node, lambda ps: run_fused(model, ps, state))
+        written.append(record.write_json(directory / f"{node.name}.verify.json",
+                                         node.results["verify"], root=directory))
+    return written
+
+
+def run_fused(model: Any, passes_: list[Pass], state: WalkState) -> list[PassResult]:
+    """Passes of one shape run as an exact sweep's fused points are, each forward together."""
+    size = max(1, planner.capacity(passes_[:1], state.batch_size, state.cache))
+    results = []
+    for start in range(0, len(passes_), size):
+        units = [passes.open_pass(model, pass_, state) for pass_ in passes_[start:start + size]]
+        with torch.no_grad():
+            for step in range(len(units[0].pass_.forwards)):
+                _run_stages(model, planner.fused_stages(units, [], step), units)
+                for ctx in units:
+                    passes.take_forward(ctx, ctx.pass_.forwards[step])
+        results += [passes.result_of(ctx) for ctx in units]
+    return results
 
 
 def prefetch(points: list, model: Any, *, batch_size: int | None = None,
@@ -260,6 +281,9 @@ def _tap(places: Places, tap: JobTap, entry: PreparedTap) -> Any:
         leaf = torch.zeros_like(activation).requires_grad_(True)
         places.put(address, activation + leaf)
         return activation.detach().clone(), leaf
+    if tap.kind == "gate":
+        places.put(address, atp_star.Gate.apply(activation, entry.operand, address.layer))
+        return None
     if tap.whole:
         # Kept past this forward: a copy, safe from any in-place update after the tap.
         return activation.detach().clone()

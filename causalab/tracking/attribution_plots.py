@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from causalab.tracking import plots
+from causalab.tracking import plots, verify_plots
 from causalab.tracking import runs as store
 from causalab.tracking.naming import is_score, split_score
 from causalab.tracking.summary import plain
@@ -176,3 +176,7 @@ def send_grids(listener: Any, run: Any, point: Any) -> None:
     if grids:
         listener.lane.send(lambda: run.sending(listener.call, log_grids, run.run_id, grids,
                                                title=run.title))
+    reports = verify_plots.reports_of(point)
+    if reports:
+        listener.lane.send(lambda: run.sending(listener.call, verify_plots.log_reports,
+                                               run.run_id, reports, title=run.title))

@@ -13,18 +13,26 @@ same rows for every document. Documents:
 
 each rendered for ``--model`` (``smollm2``, the default, or ``gemma3``).
 
-Each attribution document runs as AtP (``steps: 1``) and with integrated gradients
-(``--ig-steps``). In one process, after a warm-up run (the model loaded, kernels warm), each
-document's ``run_document`` is timed whole (compile, forwards, tables). Compared per unit: the
-mean over rows of the patched logit difference (cf answer minus base answer) the exact point
-scores, and the attribution table's mean ``value`` (base metric plus estimated effect). Ranks
-are by that mean, highest first (the units whose patch moves the answer most toward the
-counterfactual's). Printed, per sweep and estimate:
+Each attribution document runs as AtP (``atp``, ``steps: 1``), with integrated gradients
+(``ig-<n>``, ``--ig-steps``), and with ``verify: <n>`` (``atp+verify<n>``, ``--verify``: the
+units verified take their exact effect, the rest keep AtP's; ``atp*+verify<n>`` adds GradDrop,
+whose magnitudes choose the units verified, with ``--graddrop``). The QK fix has no line: it
+corrects query and key units, and these sweeps patch head outputs and residuals. In one
+process, after a warm-up run (the model loaded, kernels warm), each document's
+``run_document`` is timed whole (compile, forwards, tables, verification). Compared per unit:
+the mean over rows of the patched logit difference (cf answer minus base answer) the exact
+point scores, and the attribution table's mean ``value`` (base metric plus estimated effect).
+Ranks are by that mean, highest first (the units whose patch moves the answer most toward the
+counterfactual's); a unit's effect is its mean minus the base metric's mean. Printed, per
+sweep and estimate:
 
-    ATTRIBUTION spearman=<rank correlation over all units> top10_overlap=<k/10>
-      time_ratio=<attribution wall / exact wall> sweep=... estimate=... top3_in_top10=<k/3> ...
+    ATTRIBUTION model=<model> estimate=<estimate> spearman=<rank correlation over all units>
+      top1=<yes|no: the exact top unit ranked first> top10_overlap=<k/10>
+      top10_max_ratio_err=<largest |estimated effect / exact effect - 1| over the exact top 10>
+      time_ratio=<attribution wall / exact wall> sweep=... top3_in_top10=<k/3> ...
 
     CAUSALAB_HOME=/work/cache/home .venv/bin/python scripts/bench/attribution.py
+    .venv/bin/python scripts/bench/attribution.py --sweeps heads --ig-steps 1 --verify 10
     .venv/bin/python scripts/bench/attribution.py --every 5 --sweeps heads --ig-steps 8
     .venv/bin/python scripts/bench/attribution.py --model gemma3
 """
@@ -59,7 +67,8 @@ def _end_only(value):
     return value
 
 
-def documents(sweep: str, ig_steps: int, model: str = "smollm2") -> dict[str, dict]:
+def documents(sweep: str, ig_steps: int, model: str = "smollm2", verify: int = 0,
+              graddrop: bool = False) -> dict[str, dict]:
     from causalab.rendering import render
 
     exact = render([f"experiment={EXACT[sweep]}", f"model={model}"])
@@ -68,11 +77,22 @@ def documents(sweep: str, ig_steps: int, model: str = "smollm2") -> dict[str, di
     step = atp["steps"]["attribute"]
     if sweep == "layers":
         step["positions"] = {"END": step["positions"]["END"]}
+    for field in ("qk_fix", "graddrop", "verify"):
+        step.pop(field, None)  # the conf's corrections: each estimate sets its own
     found = {"exact": exact, "atp": atp}
     if ig_steps > 1:
-        found[f"ig-{ig_steps}"] = copy.deepcopy(atp)
-        found[f"ig-{ig_steps}"]["steps"]["attribute"]["steps"] = ig_steps
+        found[f"ig-{ig_steps}"] = _with(atp, steps=ig_steps)
+    if verify:
+        found[f"atp+verify{verify}"] = _with(atp, verify=verify)
+    if verify and graddrop:
+        found[f"atp*+verify{verify}"] = _with(atp, verify=verify, graddrop=True)
     return found
+
+
+def _with(document: dict, **fields) -> dict:
+    changed = copy.deepcopy(document)
+    changed["steps"]["attribute"].update(fields)
+    return changed
 
 
 def _mean(rows: list[dict]) -> float:
@@ -90,12 +110,22 @@ def exact_means(document: dict, out: Path) -> dict[tuple, float]:
     return found
 
 
-def attribution_means(out: Path) -> dict[tuple, float]:
+def attribution_means(out: Path) -> tuple[dict[tuple, float], float]:
+    """Per unit its mean value (a verified unit's moved by its exact minus estimated
+    effect), and the base metric's mean."""
     cells: dict[tuple, list] = {}
+    bases = []
     for row in json.loads((out / "logit_diff.json").read_text()):
         if row["eligible"]:
             cells.setdefault(_key(row["coordinates"]), []).append(row["value"])
-    return {key: sum(v) / len(v) for key, v in cells.items()}
+            bases.append(row["value"] - row["effect"])
+    means = {key: sum(v) / len(v) for key, v in cells.items()}
+    report = out / "attribute.verify.json"
+    if report.is_file():
+        for unit in json.loads(report.read_text())["logit_diff"]["units"]:
+            if unit["exact"] is not None:
+                means[_key(unit["coordinates"])] += unit["exact"] - unit["estimate"]
+    return means, sum(bases) / len(bases)
 
 
 def _key(coordinates: dict) -> tuple:
@@ -121,9 +151,11 @@ def _subset(every: int, root: Path) -> str:
     return str(root)
 
 
-def _report(sweep: str, name: str, exact: dict, estimate: dict, ratio: float, seconds: tuple):
+def _report(model: str, sweep: str, name: str, exact: dict, estimated: tuple, ratio: float,
+            seconds: tuple):
     from causalab.tracking.attribution_plots import spearman
 
+    estimate, base = estimated
     units = sorted(exact)
     rho = spearman([exact[u] for u in units], [estimate[u] for u in units])
     top = sorted(units, key=lambda u: -exact[u])
@@ -131,10 +163,12 @@ def _report(sweep: str, name: str, exact: dict, estimate: dict, ratio: float, se
     overlap = len(set(top[:10]) & set(mine[:10]))
     top3 = sum(u in mine[:10] for u in top[:3])
     spelled = " ".join(_spell(u) for u in top[:3])
-    print(f"ATTRIBUTION spearman={rho:.3f} top10_overlap={overlap}/10 time_ratio={ratio:.4f} "
-          f"sweep={sweep} estimate={name} top3_in_top10={top3}/3 exact_top3={spelled} "
-          f"exact_s={seconds[0]:.1f} attribution_s={seconds[1]:.1f} units={len(units)}",
-          flush=True)
+    worst = max(abs((estimate[u] - base) / (exact[u] - base) - 1) for u in top[:10])
+    print(f"ATTRIBUTION model={model} estimate={name} spearman={rho:.3f} "
+          f"top1={'yes' if mine[0] == top[0] else 'no'} top10_overlap={overlap}/10 "
+          f"top10_max_ratio_err={worst:.3f} time_ratio={ratio:.4f} sweep={sweep} "
+          f"top3_in_top10={top3}/3 exact_top3={spelled} exact_s={seconds[0]:.1f} "
+          f"attribution_s={seconds[1]:.1f} units={len(units)}", flush=True)
     where = {u: (top.index(u) + 1, mine.index(u) + 1) for u in set(top[:10]) ^ set(mine[:10])}
     for unit, (exact_rank, my_rank) in sorted(where.items(), key=lambda item: item[1]):
         print(f"  disagree {_spell(unit)}: exact rank {exact_rank} ({exact[unit]:+.3f}), "
@@ -145,8 +179,8 @@ def _spell(unit: tuple) -> str:
     return "L{}H{}".format(*unit) if len(unit) == 2 else f"L{unit[0]}"
 
 
-def bench(sweep: str, ig_steps: int, data_root: str, tmp: Path, model: str) -> None:
-    docs = documents(sweep, ig_steps, model)
+def bench(sweep: str, args: argparse.Namespace, data_root: str, tmp: Path) -> None:
+    docs = documents(sweep, args.ig_steps, args.model, args.verify, args.graddrop)
     walls, means = {}, {}
     for name, document in docs.items():
         out = tmp / f"{sweep}-{name}"
@@ -155,8 +189,8 @@ def bench(sweep: str, ig_steps: int, data_root: str, tmp: Path, model: str) -> N
         print(f"{sweep} {name}: {walls[name]:.1f} s", flush=True)
     for name in docs:
         if name != "exact":
-            _report(sweep, name, means["exact"], means[name], walls[name] / walls["exact"],
-                    (walls["exact"], walls[name]))
+            _report(args.model, sweep, name, means["exact"], means[name],
+                    walls[name] / walls["exact"], (walls["exact"], walls[name]))
 
 
 def main() -> None:
@@ -166,6 +200,10 @@ def main() -> None:
                         help="integrated-gradients steps (1: AtP alone)")
     parser.add_argument("--sweeps", default="heads,layers", help="heads, layers or both")
     parser.add_argument("--model", default="smollm2", help="a conf/model name: smollm2, gemma3")
+    parser.add_argument("--verify", type=int, default=10,
+                        help="units verify patches exactly (0: no atp+verify line)")
+    parser.add_argument("--graddrop", action="store_true",
+                        help="also AtP* (GradDrop choosing the units verified)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="causalab-attribution-") as folder:
         tmp = Path(folder)
@@ -174,7 +212,7 @@ def main() -> None:
         print(f"warm-up: {_timed(warm, tmp / 'warm', data_root):.1f} s (model load included)",
               flush=True)
         for sweep in args.sweeps.split(","):
-            bench(sweep, args.ig_steps, data_root, tmp, args.model)
+            bench(sweep, args, data_root, tmp)
 
 
 if __name__ == "__main__":

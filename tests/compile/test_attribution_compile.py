@@ -131,3 +131,45 @@ def test_a_save_of_a_metric_the_step_does_not_score_is_refused_at_its_value(comp
     document = attribute(patching)
     document["steps"]["attribute"]["saves"].append({"value": "iia", "file_path": "iia.json"})
     assert refused(compile_doc, document) == STEP + ("saves", 1, "value")
+
+
+def test_the_qk_fix_outside_a_query_or_key_head_unit_is_refused_at_qk_fix(compile_doc,
+                                                                          patching):
+    patching["sites"]["target"]["component"] = "attention_premix"
+    document = attribute(patching, unit="head", qk_fix=True)
+    assert refused(compile_doc, document) == STEP + ("qk_fix",)
+
+
+def test_the_qk_fix_needs_eager_attention_for_the_scores_and_pattern(compile_doc, patching):
+    patching["sites"]["target"]["component"] = "attention_query"
+    assert refused(compile_doc, attribute(patching, unit="head", qk_fix=True))[:3] == (
+        STEP + ("qk_fix",))
+    patching["model"]["attn_implementation"] = "eager"
+    node = compile_doc(attribute(patching, unit="head", qk_fix=True)).children[0]
+    assert [a.component for a in node.partners + node.scores + node.patterns] == [
+        "attention_key", "attention_scores", "attention_probs"]
+
+
+@pytest.mark.parametrize("field", ["qk_fix", "graddrop"])
+def test_a_correction_with_integrated_gradients_is_refused_at_its_field(compile_doc, patching,
+                                                                        field):
+    patching["sites"]["target"]["component"] = "attention_query"
+    patching["model"]["attn_implementation"] = "eager"
+    document = attribute(patching, unit="head", steps=2, **{field: True})
+    assert refused(compile_doc, document) == STEP + (field,)
+
+
+def test_graddrop_gates_every_layers_attention_and_mlp_outputs(compile_doc, patching):
+    patching["sites"]["target"]["component"] = "attention_premix"
+    node = compile_doc(attribute(patching, unit="head", layers="all",
+                                 graddrop=True)).children[0]
+    assert [(a.component, a.layer) for a in node.gates] == [
+        ("attention_output", 0), ("mlp_output", 0), ("attention_output", 1), ("mlp_output", 1)]
+
+
+def test_explain_names_the_corrections_and_verify(compile_doc, patching):
+    from causalab.compile.explain import explain
+
+    patching["sites"]["target"]["component"] = "attention_premix"
+    text = explain(compile_doc(attribute(patching, unit="head", graddrop=True, verify=3)))
+    assert "estimate=atp + GradDrop + verify 3" in text

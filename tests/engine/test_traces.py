@@ -194,3 +194,48 @@ def test_an_attribute_step_in_windows_opens_the_traces_its_schedule_lists(tiny, 
         ("attribute", 1, False), ("attribute", 1, True), ("attribute", 1, True)]
     assert [tap.kind for tap in planned[2].taps][:1] == ["replace"]
     _same(planned, _opened(document, data_root, tmp_path / "out", monkeypatch, batch_size=2))
+
+
+def test_explain_counts_an_attribute_steps_forwards_and_graddrops_backwards(tiny, kit, tmp_path,
+                                                                           monkeypatch):
+    from causalab.models import load_config, load_tokenizer
+
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(EQUAL_PAIRS))
+    document = kit.patching_document(tiny("tiny-llama"), component="attention_premix")
+    document["steps"] = {"attribute": {
+        "kind": "attribute", "interventions": "patch", "layers": "all", "unit": "head",
+        "rows": {"base": "pairs", "counterfactual": "pairs"}, "metrics": ["logit_diff"],
+        "graddrop": True}}
+    plan = compile_only(copy.deepcopy(document), data_root)
+    model = plan.model or plan.children[0].model
+    found = traces.schedule(plan, load_config(model.path), load_tokenizer(model.path),
+                            batch_size=2)
+    # Two windows of rows (2, then 1), each a counterfactual and a base forward; each base
+    # forward one backward and one per dropped layer of the 2.
+    assert traces.text(found, batch_size=2).splitlines()[-1] == (
+        "<root>/attribute: cost 4 forwards, 6 backwards per metric (GradDrop: 2 layers dropped one "
+        "at a time)")
+    _same([p.job for p in found],
+          _opened(document, data_root, tmp_path / "out", monkeypatch, batch_size=2))
+
+
+def test_explain_plans_verifys_fused_exact_patches_on_stand_in_units(tiny, kit, tmp_path,
+                                                                     monkeypatch):
+    from causalab.models import load_config, load_tokenizer
+
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(EQUAL_PAIRS))
+    document = kit.patching_document(tiny("tiny-llama"), component="attention_premix")
+    document["steps"] = {"attribute": {
+        "kind": "attribute", "interventions": "patch", "layers": "all", "unit": "head",
+        "rows": {"base": "pairs", "counterfactual": "pairs"}, "metrics": ["logit_diff"],
+        "verify": 2}}
+    plan = compile_only(copy.deepcopy(document), data_root)
+    model = plan.model or plan.children[0].model
+    found = traces.schedule(plan, load_config(model.path), load_tokenizer(model.path))
+    opened = _opened(document, data_root, tmp_path / "out", monkeypatch)
+    # 2 N = 4 units, each patched once: fused copies of the rows, on stand-ins when planned
+    # (how the copies split over traces depends on the layers of the units chosen).
+    for jobs in ([p.job for p in found], opened):
+        assert sum(j.copies for j in jobs if j.kind == "forward") == 4
+    assert {p.where for p in found if p.job.kind != "attribute"} == {
+        "<root>/attribute verify (4 units chosen at run time)"}

@@ -29,7 +29,7 @@ def attribution_twin(exact: dict) -> dict:
     document["sites"]["head_out"]["layers"] = [0]
     document["steps"] = {"attribute": {
         "kind": "attribute", "interventions": "patch", "rows": exact["steps"]["patch"]["rows"],
-        "layers": "all", "unit": "head", "metrics": ["logit_diff"],
+        "layers": "all", "unit": "head", "metrics": ["logit_diff"], "verify": 1,
         "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"}]}}
     return document
 
@@ -65,7 +65,8 @@ def test_an_attribution_run_carries_its_table_its_head_heatmap_and_its_grid(trac
             if attribution_plots.TAG in r.data.tags]
     assert len(runs) == 1
     files = _artifacts(mlflow, runs[0].info.run_id)
-    assert {"logit_diff.json", "plots/head_heatmap.png", "attribution/attribute.json"} <= files
+    assert {"logit_diff.json", "plots/head_heatmap.png", "attribution/attribute.json",
+            "attribute.verify.json", "plots/attribute_verify.png"} <= files
     assert json.loads(runs[0].data.tags[attribution_plots.TAG]) == ["attribute"]
 
 
