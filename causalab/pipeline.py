@@ -82,7 +82,11 @@ def _run_claimed(raw: dict, plan, points: list, *, out: str, batch_size: int | N
     if any(verdicts.values()):  # else every point was done before: no model, no torch
         from causalab.engine.load import load_model
 
-        model = load_model(plan.model or points[0].model, device_map=device_map)
+        from causalab.engine.fidelity import receipt
+
+        ref = plan.model or points[0].model
+        model = load_model(ref, device_map=device_map)
+        events.receipt(receipt(model, points[0], ref.dtype))
     written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
     saves, engine, dtype = [], ENGINE, DTYPES[(plan.model or points[0].model).dtype]
     if model is not None:

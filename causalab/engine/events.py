@@ -30,6 +30,10 @@ class Events:
         """The 95 % bootstrap interval of the mean just reported by :meth:`metric`
         (``causalab.uncertainty``)."""
 
+    def receipt(self, found: dict | None) -> None:
+        """The fidelity receipt of the loaded model (``causalab.engine.fidelity``), before
+        the first point computes; None when the run has no observed metric to compare."""
+
     def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
         """One optimizer update of a fit (0-based over the whole fit)."""
 
@@ -76,6 +80,10 @@ class Chain(Events):
     def interval(self, point: Any, step: str, name: str, low: float, high: float) -> None:
         for listener in self.listeners:
             listener.interval(point, step, name, low, high)
+
+    def receipt(self, found: dict | None) -> None:
+        for listener in self.listeners:
+            listener.receipt(found)
 
     def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
         for listener in self.listeners:

@@ -163,3 +163,13 @@ def test_the_sweep_parent_carries_its_ranking(swept, tmp_path):
     assert stored["compared"] == "paired bootstrap" and stored["score"] == "iia/patch"
     assert sorted(stored["order"]) == sorted(result.runs)
     assert set(stored["beats"]) == set(result.runs)
+
+
+def test_the_sweep_parent_carries_the_fidelity_receipt(swept):
+    result, client = swept
+    parent_id = client.get_run(next(iter(result.runs.values()))).data.tags["mlflow.parentRunId"]
+    tags = client.get_run(parent_id).data.tags
+    assert float(tags["causalab.receipt.max_abs_dlogit"]) <= 1e-5  # tests/engine/test_fidelity.py
+    assert tags["causalab.receipt.dtype"] == "fp32" and int(tags["causalab.receipt.rows"]) > 0
+    for library in ("torch", "transformers", "nnsight", "nnterp", "causalab"):
+        assert tags[f"causalab.receipt.{library}"], library
