@@ -98,10 +98,13 @@ def _run_claimed(raw: dict, plan, points: list, *, out: str, batch_size: int | N
     if any(verdicts.values()):  # else every point was done before: no model, no torch
         from causalab.engine.load import budget_of, load_model, measure_budget
 
+        from causalab.engine.fidelity import receipt
+
         ref = plan.model or points[0].model
         measured = measure_budget(ref, memory, device_map)  # refused here, before any weight
         model = load_model(ref, device_map=device_map)
         budget = budget_of(measured, model)
+        events.receipt(receipt(model, points[0], ref.dtype))
     written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
     saves, engine, dtype = [], ENGINE, DTYPES[(plan.model or points[0].model).dtype]
     if model is not None:

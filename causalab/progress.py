@@ -109,18 +109,25 @@ class PointProgress(Events):
 class Summary(Events):
     """The metric means of every point, kept to print once the run ends.
 
-    One line per (point, step): ``layers=1,pos=-1  test: iia=1.000 (12) logit_diff=9.61 (12)``.
+    One line per (point, step), each mean with its 95 % bootstrap interval and its row count:
+    ``layers=1,pos=-1  test: iia=1.000 [1.00, 1.00] (12) logit_diff=9.610 [8.91, 10.27] (12)``.
     """
 
     def __init__(self) -> None:
-        self.lines: dict[tuple[str, str], list[str]] = {}
+        self.lines: dict[tuple[str, str], dict[str, list[str]]] = {}
 
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
         label = getattr(point, "name", "") or "<root>"
         shown = "--" if mean is None else f"{mean:.3f}"
-        self.lines.setdefault((label, step), []).append(f"{name}={shown} ({eligible})")
+        self.lines.setdefault((label, step), {})[name] = [f"{name}={shown}", f"({eligible})"]
+
+    def interval(self, point: Any, step: str, name: str, low: float, high: float) -> None:
+        entry = self.lines.get((getattr(point, "name", "") or "<root>", step), {}).get(name)
+        if entry is not None:
+            entry.insert(1, f"[{low:.2f}, {high:.2f}]")
 
     def render(self) -> str:
         width = max((len(label) for label, _ in self.lines), default=0)
-        return "\n".join(f"{label:<{width}}  {step}: {' '.join(values)}"
+        return "\n".join(f"{label:<{width}}  {step}: "
+                         + " ".join(" ".join(entry) for entry in values.values())
                          for (label, step), values in self.lines.items())

@@ -66,11 +66,12 @@ class Result:
 
     def points(self):
         """One row per point: ``point``, its coordinates, ``run_id``, ``reused``, its scores
-        (``iia/test``, ``iia/control``, …, main score first) and a fit's last ``train/loss``
+        (``iia/test``, its 95 % interval ``iia/test.lo`` and ``.hi``, ``iia/control``, …,
+        main score first) and a fit's last ``train/loss``
         and ``eval/<metric>``."""
         import pandas
 
-        from causalab.tracking.naming import order
+        from causalab.tracking.naming import listed
 
         rows = []
         for point, coordinates in self.coordinates.items():
@@ -80,7 +81,7 @@ class Result:
             rows.append(row | dict(self.scores.get(point, {})))
         frame = pandas.DataFrame.from_records(rows)
         measured = {k for found in self.scores.values() for k in found}
-        keys = sorted((c for c in frame.columns if c in measured), key=lambda k: (order(k), k))
+        keys = sorted((c for c in frame.columns if c in measured), key=listed)
         return frame[[c for c in frame.columns if c not in keys] + keys] if rows else frame
 
     def _shown(self):
@@ -138,6 +139,12 @@ class _Collect(Events):
         if mean is not None:
             directory = getattr(point, "directory", "") or ""
             self.scores.setdefault(directory, {})[metric_key(step, name)] = float(mean)
+
+    def interval(self, point: Any, step: str, name: str, low: float, high: float) -> None:
+        from causalab.tracking.naming import bound_keys, metric_key
+
+        found = self.scores.setdefault(getattr(point, "directory", "") or "", {})
+        found.update(zip(bound_keys(metric_key(step, name)), (float(low), float(high))))
 
     def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
         self._last(point, step, "train/loss", loss)

@@ -105,7 +105,8 @@ def _report_tracking(events) -> None:
 
     for label, run_id in events.skipped.items():
         metrics = events.call(store.metrics_of, run_id)
-        shown = " ".join(f"{k}={v:.3f}" for k, v in sorted(metrics.items()) if naming.is_score(k))
+        shown = " ".join(f"{k}={summary.shown_score(metrics, k)}" for k in sorted(metrics)
+                         if naming.is_score(k))
         link = events.linked.get(label)
         linked = f", linked here as run {link}" if link else ""
         print(f"skipped {label or '<root>'}: done in run {run_id}{linked}: {shown}")

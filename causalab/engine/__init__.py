@@ -23,7 +23,8 @@ How one forward runs, and who owns what (docs/engine.md walks one through):
 * ``metrics``, ``outputs``, ``steps``, ``fit`` — scoring, publishing, the steps around a pass;
 * ``load``, ``record``, ``bundles``, ``events`` — model loading, files, stamps, listeners;
   ``budget`` — the memory budget as the planner spends it (each trace's estimated peak);
-  ``traces`` — the schedule of a document without its weights (``explain --traces``).
+  ``traces`` — the schedule of a document without its weights (``explain --traces``);
+  ``fidelity`` — the receipt that the engine's no-op forward is the plain model.
 
 The pipeline (``causalab.pipeline``, the CLI, ``run``, ``tracking``) may use only:
 ``walk.run_plan``, ``walk.prefetch``, ``walk.discard_prefetched``,
@@ -33,7 +34,8 @@ The pipeline (``causalab.pipeline``, the CLI, ``run``, ``tracking``) may use onl
 ``containment.check_plan``, ``containment.inside`` (writes stay under ``--out``),
 ``bundles.check_plan_bundles`` (no NaN or Inf in a bundle file, before anything is written)
 ``bundles.restamp`` (``causalab restamp``, an intended edit's new digest),
-``featurizers.subspace.export_basis`` (``causalab fetch --basis``) and
+``featurizers.subspace.export_basis`` (``causalab fetch --basis``),
+``fidelity.receipt`` (the no-op forward against plain transformers, before the points) and
 ``traces.explain_traces`` (``causalab explain --traces``).
 Nothing is imported here, so importing the room loads no torch.
 """

@@ -26,6 +26,14 @@ class Events:
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
         """A saved or computed metric table of a point: mean over eligible rows and count."""
 
+    def interval(self, point: Any, step: str, name: str, low: float, high: float) -> None:
+        """The 95 % bootstrap interval of the mean just reported by :meth:`metric`
+        (``causalab.uncertainty``)."""
+
+    def receipt(self, found: dict | None) -> None:
+        """The fidelity receipt of the loaded model (``causalab.engine.fidelity``), before
+        the first point computes; None when the run has no observed metric to compare."""
+
     def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
         """One optimizer update of a fit (0-based over the whole fit)."""
 
@@ -68,6 +76,14 @@ class Chain(Events):
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
         for listener in self.listeners:
             listener.metric(point, step, name, mean, eligible)
+
+    def interval(self, point: Any, step: str, name: str, low: float, high: float) -> None:
+        for listener in self.listeners:
+            listener.interval(point, step, name, low, high)
+
+    def receipt(self, found: dict | None) -> None:
+        for listener in self.listeners:
+            listener.receipt(found)
 
     def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
         for listener in self.listeners:

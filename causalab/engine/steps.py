@@ -20,6 +20,7 @@ from causalab.engine.passes import PassResult, metric_rows
 from causalab.engine.state import WalkState
 from causalab.errors import CausalabError, RunError
 from causalab.files import SAELENS_CONFIG, SAELENS_WEIGHTS, TENSOR_KEY, TENSOR_SUFFIX
+from causalab.uncertainty import interval
 
 
 def build_featurizers(node: Featurizers, model: Any, state: WalkState) -> None:
@@ -68,6 +69,9 @@ def _report_metrics(result: PassResult, state: WalkState, step: str) -> None:
     for name, (values, eligible) in result.metrics.items():
         mean = float(values.detach().float().mean()) if len(eligible) else None
         state.events.metric(state.point, step, name, mean, len(eligible))
+        bounds = interval(values.detach().double().cpu().numpy()) if len(eligible) else None
+        if bounds is not None:
+            state.events.interval(state.point, step, name, *bounds)
 
 
 def _plain(name: str, produced: dict) -> str:

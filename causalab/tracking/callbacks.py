@@ -158,8 +158,8 @@ def _say_where(parent: dict, landed: dict) -> None:
     """The addresses that open the multirun's points in MLflow's UI, on stdout."""
     if landed.get("view") is None:
         return
-    best = f"; best {landed['best']}" if landed.get("best") else ""
-    print(f"multirun: {landed['points']} point(s) under run {parent['run_id']}{best}")
+    first = f"; {landed['first']}" if landed.get("first") else ""
+    print(f"multirun: {landed['points']} point(s) under run {parent['run_id']}{first}")
     for line in summary.where(parent["tracking_uri"], parent["experiment_id"], landed["view"],
                               landed.get("runs", [])):
         print(line)

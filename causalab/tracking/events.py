@@ -255,6 +255,15 @@ class TrackingEvents(StoreWrites, Events):
         if run is not None:
             run.score(step, name, mean, eligible)
 
+    def interval(self, point: Any, step: str, name: str, low: float, high: float) -> None:
+        run = self._open.get(id(point))
+        if run is not None:
+            run.interval(step, name, low, high)
+
+    def receipt(self, found: dict | None) -> None:
+        if found is not None:
+            self.lane.send(self._log_receipt, found)
+
     def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
         run = self._open.get(id(point))
         if run is not None:

@@ -3,9 +3,10 @@
 At a sweep's end (a document sweep, or a Hydra multirun, whose jobs may be sweeps of their
 own) the parent's points are read back from the store, with every metric's last value, so
 the parent shows what was stored whoever logged it (a point run, a link to a reused one, a
-job on another host). The parent then gets the sweep's plots, the best point's main scores
-as its own metrics (``iia/test``, ``iia/control``, ``best/k``), ``summary.html`` (a row per
-point) and a saved view of the experiment's runs page whose columns are the swept params
+job on another host). The parent then gets the sweep's plots, the first point's main scores
+as its own metrics (``iia/test``, its interval, ``iia/control``; ``first/k`` when no point is
+tied with it), its ranking (``ranking.json``, tag ``causalab.first``: every point tied for
+first, :mod:`causalab.tracking.ranking`), ``summary.html`` (a row per point) and a saved view of the experiment's runs page whose columns are the swept params
 and those scores (:func:`causalab.tracking.summary.view_address` opens it). Runs in the
 tracking worker: every call goes through the client it is given.
 """
@@ -15,7 +16,7 @@ import json
 import time
 from typing import Any
 
-from causalab.tracking import plots, summary
+from causalab.tracking import plots, ranking, summary
 from causalab.tracking import runs as store
 from causalab.tracking.artifacts import log_bytes
 
@@ -45,33 +46,41 @@ def coordinates_of(run) -> dict[str, Any]:
 
 
 def land(mlflow, run_id: str, points: list | None = None, *, title: str = "") -> dict:
-    """Give the parent ``run_id`` its plots, summary metrics, table and view, from its points
-    as stored (``points``, ``(coordinates, metrics)`` pairs, only when the store has none).
-    Returns what was made: ``{"view": key or None, "points": n, "best": label or None,
-    "runs": the point runs' ids}``."""
+    """Give the parent ``run_id`` its plots, summary metrics, ranking, table and view, from
+    its points as stored (``points``, ``(coordinates, metrics)`` pairs, only when the store
+    has none). Returns what was made: ``{"view": key or None, "points": n, "first": the
+    ranking's line or None, "runs": the point runs' ids}``."""
     parent = mlflow.get_run(run_id)
     experiment = parent.info.experiment_id
     runs = stored_points(mlflow, experiment, run_id)
     if runs:
         points = [(coordinates_of(run), dict(run.data.metrics)) for run in runs]
         title = plots.title_from_params([run.data.params for run in runs]) or title
-    points = [(c, m) for c, m in points or [] if summary.scores(m)]
+    kept = [index for index, (_, m) in enumerate(points or []) if summary.scores(m)]
+    points = [points[index] for index in kept]
     if not points:
-        return {"view": None, "points": 0, "best": None}
+        return {"view": None, "points": 0, "first": None}
     for name, png in plots.sweep_plots(points, title=title).items():
         log_bytes(mlflow, run_id, png, name)
     swept = plots.varied([c for c, _ in points])
+    name, test, _ = summary.main_keys(points)
+    rows = [ranking.table_rows(mlflow, runs[index], name, test) for index in kept] if runs \
+        else []
+    ranked = ranking.rank(points, swept, rows)
+    body, tags = ranking.record(ranked)
+    log_bytes(mlflow, run_id, body, ranking.FILE)
     now = int(time.time() * 1000)
-    numbers = summary.parent_metrics(points, swept)
-    store.log_batch(mlflow, run_id, metrics=[store.metric(k, v, 0, now) for k, v in numbers.items()])
-    page = summary.html_table(points, swept, title=title or parent.info.run_name)
+    numbers = summary.parent_metrics(points, swept, ranked["indices"])
+    store.log_batch(mlflow, run_id, metrics=[store.metric(k, v, 0, now) for k, v in numbers.items()],
+                    tags=tags)
+    page = summary.html_table(points, swept, title=title or parent.info.run_name,
+                              first=ranked["indices"], note=ranking.line(ranked))
     log_bytes(mlflow, run_id, page.encode(), summary.TABLE)
     view = summary.view_state(points, swept, name=f"{parent.info.run_name or 'sweep'} "
                                                   f"({len(points)} points)", created_ms=now)
     mlflow.set_experiment_tag(experiment, f"{summary.VIEW_TAG}{run_id}", view)
-    index = summary.best(points)
     return {"view": run_id, "points": len(points), "runs": [run.info.run_id for run in runs],
-            "best": None if index is None else summary.label(points[index][0], swept)}
+            "first": ranking.line(ranked) if ranked["first"] else None}
 
 
 def landed(mlflow, experiment: str, parent: str) -> dict | None:

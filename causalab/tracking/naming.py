@@ -20,6 +20,7 @@ COUNT = "n"
 SERIES = ("train", "eval")  # a fit's per-update and per-epoch keys start with one of these
 MAIN = "iia"  # the quantity a sweep is read by first, where its points have it
 CONTROLS = ("control", "random")  # the steps that score a control
+BOUNDS = (".lo", ".hi")  # a score's 95 % bootstrap interval: ``iia/test.lo``, ``iia/test.hi``
 _FIT_KEYS = ("epochs", "pairs", "seed", "batch_size")
 _OPTIMIZER_KEYS = ("name", "lr", "weight_decay")
 
@@ -34,10 +35,22 @@ def eligible_key(step: str, name: str) -> str:
     return f"{COUNT}/{metric_key(step, name)}"
 
 
+def bound_keys(key: str) -> tuple[str, str]:
+    """``iia/test`` -> (``iia/test.lo``, ``iia/test.hi``): its interval's keys, which MLflow's
+    alphabetical list puts right after the score."""
+    return key + BOUNDS[0], key + BOUNDS[1]
+
+
+def is_bound(key: str) -> bool:
+    """An end of a score's interval (``iia/test.lo``)."""
+    return key.endswith(BOUNDS) and is_score(key[:-len(BOUNDS[0])])
+
+
 def is_score(key: str) -> bool:
-    """A point's final score (``iia/test``): not a row count, not a fit's series."""
+    """A point's final score (``iia/test``): not a row count, not a fit's series, not an end
+    of its interval."""
     parts = key.split("/")
-    return len(parts) == 2 and parts[0] not in (COUNT, *SERIES)
+    return len(parts) == 2 and parts[0] not in (COUNT, *SERIES) and not key.endswith(BOUNDS)
 
 
 def is_count(key: str) -> bool:
@@ -46,11 +59,21 @@ def is_count(key: str) -> bool:
 
 def order(key: str) -> tuple:
     """Where a key goes among a run's: scores first (``iia`` first, a test before its
-    control), then a fit's series, then row counts."""
+    control, an interval's ends where their score is), then a fit's series, then row counts."""
+    if is_bound(key):
+        return order(key[:-len(BOUNDS[0])])
     if is_score(key):
         name, step = split_score(key)
         return (0, name != MAIN, name, step in CONTROLS)
     return (2 if is_count(key) else 1, False, "", False)
+
+
+def listed(key: str) -> tuple:
+    """Where a key goes in a table of keys: by :func:`order`, then by name, a score's
+    interval ends (low, then high) right after it."""
+    if is_bound(key):
+        return (order(key), key[:-len(BOUNDS[0])], 1 + BOUNDS.index(key[-len(BOUNDS[0]):]))
+    return (order(key), key, 0)
 
 
 def log_order(metrics: list) -> list:

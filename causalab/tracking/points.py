@@ -55,6 +55,14 @@ class PointRun:
             self.means[key] = value
         self.add(naming.eligible_key(step, name), eligible, ordinal)
 
+    def interval(self, step: str, name: str, low: float, high: float) -> None:
+        """The ends of a score's 95 % interval, logged beside it (``iia/test.lo``, ``.hi``)."""
+        ordinal = self.steps.index(step) if step in self.steps else 0
+        for key, value in zip(naming.bound_keys(naming.metric_key(step, name)), (low, high)):
+            if math.isfinite(value):
+                self.add(key, value, ordinal)
+                self.means[key] = value
+
     def loss(self, step: str, update: int, loss: float) -> None:
         """A fit's loss at one update: kept for its loss plot, logged when finite."""
         self.losses.setdefault(step, []).append(loss)

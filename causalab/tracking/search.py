@@ -46,7 +46,7 @@ def point_rows(experiment: str | None = None, *, tracking_uri: str | None = None
     if not rows:
         return pandas.DataFrame(columns=_FIXED)
     frame = pandas.DataFrame.from_records(rows)
-    metrics = sorted({k for row in rows for k in row["_metrics"]}, key=lambda k: (naming.order(k), k))
+    metrics = sorted({k for row in rows for k in row["_metrics"]}, key=naming.listed)
     places = [c for c in frame.columns if c not in _FIXED and c != "_metrics" and c not in metrics]
     return frame[_FIXED + places + metrics]
 

@@ -1,4 +1,4 @@
-"""What a sweep's parent run says first: its points' scores as quantities, the best point, a
+"""What a sweep's parent run says first: its points' scores as quantities, their order, a
 small HTML table, and the MLflow view that opens on them.
 
 A point's stored metrics (``iia/test``, ``iia/control``, ``n/iia/test``, ``train/loss``,
@@ -19,10 +19,11 @@ import math
 from typing import Any, Mapping, Sequence
 
 from causalab.document.sweep import shown
-from causalab.tracking.naming import CONTROLS, COUNT, MAIN, SERIES, is_score, split_score
+from causalab.tracking.naming import (CONTROLS, COUNT, MAIN, SERIES, bound_keys, is_score,
+                                      split_score)
 
 Point = tuple[Mapping[str, Any], Mapping[str, float]]  # (coordinates, metrics)
-BEST = "best"
+FIRST = "first"  # a parent's coordinates of the one point first (``first/k``)
 VIEW_TAG = "mlflow.sharedViewState."
 VIEW_KEY = "viewStateShareKey"
 TABLE = "summary.html"
@@ -82,10 +83,20 @@ def value(metrics: Mapping[str, float], name: str, step: str | None) -> float | 
     return found if found is not None and math.isfinite(found) else None
 
 
-def best(points: Sequence[Point]) -> int | None:
-    """The index of the point with the highest main test score (a loss: the lowest); a tie
-    goes to the point whose control scores lower, then to the first by its coordinates, so
-    it does not hang on which of a multirun's jobs stored its runs first."""
+def bounds(metrics: Mapping[str, float], name: str, step: str | None
+           ) -> tuple[float, float] | None:
+    """The 95 % interval a point logged beside a score (``iia/test.lo``, ``.hi``), if any."""
+    if not step:
+        return None
+    found = [metrics.get(key) for key in bound_keys(_key(name, step))]
+    return None if None in found else (float(found[0]), float(found[1]))
+
+
+def ranked(points: Sequence[Point]) -> list[int]:
+    """The indices of the scored points by their main test score, highest first (a loss:
+    lowest); equal means go to the point whose control scores lower, then to the first by
+    its coordinates, so the order does not hang on which of a multirun's jobs stored its
+    runs first. Whether the first really beats the next is :mod:`causalab.tracking.ranking`'s."""
     name, test, control = main_keys(points)
     sign = 1 if name == "loss" else -1
     scored = []
@@ -95,7 +106,13 @@ def best(points: Sequence[Point]) -> int | None:
             against = value(metrics, name, control) if control else None
             place = json.dumps(coordinates, sort_keys=True, default=str)
             scored.append(((sign * score, sign * -(against or 0.0), place), index))
-    return min(scored)[1] if scored else None
+    return [index for _, index in sorted(scored)]
+
+
+def best(points: Sequence[Point]) -> int | None:
+    """The index of the first point of :func:`ranked` (None: no point is scored)."""
+    found = ranked(points)
+    return found[0] if found else None
 
 
 def label(coordinates: Mapping[str, Any], swept: Sequence[str]) -> str:
@@ -136,24 +153,33 @@ def numeric(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def parent_metrics(points: Sequence[Point], swept: Sequence[str]) -> dict[str, float]:
-    """A sweep parent's own metrics: the best point's main test and control scores under the
-    points' keys (``iia/test``, ``iia/control``) and its numeric coordinates (``best/k``)."""
-    index = best(points)
-    if index is None:
+def parent_metrics(points: Sequence[Point], swept: Sequence[str],
+                   first: Sequence[int] | None = None) -> dict[str, float]:
+    """A sweep parent's own metrics: the first point's main test and control scores and their
+    intervals under the points' keys (``iia/test``, ``iia/test.lo``, ``iia/control``) and,
+    when no other point is tied with it (``first``: the indices tied first), its numeric
+    coordinates (``first/k``)."""
+    first = list(first) if first is not None else [i for i in [best(points)] if i is not None]
+    if not first:
         return {}
-    coordinates, metrics = points[index]
+    coordinates, metrics = points[first[0]]
     name, test, control = main_keys(points)
     found = {}
     for step in (test, control):
         score = value(metrics, name, step)
         if score is not None:
             found[_key(name, step)] = score
-    for key in swept:
+            found.update(zip(bound_keys(_key(name, step)), bounds(metrics, name, step) or ()))
+    for key in swept if len(first) == 1 else ():
         number = plain(coordinates.get(key))
         if numeric(number):
-            found[f"{BEST}/{short(key)}"] = float(number)
+            found[f"{FIRST}/{short(key)}"] = float(number)
     return found
+
+
+def stored_key(name: str, step: str) -> str:
+    """The stored key of a quantity's step (``iia/test``, ``eval/iia``)."""
+    return _key(name, step)
 
 
 def _key(name: str, step: str) -> str:
@@ -177,33 +203,42 @@ def table_columns(points: Sequence[Point]) -> list[tuple[str, str]]:
 
 
 def html_table(points: Sequence[Point], swept: Sequence[str], *, title: str = "",
-               names: Sequence[str] = ()) -> str:
+               names: Sequence[str] = (), first: Sequence[int] | None = None,
+               note: str = "") -> str:
     """The sweep as one small HTML page: a row per point (its run name, what was swept, the
-    scores), the best point's row in bold."""
+    scores with their intervals), every point tied first in bold, ``note`` saying so."""
     columns = table_columns(points)
-    winner = best(points)
+    first = set(first if first is not None else [i for i in [best(points)] if i is not None])
     head = ["point", *[short(k) for k in swept], *[_key(n, s) for n, s in columns]]
     rows = []
     for index, (coordinates, metrics) in enumerate(points):
         name = names[index] if index < len(names) else label(coordinates, swept)
         cells = [name, *[text(coordinates.get(k)) for k in swept]]
-        cells += [_number(value(metrics, n, s)) for n, s in columns]
-        style = ' style="font-weight:bold"' if index == winner else ""
+        cells += [_number(value(metrics, n, s), bounds(metrics, n, s)) for n, s in columns]
+        style = ' style="font-weight:bold"' if index in first else ""
         rows.append(f"<tr{style}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells)
                     + "</tr>")
     caption = html.escape(title or "sweep")
     header = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    note = ("" if winner is None else
-            f"<p>best: {html.escape(str(names[winner] if winner < len(names) else label(points[winner][0], swept)))}"
-            f" (highest {html.escape(_key(*main_keys(points)[:2]))})</p>")
+    note = f"<p>{html.escape(note)}</p>" if note else ""
     return (f"<!doctype html><meta charset=\"utf-8\"><title>{caption}</title>"
             "<style>body{font-family:sans-serif}table{border-collapse:collapse}"
             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>"
-            f"<h3>{caption}</h3>{note}<table><tr>{header}</tr>{''.join(rows)}</table>")
+            f"<h3>{caption}</h3>{note}<table><tr>{header}</tr>{''.join(rows)}</table>"
+            "<p>[lo, hi]: 95 % bootstrap interval over the rows (1000 resamples, seed 0)</p>")
 
 
-def _number(found: float | None) -> str:
-    return "" if found is None else f"{found:.3f}"
+def shown_score(metrics: Mapping[str, float], key: str) -> str:
+    """A stored score as a run prints it, its interval beside it when the run logged one."""
+    name, step = split_score(key)
+    return _number(metrics[key], bounds(metrics, name, step))
+
+
+def _number(found: float | None, interval: tuple[float, float] | None = None) -> str:
+    """A score as the run printed it: ``0.667 [0.42, 0.92]`` (its 95 % interval, when kept)."""
+    if found is None:
+        return ""
+    return f"{found:.3f}" + ("" if interval is None else f" [{interval[0]:.2f}, {interval[1]:.2f}]")
 
 
 def view_columns(points: Sequence[Point], swept: Sequence[str]) -> list[str]:

@@ -91,6 +91,13 @@ class StoreWrites:
                         title=f"{run.title} · {step}", eval_name=watched)
         run.sending(run.flush, self.call)
 
+    def _log_receipt(self, found: dict) -> None:
+        """The fidelity receipt as tags of the run's top run: its sweep's parent, else its
+        point's run (``causalab.receipt.*``, docs/platform.md §5)."""
+        run_id = self.sweep_run_id or next(iter(self.point_runs.values()), None)
+        if run_id is not None:
+            self.call(store.log_batch, run_id, tags=receipt_tags(found))
+
     def _finish_sweep(self, written: list[str], record: list) -> None:
         if self.sweep_run_id is None:
             return
@@ -159,3 +166,14 @@ class StoreWrites:
         self.call(store.log_batch, run_id, tags={store.ERROR: message})
         status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
         self.call(store.terminate, run_id, status)
+
+
+RECEIPT = "causalab.receipt"
+
+
+def receipt_tags(found: dict) -> dict[str, str]:
+    """``causalab.receipt.max_abs_dlogit``, ``.rows``, ``.dtype`` and one tag a library
+    (``causalab.receipt.torch``, …)."""
+    tags = {f"{RECEIPT}.{key}": str(found[key]) for key in ("max_abs_dlogit", "rows", "dtype")}
+    tags.update({f"{RECEIPT}.{name}": version for name, version in found["versions"].items()})
+    return tags

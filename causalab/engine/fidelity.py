@@ -1,0 +1,104 @@
+"""The fidelity receipt: proof that the engine's no-op forward is the plain model.
+
+Before a run's points, the first pass of the first point is run through the engine again with
+its writes taken out (its metric's logits read at the last prompt token, on at most
+:data:`ROWS` rows; a read of ``lm_head`` softcapped as the model's logits are, on Gemma-2) and compared with a plain ``transformers`` forward of the same rows (the
+same ids, attention mask and position ids, on nnterp's underlying model). The largest
+absolute logit difference, the dtype and the library versions are the receipt
+(docs/platform.md §5 "Fidelity receipt"); a receipt above :data:`TOLERANCE` for the dtype
+refuses the run, naming it. One small batch, two forwards: cheap beside any step.
+"""
+from __future__ import annotations
+
+import dataclasses
+from importlib import metadata
+from typing import Any
+
+import torch
+
+from causalab.compile.plan import Observe, Pass, Plan, PositionSpec
+from causalab.errors import RunError
+
+ROWS = 8
+# The most a no-op forward may move a logit, by the model's dtype: fp32 leaves room for a
+# fused kernel's reordered sums (a built-in's receipt is 0 or ~1e-6), bf16 for one step of its
+# 8-bit mantissa at a logit of magnitude ~32.
+TOLERANCE = {"fp32": 1e-4, "bf16": 0.25}
+LIBRARIES = ("torch", "transformers", "nnsight", "nnterp", "causalab")
+
+
+def first_pass(plan: Any) -> Pass | None:
+    """The first observed pass with a metric, depth first (a sweep's first point first)."""
+    if isinstance(plan, Observe):
+        return plan.pass_ if plan.pass_.metrics else None
+    for child in getattr(plan, "children", ()) or ():
+        if isinstance(child, (Plan, Observe)):
+            found = first_pass(child)
+            if found is not None:
+                return found
+    return None
+
+
+def no_op_pass(pass_: Pass) -> tuple[Pass, str, str]:
+    """``pass_`` as one forward with no write that reads its first metric's logits at the last
+    prompt token: ``(pass, read name, input role)``."""
+    metric = pass_.metrics[0]
+    forward = next(f for f in pass_.forwards if any(r.name == metric.of for r in f.reads))
+    read = next(r for r in forward.reads if r.name == metric.of)
+    last = dataclasses.replace(read, pos=PositionSpec(index=-1, width=1))
+    forward = dataclasses.replace(forward, writes=(), reads=(last,), decode=0,
+                                  taps=(("read", read.name),))
+    return dataclasses.replace(pass_, forwards=(forward,), metrics=()), read.name, forward.input
+
+
+def plain_logits(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The last token's logits of a plain ``transformers`` forward of nnterp's model."""
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        output = model._model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
+                              use_cache=False)
+    return output.logits[:, -1]
+
+
+def softcapped(model: Any, logits: torch.Tensor) -> torch.Tensor:
+    """The head's output as the model's logits: Gemma-2 caps them with ``tanh``."""
+    cap = getattr(model._model.config, "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = "absent"
+    return found
+
+
+def receipt(model: Any, plan: Any, dtype: str) -> dict[str, Any] | None:
+    """``{"max_abs_dlogit", "rows", "dtype", "versions"}`` of ``plan``'s first pass (None:
+    it has no observed metric); refused above the dtype's :data:`TOLERANCE`."""
+    from causalab.engine.walk import run_pass
+
+    pass_ = first_pass(plan)
+    if pass_ is None:
+        return None
+    no_op, name, role = no_op_pass(pass_)
+    rows = tuple(range(min(ROWS, pass_.rows)))
+    engine = run_pass(model, no_op, None, rows=rows).reads[name]
+    engine = engine.reshape(len(rows), -1).float()
+    if no_op.forwards[0].reads[0].address.component == "lm_head":  # the head before a softcap
+        engine = softcapped(model, engine)
+    batch = pass_.inputs[role]
+    device = model._model.get_input_embeddings().weight.device
+    ids = torch.tensor([batch.input_ids[r] for r in rows], dtype=torch.long, device=device)
+    mask = torch.tensor([batch.attention_mask[r] for r in rows], dtype=torch.long, device=device)
+    plain = plain_logits(model, ids, mask).float().to(engine.device)
+    found = float((engine - plain).abs().max())
+    limit = TOLERANCE.get(dtype, TOLERANCE["bf16"])
+    if not found <= limit:
+        raise RunError(("model",), f"fidelity receipt {found:.3g}: the engine's forward with no "
+                                   f"write differs from a plain transformers forward by more "
+                                   f"than {limit:g}, the tolerance for {dtype}")
+    return {"max_abs_dlogit": found, "rows": len(rows), "dtype": dtype, "versions": versions()}

@@ -1,0 +1,54 @@
+"""The fidelity receipt: the engine's forward with no write is the plain model.
+
+On every built-in family (tiny and weekday, fp32) the logits the engine reads with the first
+pass's writes taken out are compared with a plain transformers model loaded here without
+nnterp (the ``oracle`` fixture), fed the same left-padded rows with position ids from the
+mask. Both run the same weights through the same kernels, so they agree to float32 rounding
+of a reordered sum at most: 1e-5 on logits of magnitude ~10 is a few ulps.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import causalab.compile
+from causalab.engine import fidelity
+from causalab.engine.load import load_model
+from causalab.engine.walk import run_pass
+from causalab.errors import RunError
+
+FP32 = 1e-5
+BUILT_INS = ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2", "weekday-llama",
+             "weekday-gpt2", "weekday-qwen2", "weekday-gemma2"]
+
+
+@pytest.mark.parametrize("name", BUILT_INS)
+def test_the_receipt_is_the_plain_transformers_forward(name, tiny, oracle, kit, tmp_path):
+    resolved = tiny(name)
+    data_root = kit.write_table(tmp_path, "pairs", kit.pair_rows())
+    plan = causalab.compile.compile_document(kit.patching_document(resolved), data_root=data_root)
+    model = load_model(plan.model)
+    found = fidelity.receipt(model, plan, "fp32")
+    assert found["max_abs_dlogit"] <= FP32 and found["rows"] == len(kit.PAIRS)
+    assert found["dtype"] == "fp32" and set(found["versions"]) == set(fidelity.LIBRARIES)
+
+    no_op, read, _ = fidelity.no_op_pass(fidelity.first_pass(plan))
+    engine = run_pass(model, no_op, None).reads[read].reshape(len(kit.PAIRS), -1)
+    plain, tokenizer = oracle(resolved.path)
+    encoded = kit.encode(tokenizer, [row["input"] for row in kit.pair_rows()])
+    with torch.no_grad():
+        expected = plain(**encoded).logits[:, -1]
+    cap = getattr(plain.config, "final_logit_softcapping", None)
+    if cap:  # the engine read the head (lm_head), before Gemma-2's final tanh cap
+        engine = torch.tanh(engine / cap) * cap
+    assert (engine - expected).abs().max().item() <= FP32
+
+
+def test_a_receipt_over_its_tolerance_refuses_the_run_naming_it(tiny, kit, tmp_path,
+                                                                  monkeypatch):
+    resolved = tiny("tiny-llama")
+    data_root = kit.write_table(tmp_path, "pairs", kit.pair_rows())
+    plan = causalab.compile.compile_document(kit.patching_document(resolved), data_root=data_root)
+    monkeypatch.setitem(fidelity.TOLERANCE, "fp32", -1.0)  # any difference, even 0, is over
+    with pytest.raises(RunError, match="fidelity receipt 0: .* than -1, the tolerance for fp32"):
+        fidelity.receipt(load_model(plan.model), plan, "fp32")
