@@ -1,5 +1,5 @@
 """The ``causalab`` verbs that run a document, reach the tracking store or write a bundle: run |
-fetch | runs | restamp | server (the command itself is :mod:`causalab.cli`).
+fetch | runs | restamp | server | ui (the command itself is :mod:`causalab.cli`).
 
 ``run`` takes its flags as the run's options (:mod:`causalab.options`, validated once, a
 refusal naming the flag) and assembles its listener: MLflow tracking, or with ``--no-track``
@@ -149,3 +149,10 @@ def verb_server(args: argparse.Namespace) -> dict:
     from causalab import server
 
     return server.verb(args)
+
+
+def verb_ui(args: argparse.Namespace) -> dict:
+    """Start MLflow's UI on a run's store, print the addresses of its sweep, stop on Ctrl-C."""
+    from causalab import ui
+
+    return ui.verb(args)

@@ -116,11 +116,12 @@ def _report_tracking(events) -> None:
                                                 events.sweep_run_id)
     if not found:
         print(f"see them: {ui_command(events.uri, events.experiment_id)}")
-        return
-    if not events.uri.startswith(("http://", "https://")):
-        print(f"see them: {ui_command(events.uri)}")
-    for line in summary.where(events.uri, events.experiment_id, found["view"], found["runs"]):
-        print(line)
+    elif events.uri.startswith(("http://", "https://")):
+        for line in summary.where(events.uri, events.experiment_id, found["view"],
+                                  found["runs"]):
+            print(line)
+    else:  # the UI's port is the one `causalab ui` finds free, so it prints the addresses
+        print(f"see the sweep: {ui_command(events.uri, run_id=found['view'])}")
 
 
 def _run(config) -> None:

@@ -160,6 +160,10 @@ def _say_where(parent: dict, landed: dict) -> None:
         return
     best = f"; best {landed['best']}" if landed.get("best") else ""
     print(f"multirun: {landed['points']} point(s) under run {parent['run_id']}{best}")
-    for line in summary.where(parent["tracking_uri"], parent["experiment_id"], landed["view"],
+    uri = parent["tracking_uri"]
+    if not uri.startswith(("http://", "https://")):
+        print(f"see the sweep: {store.ui_command(uri, run_id=landed['view'])}")
+        return
+    for line in summary.where(uri, parent["experiment_id"], landed["view"],
                               landed.get("runs", [])):
         print(line)

@@ -5,8 +5,9 @@ own) the parent's points are read back from the store, with every metric's last 
 the parent shows what was stored whoever logged it (a point run, a link to a reused one, a
 job on another host). The parent then gets the sweep's plots, the best point's main scores
 as its own metrics (``iia/test``, ``iia/control``, ``best/k``), ``summary.html`` (a row per
-point) and a saved view of the experiment's runs page whose columns are the swept params
-and those scores (:func:`causalab.tracking.summary.view_address` opens it). Runs in the
+point) and a saved view of the experiment's runs page that lists the points (searched by their
+parent, or by their ids when a multirun's jobs hold them) with the swept params and scores as
+columns (:func:`causalab.tracking.summary.view_address` opens it). Runs in the
 tracking worker: every call goes through the client it is given.
 """
 from __future__ import annotations
@@ -66,8 +67,11 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "") ->
     store.log_batch(mlflow, run_id, metrics=[store.metric(k, v, 0, now) for k, v in numbers.items()])
     page = summary.html_table(points, swept, title=title or parent.info.run_name)
     log_bytes(mlflow, run_id, page.encode(), summary.TABLE)
+    search = summary.points_filter(run_id, [run.info.run_id for run in runs],
+                                   [run.data.tags.get(store.PARENT) for run in runs])
     view = summary.view_state(points, swept, name=f"{parent.info.run_name or 'sweep'} "
-                                                  f"({len(points)} points)", created_ms=now)
+                                                  f"({len(points)} points)", created_ms=now,
+                              search=search)
     mlflow.set_experiment_tag(experiment, f"{summary.VIEW_TAG}{run_id}", view)
     index = summary.best(points)
     return {"view": run_id, "points": len(points), "runs": [run.info.run_id for run in runs],
@@ -81,3 +85,25 @@ def landed(mlflow, experiment: str, parent: str) -> dict | None:
         return None
     return {"view": parent, "runs": [run.info.run_id for run in
                                      stored_points(mlflow, experiment, parent)]}
+
+
+def newest_landed(mlflow, parent: str | None = None) -> tuple[str, str, list] | None:
+    """(experiment id, parent id, point ids) of ``parent``, else of the newest parent
+    :func:`land` gave a view in any experiment; None when there is none."""
+    from mlflow.exceptions import MlflowException
+
+    if parent is not None:
+        try:
+            experiment = mlflow.get_run(parent).info.experiment_id
+        except MlflowException:  # no such run in this store
+            return None
+        found = landed(mlflow, experiment, parent)
+        return None if found is None else (experiment, parent, found["runs"])
+    keyed = [(experiment.experiment_id, key[len(summary.VIEW_TAG):])
+             for experiment in mlflow.search_experiments()
+             for key in experiment.tags if key.startswith(summary.VIEW_TAG)]
+    if not keyed:
+        return None
+    started = {run_id: mlflow.get_run(run_id).info.start_time or 0 for _, run_id in keyed}
+    experiment, newest = max(keyed, key=lambda pair: started[pair[1]])
+    return newest_landed(mlflow, newest)
