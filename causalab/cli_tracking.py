@@ -70,6 +70,7 @@ def verb_run(args: argparse.Namespace) -> dict:
     from causalab.engine.events import Chain
     from causalab.pipeline import run_document
     from causalab.progress import PointProgress
+    from causalab.tracking.plot_files import SweepPictures
 
     options = run_options_of(args)
     raw = _read_document(args.document)
@@ -77,7 +78,8 @@ def verb_run(args: argparse.Namespace) -> dict:
     with events if options.track else contextlib.nullcontext():
         written = run_document(raw, out=options.out, batch_size=options.batch_size,
                                device_map=options.device_map, data_root=options.data_root,
-                               events=Chain(events, PointProgress(), _Notes()),
+                               events=Chain(events, PointProgress(), _Notes(),
+                                            SweepPictures(options.out)),
                                resume_mib=options.resume_mib, strict=options.strict)
     written = [str(p) for p in written]
     skipped = [{"point": label or "<root>", "reused_run_id": run_id,

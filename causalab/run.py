@@ -128,6 +128,7 @@ def _run(config) -> None:
     from causalab.engine.events import Chain
     from causalab.pipeline import run_document
     from causalab.progress import PointProgress, Summary
+    from causalab.tracking.plot_files import SweepPictures
 
     document = document_of(config)
     options = run_options_of(config)
@@ -138,7 +139,8 @@ def _run(config) -> None:
     with events if events is not None else nullcontext():
         written = run_document(document, out=out, batch_size=options.batch_size,
                                device_map=options.device_map, data_root=options.data_root,
-                               events=Chain(events, PointProgress(), summary),
+                               events=Chain(events, PointProgress(), summary,
+                                            SweepPictures(out)),
                                resume_mib=options.resume_mib)
         # The numbers are shown now; leaving the block waits for MLflow to store them.
         _report(out, written, summary, _job_line(document))

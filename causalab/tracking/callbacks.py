@@ -82,7 +82,7 @@ class MultirunParent(Callback):
                 store.OVERRIDES: overrides, **owners.owner_tags()}
         run_id = store.create_run(mlflow, experiment, " ".join(sweep) or "multirun", tags)
         self._parent = {"run_id": run_id, "experiment": name, "experiment_id": experiment,
-                        "tracking_uri": uri}
+                        "tracking_uri": uri, "folder": str(config.hydra.sweep.dir)}
         # Registered before anything else is sent, so a failure from here on still ends it.
         atexit.register(self._abandon)
         _OPEN.append(self)
@@ -120,7 +120,8 @@ class MultirunParent(Callback):
             mlflow.delete_run(parent["run_id"])
             return
         if status != "KILLED":
-            landed = landing.land(mlflow, parent["run_id"], [], title=self._title)
+            landed = landing.land(mlflow, parent["run_id"], [], title=self._title,
+                                  folder=parent.get("folder"))
             _say_where(parent, landed)
             attribution_plots.log_comparison(mlflow, parent["run_id"], parent["experiment_id"],
                                              title=self._title)

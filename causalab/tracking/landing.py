@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from causalab.tracking import plots, summary
@@ -45,9 +46,11 @@ def coordinates_of(run) -> dict[str, Any]:
     return place
 
 
-def land(mlflow, run_id: str, points: list | None = None, *, title: str = "") -> dict:
+def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
+         folder: str | None = None) -> dict:
     """Give the parent ``run_id`` its plots, summary metrics, table and view, from its points
-    as stored (``points``, ``(coordinates, metrics)`` pairs, only when the store has none).
+    as stored (``points``, ``(coordinates, metrics)`` pairs, only when the store has none);
+    the plots go into ``folder`` too (a multirun's sweep folder).
     Returns what was made: ``{"view": key or None, "points": n, "best": label or None,
     "runs": the point runs' ids}``."""
     parent = mlflow.get_run(run_id)
@@ -61,6 +64,9 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "") ->
         return {"view": None, "points": 0, "best": None}
     for name, png in plots.sweep_plots(points, title=title).items():
         log_bytes(mlflow, run_id, png, name)
+        if folder:
+            (Path(folder) / name).parent.mkdir(parents=True, exist_ok=True)
+            (Path(folder) / name).write_bytes(png)
     swept = plots.varied([c for c, _ in points])
     now = int(time.time() * 1000)
     numbers = summary.parent_metrics(points, swept)
