@@ -62,10 +62,9 @@ test-cluster: setup
 run: setup
 	$(PY) -m causalab.run experiment=das model=llama
 
-# The runs table, not the GenAI pages: open http://127.0.0.1:5000/#/experiments/<id>/runs?workflowType=machine_learning
+# MLflow's UI on ./mlflow.db (a free port on 127.0.0.1); prints the addresses of the newest sweep.
 ui: setup
-	@echo "runs: http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning"
-	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false .venv/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
+	.venv/bin/causalab ui --store sqlite:///$(CURDIR)/mlflow.db
 
 # The team tracking stack on 127.0.0.1:5000 (PostgreSQL + mlflow server); Ctrl-C stops both.
 server: setup

@@ -1,5 +1,5 @@
 """The ``causalab`` command: schema | vocab | model | tokens | data | validate | explain | run |
-render | fetch | runs | restamp | server, each printing text or, with ``--json``, the whole result object.
+render | fetch | runs | restamp | server | ui, each printing text or, with ``--json``, the whole result object.
 
 This module is the command: its parser, its verb table and its one error boundary. The verbs
 live in :mod:`causalab.cli_verbs` (those that read a document, a config or a dataset) and
@@ -26,7 +26,8 @@ import traceback
 from typing import Callable, Sequence
 
 from causalab import flags
-from causalab.cli_tracking import verb_fetch, verb_restamp, verb_run, verb_runs, verb_server
+from causalab.cli_tracking import (verb_fetch, verb_restamp, verb_run, verb_runs, verb_server,
+                                   verb_ui)
 from causalab.cli_verbs import (verb_data, verb_explain, verb_model, verb_render, verb_schema,
                                 verb_tokens, verb_validate, verb_vocab)
 from causalab.document import vocab
@@ -101,6 +102,7 @@ VERBS: dict[str, tuple[Callable[[argparse.Namespace], dict], str]] = {
     "runs": (verb_runs, "list tracked runs"),
     "restamp": (verb_restamp, "re-stamp a bundle's tensor digest after an intended edit"),
     "server": (verb_server, "run the tracking server: PostgreSQL + mlflow server on 127.0.0.1"),
+    "ui": (verb_ui, "MLflow's UI on a run's store, with the addresses of its sweep"),
 }
 
 
@@ -152,6 +154,10 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
         from causalab.server import add_arguments  # imports neither mlflow nor psycopg2
 
         add_arguments(parser)
+    elif name == "ui":
+        from causalab.ui import add_arguments as ui_arguments  # imports no mlflow
+
+        ui_arguments(parser)
 
 
 _DESCRIPTION = ("causalab: declarative causal interventions on transformer language models, "
@@ -162,6 +168,7 @@ _EPILOG = """examples:
   causalab explain documents/v2/das.json --json
   causalab run documents/v2/patching.json --out out --device-map cpu
   causalab runs --json
+  causalab ui                              (MLflow's UI on ./mlflow.db; Ctrl-C stops it)
   python -m causalab.run experiment=das model=llama   (Hydra: compose, render, run, track)"""
 
 

@@ -1,5 +1,5 @@
 """The ``causalab`` verbs that run a document, reach the tracking store or write a bundle: run |
-fetch | runs | restamp | server (the command itself is :mod:`causalab.cli`).
+fetch | runs | restamp | server | ui (the command itself is :mod:`causalab.cli`).
 
 ``run`` takes its flags as the run's options (:mod:`causalab.options`, validated once, a
 refusal naming the flag) and assembles its listener: MLflow tracking, or with ``--no-track``
@@ -71,6 +71,7 @@ def verb_run(args: argparse.Namespace) -> dict:
     from causalab.engine.events import Chain
     from causalab.pipeline import run_document
     from causalab.progress import PointProgress
+    from causalab.tracking.plot_files import SweepPictures
 
     options = run_options_of(args)
     raw = _read_document(args.document)
@@ -78,7 +79,8 @@ def verb_run(args: argparse.Namespace) -> dict:
     with events if options.track else contextlib.nullcontext():
         written = run_document(raw, out=options.out, batch_size=options.batch_size,
                                device_map=options.device_map, data_root=options.data_root,
-                               events=Chain(events, PointProgress(), _Notes()),
+                               events=Chain(events, PointProgress(), _Notes(),
+                                            SweepPictures(options.out)),
                                resume_mib=options.resume_mib, strict=options.strict,
                                memory=options.memory)
     written = [str(p) for p in written]
@@ -151,3 +153,10 @@ def verb_server(args: argparse.Namespace) -> dict:
     from causalab import server
 
     return server.verb(args)
+
+
+def verb_ui(args: argparse.Namespace) -> dict:
+    """Start MLflow's UI on a run's store, print the addresses of its sweep, stop on Ctrl-C."""
+    from causalab import ui
+
+    return ui.verb(args)

@@ -117,17 +117,19 @@ def _report_tracking(events) -> None:
                                                 events.sweep_run_id)
     if not found:
         print(f"see them: {ui_command(events.uri, events.experiment_id)}")
-        return
-    if not events.uri.startswith(("http://", "https://")):
-        print(f"see them: {ui_command(events.uri)}")
-    for line in summary.where(events.uri, events.experiment_id, found["view"], found["runs"]):
-        print(line)
+    elif events.uri.startswith(("http://", "https://")):
+        for line in summary.where(events.uri, events.experiment_id, found["view"],
+                                  found["runs"]):
+            print(line)
+    else:  # the UI's port is the one `causalab ui` finds free, so it prints the addresses
+        print(f"see the sweep: {ui_command(events.uri, run_id=found['view'])}")
 
 
 def _run(config) -> None:
     from causalab.engine.events import Chain
     from causalab.pipeline import run_document
     from causalab.progress import PointProgress, Summary
+    from causalab.tracking.plot_files import SweepPictures
 
     document = document_of(config)
     options = run_options_of(config)
@@ -138,7 +140,8 @@ def _run(config) -> None:
     with events if events is not None else nullcontext():
         written = run_document(document, out=out, batch_size=options.batch_size,
                                device_map=options.device_map, data_root=options.data_root,
-                               events=Chain(events, PointProgress(), summary),
+                               events=Chain(events, PointProgress(), summary,
+                                            SweepPictures(out)),
                                resume_mib=options.resume_mib, memory=options.memory)
         # The numbers are shown now; leaving the block waits for MLflow to store them.
         _report(out, written, summary, _job_line(document))

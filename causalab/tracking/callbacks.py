@@ -82,7 +82,7 @@ class MultirunParent(Callback):
                 store.OVERRIDES: overrides, **owners.owner_tags()}
         run_id = store.create_run(mlflow, experiment, " ".join(sweep) or "multirun", tags)
         self._parent = {"run_id": run_id, "experiment": name, "experiment_id": experiment,
-                        "tracking_uri": uri}
+                        "tracking_uri": uri, "folder": str(config.hydra.sweep.dir)}
         # Registered before anything else is sent, so a failure from here on still ends it.
         atexit.register(self._abandon)
         _OPEN.append(self)
@@ -120,7 +120,8 @@ class MultirunParent(Callback):
             mlflow.delete_run(parent["run_id"])
             return
         if status != "KILLED":
-            landed = landing.land(mlflow, parent["run_id"], [], title=self._title)
+            landed = landing.land(mlflow, parent["run_id"], [], title=self._title,
+                                  folder=parent.get("folder"))
             _say_where(parent, landed)
             attribution_plots.log_comparison(mlflow, parent["run_id"], parent["experiment_id"],
                                              title=self._title)
@@ -160,6 +161,10 @@ def _say_where(parent: dict, landed: dict) -> None:
         return
     first = f"; {landed['first']}" if landed.get("first") else ""
     print(f"multirun: {landed['points']} point(s) under run {parent['run_id']}{first}")
-    for line in summary.where(parent["tracking_uri"], parent["experiment_id"], landed["view"],
+    uri = parent["tracking_uri"]
+    if not uri.startswith(("http://", "https://")):
+        print(f"see the sweep: {store.ui_command(uri, run_id=landed['view'])}")
+        return
+    for line in summary.where(uri, parent["experiment_id"], landed["view"],
                               landed.get("runs", [])):
         print(line)

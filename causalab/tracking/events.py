@@ -34,7 +34,8 @@ from typing import Any, Mapping
 from causalab.engine.events import Events
 from causalab.errors import CausalabError, Path as JsonPath, TrackingError, UsageError, reason
 from causalab.files import RUN_RECORD
-from causalab.tracking import artifacts, attribution_plots, naming, owners, plots, point_claims
+from causalab.tracking import (artifacts, attribution_plots, figures, naming, owners, plots,
+                               point_claims)
 from causalab.tracking import stored
 from causalab.tracking import points as facts
 from causalab.tracking import runs as store
@@ -354,7 +355,7 @@ class TrackingEvents(StoreWrites, Events):
         """Reach the store now, in seconds, before the run compiles or loads a model."""
         reach(self.uri, source_of(self.uri_option), writes=True)
         worker().open(self.uri)  # MLflow loads and opens the store while the run compiles
-        self.lane.send(worker().call, None, plots.warm)  # and matplotlib, for its plots
+        self.lane.send(worker().call, None, figures.warm)  # and matplotlib, for its plots
         return self
 
     def __exit__(self, kind, error, traceback) -> None:

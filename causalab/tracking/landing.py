@@ -6,14 +6,17 @@ the parent shows what was stored whoever logged it (a point run, a link to a reu
 job on another host). The parent then gets the sweep's plots, the first point's main scores
 as its own metrics (``iia/test``, its interval, ``iia/control``; ``first/k`` when no point is
 tied with it), its ranking (``ranking.json``, tag ``causalab.first``: every point tied for
-first, :mod:`causalab.tracking.ranking`), ``summary.html`` (a row per point) and a saved view of the experiment's runs page whose columns are the swept params
-and those scores (:func:`causalab.tracking.summary.view_address` opens it). Runs in the
+first, :mod:`causalab.tracking.ranking`), ``summary.html`` (a row per point) and a saved view
+of the experiment's runs page that lists the points (searched by their parent, or by their ids
+when a multirun's jobs hold them) with the swept params and those scores as columns
+(:func:`causalab.tracking.summary.view_address` opens it). Runs in the
 tracking worker: every call goes through the client it is given.
 """
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from causalab.tracking import plots, ranking, summary
@@ -45,11 +48,13 @@ def coordinates_of(run) -> dict[str, Any]:
     return place
 
 
-def land(mlflow, run_id: str, points: list | None = None, *, title: str = "") -> dict:
+def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
+         folder: str | None = None) -> dict:
     """Give the parent ``run_id`` its plots, summary metrics, ranking, table and view, from
     its points as stored (``points``, ``(coordinates, metrics)`` pairs, only when the store
-    has none). Returns what was made: ``{"view": key or None, "points": n, "first": the
-    ranking's line or None, "runs": the point runs' ids}``."""
+    has none); the plots go into ``folder`` too (a multirun's sweep folder). Returns what was
+    made: ``{"view": key or None, "points": n, "first": the ranking's line or None, "runs":
+    the point runs' ids}``."""
     parent = mlflow.get_run(run_id)
     experiment = parent.info.experiment_id
     runs = stored_points(mlflow, experiment, run_id)
@@ -62,6 +67,9 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "") ->
         return {"view": None, "points": 0, "first": None}
     for name, png in plots.sweep_plots(points, title=title).items():
         log_bytes(mlflow, run_id, png, name)
+        if folder:
+            (Path(folder) / name).parent.mkdir(parents=True, exist_ok=True)
+            (Path(folder) / name).write_bytes(png)
     swept = plots.varied([c for c, _ in points])
     name, test, _ = summary.main_keys(points)
     rows = [ranking.table_rows(mlflow, runs[index], name, test) for index in kept] if runs \
@@ -76,8 +84,11 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "") ->
     page = summary.html_table(points, swept, title=title or parent.info.run_name,
                               first=ranked["indices"], note=ranking.line(ranked))
     log_bytes(mlflow, run_id, page.encode(), summary.TABLE)
+    search = summary.points_filter(run_id, [run.info.run_id for run in runs],
+                                   [run.data.tags.get(store.PARENT) for run in runs])
     view = summary.view_state(points, swept, name=f"{parent.info.run_name or 'sweep'} "
-                                                  f"({len(points)} points)", created_ms=now)
+                                                  f"({len(points)} points)", created_ms=now,
+                              search=search)
     mlflow.set_experiment_tag(experiment, f"{summary.VIEW_TAG}{run_id}", view)
     return {"view": run_id, "points": len(points), "runs": [run.info.run_id for run in runs],
             "first": ranking.line(ranked) if ranked["first"] else None}
@@ -90,3 +101,25 @@ def landed(mlflow, experiment: str, parent: str) -> dict | None:
         return None
     return {"view": parent, "runs": [run.info.run_id for run in
                                      stored_points(mlflow, experiment, parent)]}
+
+
+def newest_landed(mlflow, parent: str | None = None) -> tuple[str, str, list] | None:
+    """(experiment id, parent id, point ids) of ``parent``, else of the newest parent
+    :func:`land` gave a view in any experiment; None when there is none."""
+    from mlflow.exceptions import MlflowException
+
+    if parent is not None:
+        try:
+            experiment = mlflow.get_run(parent).info.experiment_id
+        except MlflowException:  # no such run in this store
+            return None
+        found = landed(mlflow, experiment, parent)
+        return None if found is None else (experiment, parent, found["runs"])
+    keyed = [(experiment.experiment_id, key[len(summary.VIEW_TAG):])
+             for experiment in mlflow.search_experiments()
+             for key in experiment.tags if key.startswith(summary.VIEW_TAG)]
+    if not keyed:
+        return None
+    started = {run_id: mlflow.get_run(run_id).info.start_time or 0 for _, run_id in keyed}
+    experiment, newest = max(keyed, key=lambda pair: started[pair[1]])
+    return newest_landed(mlflow, newest)

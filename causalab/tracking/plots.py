@@ -4,26 +4,25 @@ Every figure is titled with the model and the site. A curve has one panel per qu
 (``iia``, ``logit_diff``) and one line per step measuring it (``test``, and ``control``
 dashed beside it), labelled by the step and by any other swept coordinate, never by the
 overrides; points that differ in their model get a column of panels per model. A rank axis
-is log2, a layer axis has integer ticks, and no axis has more than :data:`MAX_TICKS` labels
+is log2, a layer axis has integer ticks, and no axis has more than ``figures.MAX_TICKS`` labels
 (a 30-layer sweep is ticked every third layer). Layer × head and layer × position grids are
-heatmaps with a colour bar. A method comparison is a ranking: a bar per method, its control
-beside it, every value written on it, zero drawn. Figures are built on
-``matplotlib.figure.Figure`` with the Agg canvas, never through pyplot, so nothing here
-touches matplotlib's global backend; matplotlib is imported on first use (``warm``). Inputs
-are plain numbers (coordinates and metrics, :mod:`causalab.tracking.summary`); this module
-knows no runs.
+heatmaps with a colour bar. Numbers are placed by size, anything else (a position named S1,
+S2, END) in the order the sweep gave it; a quantity named as a fraction (``iia``, ``p_answer``)
+has an axis or colour scale from 0 to 1. A method comparison is a ranking: a bar per method,
+its control beside it, every value written on it, a zero a thin bar of its colour. Figures are
+drawn on :mod:`causalab.tracking.figures`' canvas. Inputs are plain numbers (coordinates and
+metrics, :mod:`causalab.tracking.summary`); this module knows no runs.
 """
 from __future__ import annotations
 
-import io
 import math
 from typing import Any, Mapping, Sequence
 
 from causalab.tracking import summary
+from causalab.tracking.figures import limit_ticks, new_figure, png, ticks
 from causalab.tracking.naming import site_facts, writes_of
 from causalab.tracking.summary import CONTROLS, Point, numeric, plain, short, text
 
-MAX_TICKS = 12
 _LAYER = ("layers", "layer")
 _HEAD = ("heads", "head")
 _POSITION = ("pos", "position", "positions")
@@ -33,36 +32,6 @@ _MAX_QUANTITIES = 3
 _MAX_COLUMNS = 4
 _MAX_LEGEND = 8
 CONTROL_METHOD = "random"
-
-
-def warm() -> None:
-    """Import matplotlib and draw one throwaway figure of a sweep plot's parts (an image, a
-    colour bar, titles, the layout engine) now, while the run computes: a process's first
-    drawing loads fonts and caches glyphs, about twice the cost of every later one, which
-    would otherwise land on the sweep's end."""
-    figure = _figure((3.0, 2.0))
-    axes = figure.subplots()
-    figure.colorbar(axes.imshow([[0.0, 1.0]]), ax=axes, label="iia")
-    axes.set_title("iia/test", fontsize="medium")
-    axes.set_xlabel("position")
-    figure.suptitle("warm")
-    png(figure)
-
-
-def _figure(size: tuple[float, float]):
-    """A figure whose layout engine keeps titles, labels and legends apart."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=size, layout="constrained")
-    FigureCanvasAgg(figure)
-    return figure
-
-
-def png(figure) -> bytes:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100)
-    return buffer.getvalue()
 
 
 def title_of(document: Mapping[str, Any] | None, swept: Sequence[str] = ()) -> str:
@@ -99,23 +68,49 @@ def _title(model: str, facts: Mapping[str, str | None], swept: set) -> str:
 
 def varied(coordinates: Sequence[Mapping[str, Any]]) -> list[str]:
     """The coordinate names whose value differs between points, in the first point's order
-    (compared as their labels show them; a swept site is a mapping, hence ``repr``)."""
-    return [key for key in (coordinates[0] if coordinates else {})
-            if len({repr(plain(c.get(key))) for c in coordinates}) > 1]
+    (compared as their labels show them; a swept site is a mapping, hence ``repr``). A name
+    for the same word that moves with an earlier one, value for value (a job's ``site.layer``
+    and the ``layers`` it renders to), is that one again and left out."""
+    def shown(key: str) -> list[str]:
+        return [repr(plain(c.get(key))) for c in coordinates]
+
+    found: list[str] = []
+    for key in (coordinates[0] if coordinates else {}):
+        values = shown(key)
+        if len(set(values)) > 1 and not any(
+                _word(k) == _word(key) and _together(values, shown(k)) for k in found):
+            found.append(key)
+    return found
+
+
+def _word(key: str) -> str:
+    return short(key).rstrip("s")
+
+
+def _together(a: Sequence[str], b: Sequence[str]) -> bool:
+    """Whether two coordinates' values pair one to one across the points."""
+    pairs = set(zip(a, b))
+    return len(pairs) == len(set(a)) == len(set(b))
 
 
 def _values(points: Sequence[Point], key: str) -> list:
-    """The distinct values of ``key`` in :func:`_order`; a list or mapping is a value too
-    (``units=[0,1,2,3]``), told apart by its ``repr`` as :func:`varied` tells them."""
+    """The distinct values of ``key``: numbers (and lists of numbers) by size, anything else
+    in the order the points first show it (a document's sweep order: S1, S2, END as the
+    prompt reads). A list or mapping is a value too (``units=[0,1,2,3]``), told apart by its
+    ``repr`` as :func:`varied` tells them."""
     found: dict[str, Any] = {}
     for coordinates, _ in points:
         value = plain(coordinates.get(key))
         found.setdefault(repr(value), value)
-    return sorted(found.values(), key=_order)
+    values = list(found.values())
+    orders = [_order(v) for v in values]
+    if all(order[0] < 2 for order in orders):
+        return sorted(values, key=_order)
+    return values
 
 
 def _order(value: Any) -> tuple:
-    """Numbers by size, lists of numbers element by element, anything else by its label."""
+    """Numbers by size, lists of numbers element by element, anything else after them."""
     if numeric(value):
         return (0, value, "")
     if isinstance(value, (list, tuple)) and all(numeric(v) for v in value):
@@ -123,27 +118,34 @@ def _order(value: Any) -> tuple:
     return (2, (), text(value))
 
 
+# Quantity names whose values are fractions (a ``match`` metric, a ``token_prob``): their
+# axes and colour scales span 0 to 1 whatever the points reached.
+_FRACTIONS = ("iia", "top1", "match", "accuracy", "acc", "prob", "p")
+
+
+def bounds(name: str, values: Sequence[float]) -> tuple[float, float] | None:
+    """(0, 1) for a quantity named as a fraction (``iia``, ``top1``, ``p_answer``,
+    ``prob_io``) whose values all lie in it; None (the data's own range) otherwise."""
+    word = name.split("_")[0].lower()
+    inside = all(0.0 <= v <= 1.0 for v in values if v is not None and math.isfinite(v))
+    return (0.0, 1.0) if word in _FRACTIONS and inside else None
+
+
 def _axis(keys: Sequence[str], names: Sequence[str]) -> str | None:
     return next((key for key in keys if short(key) in names), None)
-
-
-def ticks(values: Sequence[Any]) -> list[Any]:
-    """At most :data:`MAX_TICKS` of ``values``, evenly strided from the first."""
-    stride = math.ceil(len(values) / MAX_TICKS) or 1
-    return list(values)[::stride]
 
 
 def loss_figure(losses: Sequence[float], evals: Sequence[float] = (), *, title: str = "",
                 eval_name: str = "eval"):
     """``train/loss`` per update and, beside it, the watched eval metric per epoch."""
-    figure = _figure((9 if evals else 5, 3.4))
+    figure = new_figure((9 if evals else 5, 3.4))
     grid = figure.subplots(1, 2 if evals else 1, squeeze=False)
     axes = grid[0][0]
     axes.plot(range(len(losses)), list(losses), color="tab:blue")
     axes.set_xlabel("update")
     axes.set_ylabel("train/loss")
     axes.grid(alpha=0.3)
-    _limit_ticks(axes)
+    limit_ticks(axes)
     if evals:
         right = grid[0][1]
         right.plot(range(len(evals)), [math.nan if e is None else e for e in evals],
@@ -151,7 +153,7 @@ def loss_figure(losses: Sequence[float], evals: Sequence[float] = (), *, title: 
         right.set_xlabel("epoch")
         right.set_ylabel(eval_name)
         right.grid(alpha=0.3)
-        _limit_ticks(right, integer=True)
+        limit_ticks(right, integer=True)
     figure.suptitle(title or "fit")
     return figure
 
@@ -159,17 +161,6 @@ def loss_figure(losses: Sequence[float], evals: Sequence[float] = (), *, title: 
 def loss_curve(losses: Sequence[float], evals: Sequence[float] = (), *, title: str = "",
                eval_name: str = "eval") -> bytes:
     return png(loss_figure(losses, evals, title=title, eval_name=eval_name))
-
-
-def _limit_ticks(axes, integer: bool = False) -> None:
-    """Automatic tick locators that never place more than :data:`MAX_TICKS` labels (fixed
-    ticks, set where a coordinate is plotted, are already at most that many)."""
-    from matplotlib.ticker import MaxNLocator
-
-    for axis in (axes.xaxis, axes.yaxis):
-        if axis.get_scale() == "linear" and isinstance(axis.get_major_locator(), MaxNLocator):
-            axis.set_major_locator(MaxNLocator(nbins=8, steps=[1, 2, 2.5, 5, 10],
-                                                integer=integer and axis is axes.xaxis))
 
 
 def _split(points: Sequence[Point], swept: Sequence[str]) -> tuple[str | None, list]:
@@ -186,7 +177,7 @@ def curve_figure(points: Sequence[Point], axis: str, *, title: str = ""):
     found = dict(list(summary.quantities(points).items())[:_MAX_QUANTITIES])
     group, columns = _split(points, swept)
     rest = [k for k in swept if k not in (axis, group)]
-    figure = _figure((1.0 + 4.6 * len(columns), 0.5 + 2.6 * len(found)))
+    figure = new_figure((1.0 + 4.6 * len(columns), 0.5 + 2.6 * len(found)))
     grid = figure.subplots(len(found), len(columns), squeeze=False)
     xs = _values(points, axis)
     for row, (name, steps) in enumerate(found.items()):
@@ -200,6 +191,9 @@ def curve_figure(points: Sequence[Point], axis: str, *, title: str = ""):
                           marker="o", label=label, color="tab:grey" if control and
                           len(lines) <= 2 else None)
             _x_axis(axes, axis, xs)
+            fixed = bounds(name, [y for _, pairs in lines.values() for _, y in pairs])
+            if fixed:
+                axes.set_ylim(fixed[0] - 0.05, fixed[1] + 0.05)
             axes.set_ylabel(name)
             axes.grid(alpha=0.3)
             if model is not None and row == 0:
@@ -246,7 +240,7 @@ def _x_axis(axes, axis: str, xs: list) -> None:
         axes.set_xticks(shown, [str(int(x)) for x in shown])
         axes.set_xticks([], minor=True)
     axes.set_xlabel({"layers": "layer", "heads": "head", "pos": "position"}.get(name, name))
-    _limit_ticks(axes)
+    limit_ticks(axes)
 
 
 def heatmap_figure(points: Sequence[Point], rows: str, columns: str, *, title: str = ""):
@@ -260,7 +254,7 @@ def heatmap_figure(points: Sequence[Point], rows: str, columns: str, *, title: s
     panels = [(step, model) for model in models for step in steps][:4]
     ys, xs = _values(points, rows), _values(points, columns)
     height = 0.5 * len(ys) + 1.2 if len(ys) <= 12 else 0.16 * len(ys) + 1.6
-    figure = _figure((max(6.0, 2.8 + 0.4 * min(len(xs), 24)), 0.6 + height * len(panels)))
+    figure = new_figure((max(6.0, 2.8 + 0.4 * min(len(xs), 24)), 0.6 + height * len(panels)))
     grid = figure.subplots(len(panels), 1, squeeze=False)
     for index, (step, model) in enumerate(panels):
         cells = [[math.nan] * len(xs) for _ in ys]
@@ -269,7 +263,9 @@ def heatmap_figure(points: Sequence[Point], rows: str, columns: str, *, title: s
             if found is not None and (group is None or plain(coordinates.get(group)) == model):
                 cells[ys.index(plain(coordinates[rows]))][xs.index(plain(coordinates[columns]))] = found
         axes = grid[index][0]
-        image = axes.imshow(cells, aspect="auto", cmap="viridis", origin="lower")
+        scale = bounds(name, [v for row in cells for v in row]) or (None, None)
+        image = axes.imshow(cells, aspect="auto", cmap="viridis", origin="lower",
+                            vmin=scale[0], vmax=scale[1])
         shown_x, shown_y = ticks(range(len(xs))), ticks(range(len(ys)))
         axes.set_xticks(shown_x, [text(xs[i]) for i in shown_x])
         axes.set_yticks(shown_y, [text(ys[i]) for i in shown_y])
@@ -285,8 +281,8 @@ def heatmap_figure(points: Sequence[Point], rows: str, columns: str, *, title: s
 
 def ranking_figure(points: Sequence[Point], axis: str = "method", *, title: str = ""):
     """Bars of each ``axis`` value's main test score, best first, with its control's bar
-    beside it; the control method's own bar is hatched; every bar carries its value and zero
-    is drawn. None unless the points differ in ``axis`` and carry a score."""
+    beside it; the control method's own bar is light grey; every bar carries its value, and a
+    zero is a thin bar of its colour with a cap at zero. None unless the points differ in ``axis`` and carry a score."""
     name, test, control = summary.main_keys(points)
     scored = [(text(c[axis]), summary.value(m, name, test), summary.value(m, name, control))
               for c, m in points if axis in c and summary.value(m, name, test) is not None]
@@ -295,16 +291,16 @@ def ranking_figure(points: Sequence[Point], axis: str = "method", *, title: str 
     scored.sort(key=lambda row: (-row[1], row[0]))
     heading = f"{title or 'ranking'} · {name} by {axis}"
     # as wide as its bars need, or as its title (0.085 inch a character at 12 pt, and a margin)
-    figure = _figure((max(1.6 + 1.1 * len(scored), 0.5 + 0.09 * len(heading)), 3.8))
+    figure = new_figure((max(1.6 + 1.1 * len(scored), 0.5 + 0.09 * len(heading)), 3.8))
     axes = figure.subplots()
     heights = [v for _, score, other in scored for v in (score, other) if v is not None]
     span = (max(heights + [0.0]) - min(heights + [0.0])) or 1.0
     for x, (method, score, other) in enumerate(scored):
-        hatched = method == CONTROL_METHOD
+        floor = method == CONTROL_METHOD
         _bar(axes, x - 0.2 if other is not None else x, score, span,
-             color="lightgrey" if hatched else "tab:blue", hatch="//" if hatched else None)
+             color="lightgrey" if floor else "tab:blue")
         if other is not None:
-            _bar(axes, x + 0.2, other, span, color="tab:grey", hatch=None)
+            _bar(axes, x + 0.2, other, span, color="tab:grey")
     axes.axhline(0.0, color="black", linewidth=1.0)
     low, high = min(heights + [0.0]), max(heights + [0.0])
     axes.set_ylim(low - 0.12 * span, high + 0.15 * span)
@@ -316,15 +312,21 @@ def ranking_figure(points: Sequence[Point], axis: str = "method", *, title: str 
     axes.set_xlim(-0.6, len(scored) - 0.4)
     axes.set_ylabel(f"{name} ({test})")
     axes.set_xlabel(axis)
-    _limit_ticks(axes)
+    limit_ticks(axes)
     _legend(figure, any(other is not None for _, _, other in scored),
             any(method == CONTROL_METHOD for method, _, _ in scored), test, control)
     figure.suptitle(heading)
     return figure
 
 
-def _bar(axes, x: float, height: float, span: float, *, color: str, hatch: str | None) -> None:
-    axes.bar(x, height, width=0.38, color=color, hatch=hatch, edgecolor="black", linewidth=0.8)
+# The least height a bar is drawn with, as a share of the value axis's span: a score of zero
+# is still a bar of its colour, which its legend swatch then matches.
+_STUB = 0.02
+
+
+def _bar(axes, x: float, height: float, span: float, *, color: str) -> None:
+    drawn = height if abs(height) >= _STUB * span else math.copysign(_STUB * span, height)
+    axes.bar(x, drawn, width=0.38, color=color, edgecolor="black", linewidth=0.8)
     # A cap at the bar's value, so that a score of exactly zero is still a visible mark.
     axes.plot([x - 0.19, x + 0.19], [height, height], color="black", linewidth=2.5,
               solid_capstyle="butt")
@@ -341,7 +343,7 @@ def _legend(figure, controls: bool, method: bool, test: str, control: str | None
         handles.append(Patch(facecolor="tab:grey", edgecolor="black",
                              label=f"{control} (same method, untrained)"))
     if method:
-        handles.append(Patch(facecolor="lightgrey", hatch="//", edgecolor="black",
+        handles.append(Patch(facecolor="lightgrey", edgecolor="black",
                              label=f"{CONTROL_METHOD} (the floor)"))
     figure.legend(handles=handles, loc="outside lower center", ncol=len(handles),
                   fontsize="small", frameon=False)

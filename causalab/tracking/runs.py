@@ -111,15 +111,26 @@ def runs_page(base: str, experiment_id: str | None) -> str:
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
-def ui_command(uri: str, experiment_id: str | None = None) -> str:
-    """The one command that shows these runs: the server's runs page, or ``mlflow ui`` on the
-    DB (without job execution) and the page to open."""
+def ui_command(uri: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
+    """The one command that shows these runs: the server's runs page, or ``causalab ui`` on
+    the SQLite store (``run_id``: the sweep whose addresses it prints), spelled as this
+    process's own interpreter runs it, so it works when pasted where the run was started."""
     if uri.startswith(("http://", "https://")):
         return f"open {runs_page(uri, experiment_id)}"
-    command = f"MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow ui --backend-store-uri {uri}"
-    if experiment_id is None:
-        return command
-    return f"{command}  # then open {runs_page('http://127.0.0.1:5000', experiment_id)}"
+    command = f"{causalab_command()} ui --store {uri}"
+    return f"{command} --run {run_id}" if run_id else command
+
+
+def causalab_command() -> str:
+    """``.venv/bin/causalab`` (relative when under the working directory), else
+    ``<python> -m causalab``: a bare ``causalab`` may not be on PATH."""
+    import sys
+
+    script = Path(sys.executable).with_name("causalab")
+    if not script.is_file():
+        return f"{sys.executable} -m causalab"
+    relative = os.path.relpath(script)
+    return str(script) if relative.startswith("..") else relative
 
 
 @functools.lru_cache(maxsize=1)

@@ -242,20 +242,36 @@ def _number(found: float | None, interval: tuple[float, float] | None = None) ->
 
 
 def view_columns(points: Sequence[Point], swept: Sequence[str]) -> list[str]:
-    """The runs table's columns for this sweep: its swept params, then its main scores."""
+    """The runs table's columns for this sweep: its swept params, then each quantity's
+    scores, every test step beside its control (main quantity first, at most
+    :data:`_MAX_COLUMNS`)."""
     params = [f"params.`{short(k)}`" for k in swept if short(k) != "model"]
     if any(short(k) == "model" for k in swept):
         params.insert(0, "params.`model.key`")
-    metrics = [f"metrics.`{_key(n, s)}`" for n, s in table_columns(points)]
-    return params + metrics
+    steps = [(name, step) for name, found in quantities(points).items() for step in found]
+    return params + [f"metrics.`{_key(n, s)}`" for n, s in steps[:_MAX_COLUMNS]]
+
+
+def points_filter(parent: str, run_ids: Sequence[str], parents: Sequence[str]) -> str:
+    """The runs-table search that shows a sweep's points and nothing else: its children
+    (``parents`` are the points' own parents), or, when some are a job's children (a
+    multirun's), the points by their ids."""
+    if run_ids and set(parents) != {parent}:
+        return "attributes.run_id IN (" + ", ".join(f"'{r}'" for r in run_ids) + ")"
+    return f"tags.`mlflow.parentRunId` = '{parent}'"
 
 
 def view_state(points: Sequence[Point], swept: Sequence[str], *, name: str,
-               created_ms: int) -> str:
+               created_ms: int, search: str = "") -> str:
     """The experiment tag value of a saved runs-page view (MLflow 3.17's envelope: ``name``,
-    ``createdAt``, ``updatedAt`` and the view's state as a JSON string)."""
-    state = {"selectedColumns": view_columns(points, swept), "runsHiddenMode": "SHOW_ALL",
+    ``createdAt``, ``updatedAt`` and the view's state as a JSON string). The state holds the
+    table's search too (``search``, oldest point first), so the points are the rows it opens
+    on; MLflow leaves a saved view's ``runsExpanded`` out, so a parent cannot open expanded."""
+    columns = view_columns(points, swept)
+    state = {"selectedColumns": columns, "columnOrder": columns, "runsHiddenMode": "SHOW_ALL",
              "runListHidden": False, "viewMaximized": False}
+    if search:
+        state.update(searchFilter=search, orderByKey="attributes.created", orderByAsc=True)
     return json.dumps({"name": name, "createdAt": created_ms, "updatedAt": created_ms,
                        "state": json.dumps(state)})
 
@@ -270,17 +286,13 @@ def compare_address(base: str, experiment_id: str, run_ids: Sequence[str]) -> st
     """MLflow's compare page for these runs: params and metrics side by side, one column a run."""
     ids = json.dumps(list(run_ids), separators=(",", ":"))
     return (f"{base.rstrip('/')}/#/compare-runs?runs={ids}"
-            f"&experiments={json.dumps([experiment_id], separators=(',', ':'))}")
+            f"&experiments={json.dumps([experiment_id], separators=(',', ':'))}"
+            "&workflowType=machine_learning")
 
 
-LOCAL_UI = "http://127.0.0.1:5000"  # where ``mlflow ui`` serves a SQLite store by default
-
-
-def where(uri: str, experiment_id: str, view: str, run_ids: Sequence[str]) -> list[str]:
-    """The lines a finished sweep prints: the runs page on its saved view and, for up to 20
-    points, the compare page of its points (a SQLite store is shown by ``mlflow ui``, whose
-    command the line before says)."""
-    base = uri if uri.startswith(("http://", "https://")) else LOCAL_UI
+def where(base: str, experiment_id: str, view: str, run_ids: Sequence[str]) -> list[str]:
+    """The lines that open a landed sweep in the UI at ``base``: the runs page on its saved
+    view and, for up to 20 points, the compare page of its points."""
     lines = [f"open the sweep: {view_address(base, experiment_id, view)}"]
     if 1 < len(run_ids) <= 20:
         lines.append(f"compare its points: {compare_address(base, experiment_id, run_ids)}")

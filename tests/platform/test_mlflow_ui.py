@@ -1,22 +1,28 @@
 """A sweep as a researcher first sees it: run from the command line, opened in MLflow's own UI.
 
 `python -m causalab.run experiment=das` (three ranks and their random-subspace control, on the
-tiny Llama to stay fast) tracks to a SQLite store in a temporary folder and prints the address
-of the sweep. The test starts `mlflow ui` on that store, on 127.0.0.1 in a process group of its
-own, and drives Debian's Chromium with Playwright: it opens the printed address (the runs page
-on the sweep's saved view), expands the sweep, ticks its three points, presses Compare, and
-finds the swept param and both scores in the compare table. Screenshots of the three pages are
-saved under the test's temporary folder (their paths are printed).
+tiny Llama to stay fast) tracks to a SQLite store in a temporary folder and prints the command
+that shows the sweep (`see the sweep: …/causalab ui --store … --run …`). The test runs that
+command as printed: it starts MLflow's UI on a free port and prints the addresses of the
+sweep. Debian's Chromium, driven by Playwright, opens each printed address in a fresh profile:
+the runs page shows the three points as its rows before any click, in model-training
+navigation, with `k` and both scores as columns; MLflow's compare page of the points shows `k`
+and `iia/test` above the fold (`iia/control` is below MLflow's plots: the page has no setting
+that lifts it). Ticking the three rows and pressing Compare reaches the printed compare page.
+SIGINT stops `causalab ui` and its server. Screenshots are saved under the test's temporary
+folder (their paths are printed).
 """
 from __future__ import annotations
 
 import os
+import queue
 import re
+import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -24,17 +30,28 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-MLFLOW = Path(sys.executable).with_name("mlflow")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+VIEWPORT = {"width": 1600, "height": 1000}
 _FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
           "--disable-component-update", "--disable-sync", "--no-first-run"]
-_PRINTED = re.compile(r"^(open the sweep|compare its points): (http://\S+)$", re.M)
+_PRINTED = re.compile(r"^(mlflow ui on \S+|open the sweep|compare its points): (http://\S+)")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _environment() -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", MLFLOW_DISABLE_TELEMETRY="true",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def _run_sweep(folder: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "causalab.run", "experiment=das", "model=tiny_llama",
+         "site.layer=1", "steps.fit.epochs=1", f"tracking.uri={folder}",
+         f"hydra.run.dir={folder / 'job'}", f"run.data_root={REPO / 'documents' / 'data'}"],
+        cwd=folder, env=_environment(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
 
 
 def _answers(url: str) -> bool:
@@ -45,106 +62,128 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _run_sweep(folder: Path) -> str:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", MLFLOW_DISABLE_TELEMETRY="true",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    env.pop("MLFLOW_TRACKING_URI", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "causalab.run", "experiment=das", "model=tiny_llama",
-         "site.layer=1", "steps.fit.epochs=1", f"tracking.uri={folder}",
-         f"hydra.run.dir={folder / 'job'}", f"run.data_root={REPO / 'documents' / 'data'}"],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return done.stdout
-
-
-def _close_assistant(page) -> None:
-    """MLflow 3.17 opens its assistant pane on a browser's first visit, over a quarter of the
-    runs table; a researcher closes it once (the profile remembers), and so does the test."""
-    close = page.locator("button[data-component-id='mlflow.assistant.chat_panel.close']")
-    if close.count() and close.first.is_visible():
-        close.first.click()
-        close.first.wait_for(state="hidden", timeout=30_000)
-
-
 @pytest.fixture
-def mlflow_ui(tmp_path):
-    """Start ``mlflow ui`` on the sweep's store; yield (its URL, the printed lines)."""
-    printed = dict(_PRINTED.findall(_run_sweep(tmp_path)))
-    port = _free_port()
-    log = open(tmp_path / "ui.log", "wb")
-    env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    env.pop("MLFLOW_TRACKING_URI", None)
-    process = subprocess.Popen(
-        [str(MLFLOW), "ui", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=tmp_path)
-    url = f"http://127.0.0.1:{port}"
+def served(tmp_path):
+    """Run the sweep, start the command it printed; yield (the run's stdout, the addresses
+    ``causalab ui`` printed, its process)."""
+    printed = _run_sweep(tmp_path)
+    command = re.search(r"^see the sweep: (.+)$", printed, re.M).group(1)
+    ui = subprocess.Popen(shlex.split(command), cwd=tmp_path, env=_environment(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in ui.stdout], daemon=True).start()
+    found: dict[str, str] = {}
     try:
-        deadline = time.monotonic() + 180
-        while not _answers(url):
-            assert process.poll() is None and time.monotonic() < deadline, \
-                (tmp_path / "ui.log").read_text()[-3000:]
-            time.sleep(0.5)
-        yield url, printed
+        deadline = time.monotonic() + 240
+        while "compare its points" not in found:
+            assert time.monotonic() < deadline and ui.poll() is None, found
+            try:
+                match = _PRINTED.match(lines.get(timeout=1).strip())
+            except queue.Empty:
+                continue
+            if match:
+                found["ui" if match.group(1).startswith("mlflow ui") else match.group(1)] = \
+                    match.group(2)
+        yield printed, found, ui
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(30)
-        log.close()
+        if ui.poll() is None:
+            os.killpg(ui.pid, signal.SIGKILL)
+            ui.wait(30)
 
 
-def test_the_printed_address_opens_the_sweep_and_its_points_compare_k_with_both_scores(
-        mlflow_ui, tmp_path):
+def _in_view(locator) -> bool:
+    """Visible inside the first screen of the page, without scrolling."""
+    box = locator.bounding_box()
+    return bool(box) and locator.is_visible() and box["y"] >= 0 and \
+        box["y"] + box["height"] <= VIEWPORT["height"]
+
+
+def _training_navigation(page) -> bool:
+    """MLflow's model-training sidebar (Runs, Models, Model registry), not its GenAI one."""
+    return page.get_by_text("Model registry", exact=True).first.is_visible() and \
+        not page.get_by_text("Judges", exact=True).count()
+
+
+def _open(driver, folder: Path, name: str):
+    """A fresh browser profile, as a newcomer's first visit."""
+    return driver.chromium.launch_persistent_context(
+        str(folder / f"profile-{name}"), executable_path=CHROMIUM, headless=True, args=_FLAGS,
+        viewport=VIEWPORT)
+
+
+def test_causalab_ui_serves_what_the_run_printed_the_points_as_rows_and_their_comparison(
+        served, tmp_path):
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), "Debian chromium is missing: run `make setup`"
-    url, printed = mlflow_ui
-    assert set(printed) == {"open the sweep", "compare its points"}
-    landing = printed["open the sweep"].replace("http://127.0.0.1:5000", url)
-    assert "viewStateShareKey=" in landing
-    shots = {name: tmp_path / f"{name}.png"
-             for name in ("landing", "expanded", "compare", "table")}
+    printed, found, ui = served
+    assert ":5000" not in printed and " mlflow ui" not in printed
+    url = found["ui"]
+    assert all(address.startswith(url + "/#/") for address in found.values() if address != url)
+    shots = {name: tmp_path / f"{name}.png" for name in ("sweep", "compare", "ticked")}
     with sync_playwright() as driver:
-        browser = driver.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=_FLAGS,
-            viewport={"width": 1600, "height": 1000})
+        browser = _open(driver, tmp_path, "sweep")
         try:
             page = browser.new_page()
-            page.goto(landing)
-            page.get_by_text("matching runs").first.wait_for(timeout=120_000)
+            page.goto(found["open the sweep"])
+            points = [page.get_by_role("link", name=name, exact=True).first
+                      for name in ("k=1", "k=4", "k=16")]
+            for point in points:
+                point.wait_for(timeout=120_000)
             page.get_by_text("iia/control", exact=True).first.wait_for(timeout=60_000)
-            _close_assistant(page)
-            page.screenshot(path=str(shots["landing"]), full_page=True)
-            header = page.locator("[role=columnheader]").all_inner_texts()
-            sweep = page.locator("[role=row]").filter(has_text="experiment=das").first
-            sweep.locator("button[data-component-id$='runnamecellrenderer.tsx_46']").click()
-            for name in ("k=1", "k=4", "k=16"):
-                point = page.locator("[role=row]").filter(
-                    has=page.get_by_role("link", name=name, exact=True)).first
-                point.wait_for(timeout=60_000)
-                point.locator("input.ag-checkbox-input").check(force=True)
-            page.screenshot(path=str(shots["expanded"]), full_page=True)
+            page.screenshot(path=str(shots["sweep"]))
+            rows = [point.bounding_box()["y"] for point in points]
+            sweep_in_view = [_in_view(point) for point in points]
+            sweep_navigation = _training_navigation(page)
+            header = {name: page.get_by_role("columnheader", name=name, exact=True).first
+                      .bounding_box()["x"] for name in ("k", "iia/test", "iia/control")}
+            matching = page.get_by_text("matching runs").first.inner_text()
+            for point in points:
+                page.locator("[role=row]").filter(has=point).first.locator(
+                    "input.ag-checkbox-input").check(force=True)
             page.get_by_role("button", name="Compare").first.click()
             page.wait_for_url("**/compare-runs**", timeout=60_000)
+            ticked_ids = re.findall(r"[0-9a-f]{32}", page.url.replace("%22", '"'))
             page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
-            page.screenshot(path=str(shots["compare"]), full_page=True)
-            control = page.get_by_text("iia/control", exact=True).last
-            control.scroll_into_view_if_needed(timeout=60_000)
-            compared = [page.get_by_text(key, exact=True).last.is_visible()
-                        for key in ("iia/test", "iia/control")]
-            page.screenshot(path=str(shots["table"]), full_page=True)
-            lines = [line.strip() for line in page.inner_text("body").splitlines()]
-            compare_ids = re.findall(r"[0-9a-f]{32}", page.url.replace("%22", '"'))
+            page.screenshot(path=str(shots["ticked"]))
         finally:
             browser.close()
+        browser = _open(driver, tmp_path, "compare")
+        try:
+            page = browser.new_page()
+            page.goto(found["compare its points"])
+            page.locator(".js-plotly-plot").first.wait_for(timeout=120_000)
+            page.get_by_text("iia/test", exact=True).first.wait_for(timeout=60_000)
+            page.screenshot(path=str(shots["compare"]))
+            compare_in_view = {key: _in_view(page.get_by_text(key, exact=True).first)
+                               for key in ("k", "iia/test")}
+            compare_navigation = _training_navigation(page)
+            control = page.get_by_text("iia/control", exact=True).last
+            control.scroll_into_view_if_needed(timeout=60_000)
+            lines = [line.strip() for line in page.inner_text("body").splitlines()]
+        finally:
+            browser.close()
+    os.kill(ui.pid, signal.SIGINT)
+    assert ui.wait(60) == 0
     print("screenshots: " + " ".join(str(p) for p in shots.values()))
-    assert {"k", "iia/test", "iia/control"} <= {h.strip() for h in header}
-    assert compared == [True, True]
+    assert sweep_in_view == [True, True, True] and rows == sorted(rows)
+    assert matching.startswith("3 ")  # the points alone: not their parent, not other runs
+    assert sweep_navigation and compare_navigation
+    assert header["k"] < header["iia/test"] < header["iia/control"]  # left to right
+    assert compare_in_view == {"k": True, "iia/test": True}
     assert "k\t1\t4\t16" in lines
-    # The compare page the run printed is the one the clicks reached: the same three runs.
-    assert sorted(compare_ids) == sorted(re.findall(r"[0-9a-f]{32}", printed["compare its points"]))
+    printed_ids = re.findall(r"[0-9a-f]{32}", found["compare its points"])
+    assert sorted(ticked_ids) == sorted(printed_ids) and len(printed_ids) == 3
+    assert not _answers(url)  # SIGINT stopped the server with it
     assert all(shot.stat().st_size > 10_000 for shot in shots.values())
+
+
+def test_causalab_ui_refuses_a_store_that_is_not_there_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "causalab", "ui", "--store", str(tmp_path)],
+                          cwd=tmp_path, env=_environment(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == f"error: --store: there is no tracking store at " \
+                          f"sqlite:///{tmp_path}/mlflow.db\n"
+    assert not (tmp_path / "mlflow.db").exists()

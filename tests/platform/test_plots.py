@@ -5,6 +5,10 @@ more than 12 tick labels, every figure is titled with its model, and legend labe
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -185,3 +189,100 @@ def test_a_test_score_and_its_control_are_two_lines_of_one_panel():
     assert sorted(t.get_text() for t in axes.get_legend().get_texts()) == ["control", "test"]
     control = next(line for line in axes.lines if line.get_label() == "control")
     assert list(control.get_ydata()) == [0.0, 0.0, 0.0]
+
+
+def _lines_of(figure, ylabel):
+    axes = next(a for a in figure.axes if a.get_ylabel() == ylabel)
+    return axes, [(list(line.get_xdata()), list(line.get_ydata()), line.get_label())
+                  for line in axes.lines]
+
+
+def test_a_hydra_layer_multirun_is_one_connected_curve_per_quantity_in_layer_order():
+    # What the parent reads back from `-m experiment=patching site.layer=0,1,2,3`: the job's
+    # override and the `layers` it rendered to, in the order the jobs finished (0, 2, 1, 3).
+    points = [({"experiment": "patching", "site.layer": str(layer), "layers": [layer]},
+               {"iia/patch": 1.0, "logit_diff/patch": 9.2 + layer / 100})
+              for layer in (0, 2, 1, 3)]
+    assert plots.varied([c for c, _ in points]) == ["site.layer"]
+    (name, figure), = plots.sweep_figures(points, title=TITLE).items()
+    assert name == "plots/layer_curve.png"
+    axes, lines = _lines_of(figure, "iia")
+    assert lines == [([0, 1, 2, 3], [1.0, 1.0, 1.0, 1.0], "patch")]
+    assert axes.get_ylim() == pytest.approx((-0.05, 1.05))  # a fraction spans 0 to 1
+    axes, lines = _lines_of(figure, "logit_diff")
+    assert [xs for xs, _, _ in lines] == [[0, 1, 2, 3]]
+    assert axes.get_ylim()[0] > 9.0  # a logit difference keeps its data's range
+
+
+def test_positions_named_in_the_prompt_keep_its_order_and_a_fraction_colours_0_to_1():
+    # IOI's layer x position sweep: S1, S2, END as the prompt reads (the document's order),
+    # never sorted as words; its best cell 0.87 is not drawn as 1.0.
+    points = [({"layers": [layer], "pos": pos}, {"iia/patch": 0.87 * (layer + 1) / 4})
+              for layer in range(4) for pos in ("S1", "S2", "END")]
+    (name, figure), = plots.sweep_figures(points, title=TITLE).items()
+    assert name == "plots/position_heatmap.png"
+    (axes, _colour_bar) = figure.axes
+    figure.canvas.draw()
+    assert [t.get_text() for t in axes.get_xticklabels()] == ["S1", "S2", "END"]
+    assert axes.images[0].get_clim() == (0.0, 1.0)
+
+
+def test_numbers_are_placed_by_size_and_several_models_get_a_panel_each():
+    points = [({"model": model, "k": k}, {"iia/test": k / 16, "iia/control": 0.0})
+              for model in ("causalab:weekday-qwen2", "causalab:weekday-llama") for k in (16, 1, 4)]
+    (figure,) = plots.sweep_figures(points, title=TITLE).values()
+    assert [a.get_title() for a in figure.axes] == ["causalab:weekday-qwen2",
+                                                    "causalab:weekday-llama"]
+    for axes in figure.axes:
+        test = next(line for line in axes.lines if line.get_label() == "test")
+        assert list(test.get_xdata()) == [1, 4, 16]
+        assert axes.get_ylim() == pytest.approx((-0.05, 1.05))
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _environment() -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def test_an_untracked_sweep_writes_its_pictures_into_its_output_folder(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "causalab", "run", str(REPO / "documents/v2/logit_lens.json"),
+         "--out", str(tmp_path / "lens"), "--no-track", "--device-map", "cpu",
+         "--data-root", str(REPO / "documents" / "data")],
+        cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    picture = tmp_path / "lens" / "plots" / "layer_curve.png"
+    assert done.stdout.splitlines()[-1] == str(picture)
+    assert picture.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_the_four_layer_hydra_multirun_parent_plot_is_one_connected_curve_per_quantity(tmp_path):
+    from causalab.tracking import landing
+    from causalab.tracking import runs as store
+
+    done = subprocess.run(
+        [sys.executable, "-m", "causalab.run", "-m", "experiment=patching",
+         "site.layer=0,1,2,3", f"tracking.uri={tmp_path}", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+         f"run.data_root={REPO / 'documents' / 'data'}"],
+        cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    # named by its layer once (not `layer=0,layers=0`); iia ties at 1.0, the first layer wins
+    assert "; best layer=0\n" in done.stdout
+    mlflow = store.client(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment, parent, _ = landing.newest_landed(mlflow)
+    runs = landing.stored_points(mlflow, experiment, parent)
+    points = [(landing.coordinates_of(run), dict(run.data.metrics)) for run in runs]
+    (name, figure), = plots.sweep_figures(points, title="t").items()
+    assert name == "plots/layer_curve.png"
+    for quantity in ("iia", "logit_diff"):
+        _, lines = _lines_of(figure, quantity)
+        assert [(xs, label) for xs, _, label in lines] == [([0, 1, 2, 3], "patch")]
+    names = {a.path for a in mlflow.list_artifacts(parent, "plots")}
+    assert names == {"plots/layer_curve.png"}
+    assert (tmp_path / "sweep" / "plots" / "layer_curve.png").is_file()

@@ -6,6 +6,7 @@ holds is read back through MlflowClient and through its REST API with plain urll
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from pathlib import Path
 
@@ -292,8 +293,12 @@ def test_the_tracking_uri_comes_from_the_environment_then_the_config_then_the_cw
     assert store.artifact_location(f"sqlite:///{tmp_path}/mlflow.db") == (
         (tmp_path / "mlartifacts").as_uri())
     assert store.artifact_location("http://env:2") is None
-    assert "mlflow ui --backend-store-uri sqlite:///" in ui_command(f"sqlite:///{tmp_path}/mlflow.db")
-    assert "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in ui_command(f"sqlite:///{tmp_path}/m.db")
+    # The command is this interpreter's own causalab (a bare `mlflow` or `causalab` may not be
+    # on PATH), and it names the store and the sweep whose addresses it prints.
+    command = ui_command(f"sqlite:///{tmp_path}/m.db", run_id="abc")
+    assert command.endswith(f" ui --store sqlite:///{tmp_path}/m.db --run abc")
+    assert Path(command.split(" ")[0]).resolve() == Path(sys.executable).with_name("causalab").resolve()
+    assert ui_command("http://h:1", "7") == "open http://h:1/#/experiments/7/runs?workflowType=machine_learning"
 
 
 def test_the_flattened_config_keeps_every_leaf_within_mlflow_limits():

@@ -1,0 +1,60 @@
+"""The canvas every causalab picture is drawn on: a figure, its PNG bytes, its tick limits.
+
+Figures are built on ``matplotlib.figure.Figure`` with the Agg canvas, never through pyplot, so
+nothing here touches matplotlib's global backend; matplotlib is imported on first use
+(:func:`warm`). It knows no sweep, no run and no store.
+"""
+from __future__ import annotations
+
+import io
+import math
+from typing import Any, Sequence
+
+MAX_TICKS = 12
+
+
+def warm() -> None:
+    """Import matplotlib and draw one throwaway figure of a sweep plot's parts (an image, a
+    colour bar, titles, the layout engine) now, while the run computes: a process's first
+    drawing loads fonts and caches glyphs, about twice the cost of every later one, which
+    would otherwise land on the sweep's end."""
+    drawn = new_figure((3.0, 2.0))
+    axes = drawn.subplots()
+    drawn.colorbar(axes.imshow([[0.0, 1.0]]), ax=axes, label="iia")
+    axes.set_title("iia/test", fontsize="medium")
+    axes.set_xlabel("position")
+    drawn.suptitle("warm")
+    png(drawn)
+
+
+def new_figure(size: tuple[float, float]):
+    """A figure whose layout engine keeps titles, labels and legends apart."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    drawn = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(drawn)
+    return drawn
+
+
+def png(figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()
+
+
+def ticks(values: Sequence[Any]) -> list[Any]:
+    """At most :data:`MAX_TICKS` of ``values``, evenly strided from the first."""
+    stride = math.ceil(len(values) / MAX_TICKS) or 1
+    return list(values)[::stride]
+
+
+def limit_ticks(axes, integer: bool = False) -> None:
+    """Automatic tick locators that never place more than :data:`MAX_TICKS` labels (fixed
+    ticks, set where a coordinate is plotted, are already at most that many)."""
+    from matplotlib.ticker import MaxNLocator
+
+    for axis in (axes.xaxis, axes.yaxis):
+        if axis.get_scale() == "linear" and isinstance(axis.get_major_locator(), MaxNLocator):
+            axis.set_major_locator(MaxNLocator(nbins=8, steps=[1, 2, 2.5, 5, 10],
+                                                integer=integer and axis is axes.xaxis))

@@ -1,0 +1,50 @@
+"""A sweep's pictures as files in its output folder, beside its results, tracked or not.
+
+The same PNGs a sweep's parent run carries (:func:`causalab.tracking.plots.sweep_plots`),
+written under ``<out>/plots/``: an untracked run has them too. Imports no mlflow.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from causalab.engine.events import Events
+from causalab.tracking.plots import sweep_plots, title_of, varied
+from causalab.tracking.summary import Point
+
+
+def write_plots(points: Sequence[Point], folder: str | Path, *, title: str = "") -> list[str]:
+    """The sweep's pictures as PNG files under ``folder`` (``plots/layer_curve.png``, …), the
+    same the parent run carries; returns their paths."""
+    written = []
+    for name, data in sweep_plots(points, title=title).items():
+        path = Path(folder) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        written.append(str(path))
+    return written
+
+
+class SweepPictures(Events):
+    """The pictures of a document's sweep written into its output folder at the run's end,
+    tracked or not: each point's means as they are scored, plotted as the parent's are."""
+
+    def __init__(self, out: str | Path) -> None:
+        self.out = out
+        self.title = ""
+        self.points: dict[int, tuple[dict, dict]] = {}
+
+    def run_start(self, document: dict, points: list[Any]) -> None:
+        places = [dict(getattr(p, "coordinates", None) or {}) for p in points]
+        first = points[0] if points else None
+        self.title = title_of(getattr(first, "document", None) or document, varied(places))
+        self.points = {id(p): (place, {}) for p, place in zip(points, places)}
+
+    def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
+        if id(point) in self.points and mean is not None:
+            self.points[id(point)][1][f"{name}/{step}"] = mean
+
+    def run_end(self, written: list[str]) -> None:
+        points = [(c, m) for c, m in self.points.values() if m]
+        if len(points) > 1:
+            written += write_plots(points, self.out, title=self.title)
