@@ -140,8 +140,8 @@ class Hooks:
         return torch.stack(out)
 
 
-def compare_heads(tables: dict, hooks: dict, layer: int) -> float:
-    worst = 0.0
+def compare_heads(tables: dict, hooks: dict, layer: int) -> tuple[float, int]:
+    worst, count = 0.0, 0
     for point, rows in tables.items():
         head = int(point.split("heads=")[1].split("/")[0].strip("[]")) if "heads=" in point else None
         if head is None:
@@ -149,17 +149,19 @@ def compare_heads(tables: dict, hooks: dict, layer: int) -> float:
         for row in rows:
             index = int(row["example_id"])
             worst = max(worst, abs(row["value"] - float(hooks[head][index])))
-    return worst
+            count += 1
+    return worst, count
 
 
-def compare_attribution(tables: dict, effects: torch.Tensor) -> float:
-    worst = 0.0
+def compare_attribution(tables: dict, effects: torch.Tensor) -> tuple[float, int]:
+    worst, count = 0.0, 0
     for rows in tables.values():
         for row in rows:
             place = row["coordinates"]
             expected = effects[place["layers"], int(row["example_id"]), place["heads"]]
             worst = max(worst, abs(row["effect"] - float(expected)))
-    return worst
+            count += 1
+    return worst, count
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,12 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     hooks = Hooks(hf, load_tokenizer(path), rows, args.device)
     start = time.perf_counter()
     by_head = hooks.heads(middle, heads)
+    worst, count = compare_heads(results["heads"]["tables"], by_head, middle)
     lines.append(("hooks heads", f"{time.perf_counter() - start:.1f} s, largest difference "
-                                 f"{compare_heads(results['heads']['tables'], by_head, middle):.3g}"))
+                                 f"{worst:.3g} over {count} values"))
     start = time.perf_counter()
     effects = hooks.attribution()
+    worst, count = compare_attribution(results["attribution"]["tables"], effects)
     lines.append(("hooks attribution", f"{time.perf_counter() - start:.1f} s, largest difference "
-                  f"{compare_attribution(results['attribution']['tables'], effects):.3g}"))
+                  f"{worst:.3g} over {count} values"))
     width = max(len(label) for label, _ in lines)
     print("\n" + "\n".join(f"{label:<{width}}  {text}" for label, text in lines))
     return 0
