@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 # matmul wait ~10 ms on 2 cores. Passive waiting removes that (measured in scripts/bench).
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup postgresql test test-readme test-commands test-slow test-all test-cluster run ui server bench clean test-saelens saelens-fixtures
+.PHONY: setup postgresql test test-readme test-commands test-device test-slow test-all test-cluster run ui server bench clean test-saelens saelens-fixtures
 
 setup: $(STAMP)
 
@@ -47,6 +47,10 @@ test-readme: setup
 # (tests/platform/test_documented_commands.py; those on SmolLM2 and Gemma-3 are in test-slow).
 test-commands: setup
 	$(PY) -m pytest -q -m commands tests/platform/test_documented_commands.py
+
+# scripts/bench/device.sh --dry: the prepared GPU run's steps on the CPU (a small stand-in, no install).
+test-device: setup
+	PYTHON=$(PY) scripts/bench/device.sh --dry
 
 # PostgreSQL server binaries for `causalab server`: Debian's package (as root: apt-get).
 postgresql:

@@ -46,20 +46,24 @@ SHARD_BYTES = 2 * 2 ** 30
 _DTYPES = ("bf16", "fp16", "fp32")
 
 
-def standin(name: str, *, seed: int = 0, dtype: str = "bf16", home: str | Path | None = None) -> Path:
-    """The directory of stand-in ``name`` (a key of ``SHAPES``), written on first use."""
+def standin(name: str, *, seed: int = 0, dtype: str = "bf16", home: str | Path | None = None,
+            generator_device: str = "cpu") -> Path:
+    """The directory of stand-in ``name`` (a key of ``SHAPES``), written on first use; its
+    weights drawn on ``generator_device`` (an accelerator draws an 8B model in seconds, other
+    numbers than the CPU's from the same seed, so its stand-in is another directory)."""
     if name not in SHAPES:
         raise ValueError(f"unknown stand-in {name!r}; stand-ins are {', '.join(SHAPES)}")
     if dtype not in _DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
     root = Path(home) if home else causalab_home() / "standins"
-    final = root / f"{name}-seed{seed}-{dtype}"
+    drawn = "" if generator_device == "cpu" else f"-{generator_device.split(':')[0]}"
+    final = root / f"{name}-seed{seed}-{dtype}{drawn}"
     if (final / "config.json").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
     staging = staging_folder(root, final.name)
     try:
-        write_standin(name, staging, seed=seed, dtype=dtype)
+        write_standin(name, staging, seed=seed, dtype=dtype, generator_device=generator_device)
         publish(staging, final, "config.json")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -76,7 +80,8 @@ def _config(name: str):
     return config, tokenizer
 
 
-def write_standin(name: str, directory: str | Path, *, seed: int = 0, dtype: str = "bf16") -> None:
+def write_standin(name: str, directory: str | Path, *, seed: int = 0, dtype: str = "bf16",
+                  generator_device: str = "cpu") -> None:
     """Write stand-in ``name`` into ``directory``: config, tokenizer, sharded safetensors."""
     import torch
     from safetensors.torch import save_file
@@ -91,7 +96,8 @@ def write_standin(name: str, directory: str | Path, *, seed: int = 0, dtype: str
     for index, (key, meta) in enumerate(shell.state_dict().items()):
         if config.tie_word_embeddings and key == "lm_head.weight":
             continue
-        tensor = _drawn(key, tuple(meta.shape), seed * 1_000_003 + index, target)
+        tensor = _drawn(key, tuple(meta.shape), seed * 1_000_003 + index, target,
+                        generator_device)
         nbytes = tensor.numel() * tensor.element_size()
         if shard and size + nbytes > SHARD_BYTES:
             save_file(shard, str(directory / f"model-{number:05d}.safetensors"), {"format": "pt"})
@@ -105,19 +111,19 @@ def write_standin(name: str, directory: str | Path, *, seed: int = 0, dtype: str
     write_record(directory, directory_digest(directory))  # its revision, read tensor by tensor
 
 
-def _drawn(key: str, shape: tuple, seed: int, dtype):
+def _drawn(key: str, shape: tuple, seed: int, dtype, device: str = "cpu"):
     """One tensor: a norm's weight is ones, any other drawn from N(0, 0.02²) with its own seed."""
     import torch
 
     if key.endswith("norm.weight"):
         return torch.ones(shape, dtype=dtype)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device).manual_seed(seed)
     tensor = torch.empty(shape, dtype=dtype)
     rows = max(1, (2 ** 24) // max(shape[-1], 1))
     flat = tensor.view(-1, shape[-1]) if len(shape) > 1 else tensor.view(1, -1)
     for start in range(0, flat.shape[0], rows):  # float32 draws a block at a time, not the tensor
         block = flat[start:start + rows]
-        block.copy_(torch.randn(block.shape, generator=generator) * 0.02)
+        block.copy_(torch.randn(block.shape, generator=generator, device=device) * 0.02)
     return tensor
 
 

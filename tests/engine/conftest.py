@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 FAMILIES = ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"]
+# Where the engine's models land in these tests: CAUSALAB_TEST_DEVICE=cuda runs them on the
+# accelerator (scripts/bench/device.sh), while the hook oracles stay on the CPU.
+DEVICE = os.environ.get("CAUSALAB_TEST_DEVICE", "cpu")
 
 # Prompts of different token lengths, so a batch pads some rows and not others.
 PAIRS = [
@@ -30,6 +34,20 @@ def pair_rows(pairs=PAIRS, cf_answers=None) -> list[dict]:
                      "cf_answer": cf_answer if cf_answers is None else cf_answers[i],
                      "example_id": f"pair-{i}"})
     return rows
+
+
+@pytest.fixture(autouse=True)
+def _test_device(monkeypatch):
+    """With CAUSALAB_TEST_DEVICE set, a model loaded for the CPU (every test's default) is
+    loaded on that device instead; tables and tensors compared with the oracles come back to
+    the CPU as JSON numbers or through ``.cpu()`` where a test reads them."""
+    if DEVICE == "cpu":
+        return
+    from causalab.engine import load
+
+    original = load.load_model
+    monkeypatch.setattr(load, "load_model", lambda ref, device_map="cpu": original(
+        ref, device_map=DEVICE if device_map == "cpu" else device_map))
 
 
 @pytest.fixture(scope="session")
