@@ -136,7 +136,8 @@ class Attribute(Node):
     base run); the step estimates, per unit and per row, what each of its metrics would be
     with only that unit patched: ``metric(base) + (a_cf − a_base) · ∂metric/∂a``, from one
     forward of each role and one backward per metric (``steps > 1``: gradients averaged along
-    the straight path between the two prompts' embeddings, EAP-IG style).
+    the straight path between the two prompts' embeddings, EAP-IG style). ``qk_fix`` and
+    ``graddrop`` are AtP*'s corrections; ``verify: N`` patches 2 N units exactly in the step.
     """
 
     kind: Literal["attribute"]

@@ -199,8 +199,10 @@ def _attribute_costs(found: list[Planned]) -> list[str]:
             drops = sum(tap.kind == "gate" for tap in planned.job.taps) // 2
             cost[1] += 1 + drops
             cost[2] = drops
+    checks = {where: sum(p.where.startswith(f"{where} verify") for p in found) for where in costs}
     return [f"{where}: cost {forwards} forwards, {backwards} backwards per metric"
             + (f" (GradDrop: {drops} layers dropped one at a time)" if drops else "")
+            + (f"; verify {checks[where]} traces" if checks[where] else "")
             for where, (forwards, backwards, drops) in costs.items()]
 
 

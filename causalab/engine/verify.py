@@ -11,8 +11,8 @@ units are a sample of the unverified population, so the largest factor by which 
 underestimated one of them, ``max(1, max |exact| / |estimate|)``, times the largest
 estimated magnitude left unverified, bounds the largest exact magnitude left unverified, as
 far as the sample speaks for the rest. The magnitude a unit is ranked by is ``|effect|``,
-or with GradDrop ``max(|effect|, graddrop)`` (AtP*'s use of GradDrop: a unit whose
-gradients cancel is still found).
+or with GradDrop ``max(|effect|, Σ_l |ĉ_l| / (L − 1))``, each ``ĉ_l`` the unit's mean over
+rows (AtP*'s use of GradDrop: a unit whose gradients cancel is still found).
 """
 from __future__ import annotations
 
@@ -41,10 +41,20 @@ def unit_means(table: list[dict], units: int) -> list[dict]:
         cut = table[u * rows:(u + 1) * rows]
         found.append({"coordinates": cut[0]["coordinates"],
                       "estimate": _mean([e["effect"] for e in cut]),
-                      "graddrop": _mean([e.get("graddrop") for e in cut]),
+                      "graddrop": _graddrop(cut),
                       "base": {j: e["value"] - e["effect"] for j, e in enumerate(cut)
                                if e["eligible"]}})
     return found
+
+
+def _graddrop(cut: list[dict]) -> float | None:
+    """AtP*'s combination of one unit's GradDrop estimates, each first averaged over rows:
+    ``Σ_l |mean ĉ_l| / (L − 1)``; None without GradDrop."""
+    per_row = [e["graddrop_layers"] for e in cut if e.get("graddrop_layers") is not None]
+    if not per_row:
+        return None
+    means = [sum(column) / len(per_row) for column in zip(*per_row)]
+    return sum(abs(m) for m in means) / max(len(means) - 1, 1)
 
 
 def _magnitude(unit: dict) -> float:

@@ -16,8 +16,9 @@ each rendered for ``--model`` (``smollm2``, the default, or ``gemma3``).
 Each attribution document runs as AtP (``atp``, ``steps: 1``), with integrated gradients
 (``ig-<n>``, ``--ig-steps``), and with ``verify: <n>`` (``atp+verify<n>``, ``--verify``: the
 units verified take their exact effect, the rest keep AtP's; ``atp*+verify<n>`` adds GradDrop,
-whose magnitudes choose the units verified, with ``--graddrop``). The QK fix has no line: it
-corrects query and key units, and these sweeps patch head outputs and residuals. In one
+whose magnitudes choose the units verified, with ``--graddrop``). The QK fix corrects query
+and key units: ``--sweeps queries`` runs the head sweep and its attribution on each head's END
+query instead of its output (eager attention), with ``atp+qk`` and the QK fix in ``atp*``. In one
 process, after a warm-up run (the model loaded, kernels warm), each document's
 ``run_document`` is timed whole (compile, forwards, tables, verification). Compared per unit:
 the mean over rows of the patched logit difference (cf answer minus base answer) the exact
@@ -52,8 +53,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-EXACT = {"heads": "ioi_head_patching", "layers": "ioi_layer_sweep"}
-ATTRIBUTION = {"heads": "ioi_head_attribution", "layers": "ioi_layer_attribution"}
+EXACT = {"heads": "ioi_head_patching", "layers": "ioi_layer_sweep",
+         "queries": "ioi_head_patching"}
+ATTRIBUTION = {"heads": "ioi_head_attribution", "layers": "ioi_layer_attribution",
+               "queries": "ioi_head_attribution"}
 
 
 def _end_only(value):
@@ -79,13 +82,20 @@ def documents(sweep: str, ig_steps: int, model: str = "smollm2", verify: int = 0
         step["positions"] = {"END": step["positions"]["END"]}
     for field in ("qk_fix", "graddrop", "verify"):
         step.pop(field, None)  # the conf's corrections: each estimate sets its own
+    if sweep == "queries":
+        for document in (exact, atp):
+            document["sites"]["head_out"]["component"] = "attention_query"
+            document["model"]["attn_implementation"] = "eager"
     found = {"exact": exact, "atp": atp}
+    if sweep == "queries":
+        found["atp+qk"] = _with(atp, qk_fix=True)
     if ig_steps > 1:
         found[f"ig-{ig_steps}"] = _with(atp, steps=ig_steps)
     if verify:
         found[f"atp+verify{verify}"] = _with(atp, verify=verify)
     if verify and graddrop:
-        found[f"atp*+verify{verify}"] = _with(atp, verify=verify, graddrop=True)
+        found[f"atp*+verify{verify}"] = _with(atp, verify=verify, graddrop=True,
+                                               qk_fix=sweep == "queries")
     return found
 
 
@@ -198,7 +208,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10, help="take every N-th IOI row")
     parser.add_argument("--ig-steps", type=int, default=4,
                         help="integrated-gradients steps (1: AtP alone)")
-    parser.add_argument("--sweeps", default="heads,layers", help="heads, layers or both")
+    parser.add_argument("--sweeps", default="heads,layers", help="heads, layers, queries")
     parser.add_argument("--model", default="smollm2", help="a conf/model name: smollm2, gemma3")
     parser.add_argument("--verify", type=int, default=10,
                         help="units verify patches exactly (0: no atp+verify line)")

@@ -81,3 +81,35 @@ def test_verify_patches_the_top_and_drawn_heads_exactly_as_hooks_do(kit, tiny, o
     factor = max([1.0] + [abs(exact[k]) / abs(estimate[k]) for k in verified[2:]])
     assert report["bound"]["unverified"] == 4
     assert report["bound"]["largest_exact_bound"] == pytest.approx(max(left) * factor, rel=1e-3)
+
+
+def test_with_graddrop_verify_ranks_units_by_atp_stars_magnitude(kit, tiny, tmp_path):
+    resolved = tiny("tiny-llama")
+    doc = kit.patching_document(resolved, component="attention_premix")
+    doc["steps"] = {"attribute": {"kind": "attribute", "interventions": "patch",
+                                  "rows": {"base": "pairs", "counterfactual": "pairs"},
+                                  "layers": "all", "unit": "head", "verify": 3,
+                                  "graddrop": True, "metrics": ["logit_diff"],
+                                  "saves": [{"value": "logit_diff",
+                                             "file_path": "logit_diff.json"}]}}
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(kit.PAIRS))
+    kit.run_compiled(doc, data_root, tmp_path / "out")
+    table = json.loads((tmp_path / "out" / "logit_diff.json").read_text())
+    report = json.loads((tmp_path / "out" / "attribute.verify.json").read_text())["logit_diff"]
+    cells = {}
+    for entry in table:
+        key = (entry["coordinates"]["layers"], entry["coordinates"]["heads"])
+        cells.setdefault(key, []).append(entry)
+    magnitude = {}
+    for key, rows in cells.items():
+        effect = sum(e["effect"] for e in rows) / len(rows)
+        layers = [sum(e["graddrop_layers"][l] for e in rows) / len(rows) for l in (0, 1)]
+        # AtP*: Σ_l |ĉ_l| / (L − 1) over L = 2 layers, against |AtP|.
+        magnitude[key] = max(abs(effect), abs(layers[0]) + abs(layers[1]))
+    top = sorted(magnitude, key=lambda k: -magnitude[k])[:3]
+    chosen = [(u["coordinates"]["layers"], u["coordinates"]["heads"]) for u in report["units"]
+              if u["chosen"] == "top"]
+    assert chosen == top
+    assert report["bound"]["largest_exact_bound"] >= max(
+        v for k, v in magnitude.items() if k not in {
+            (u["coordinates"]["layers"], u["coordinates"]["heads"]) for u in report["units"]})

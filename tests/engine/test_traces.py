@@ -239,3 +239,6 @@ def test_explain_plans_verifys_fused_exact_patches_on_stand_in_units(tiny, kit, 
         assert sum(j.copies for j in jobs if j.kind == "forward") == 4
     assert {p.where for p in found if p.job.kind != "attribute"} == {
         "<root>/attribute verify (4 units chosen at run time)"}
+    checks = sum(p.job.kind != "attribute" for p in found)
+    assert traces.text(found).splitlines()[-1] == (
+        f"<root>/attribute: cost 2 forwards, 1 backwards per metric; verify {checks} traces")
