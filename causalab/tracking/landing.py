@@ -6,7 +6,8 @@ the parent shows what was stored whoever logged it (a point run, a link to a reu
 job on another host). The parent then gets the sweep's plots, the first point's main scores
 as its own metrics (``iia/test``, its interval, ``iia/control``; ``first/k`` when no point is
 tied with it), its ranking (``ranking.json``, tag ``causalab.first``: every point tied for
-first, :mod:`causalab.tracking.ranking`), ``summary.html`` (a row per point) and a saved view of the experiment's runs page whose columns are the swept params
+first, :mod:`causalab.tracking.ranking`), across swept seeds each score's mean, sd and
+interval (``seeds.json``, :mod:`causalab.tracking.seeds`), ``summary.html`` (a row per point) and a saved view of the experiment's runs page whose columns are the swept params
 and those scores (:func:`causalab.tracking.summary.view_address` opens it). Runs in the
 tracking worker: every call goes through the client it is given.
 """
@@ -16,7 +17,7 @@ import json
 import time
 from typing import Any
 
-from causalab.tracking import plots, ranking, summary
+from causalab.tracking import plots, ranking, seeds, summary
 from causalab.tracking import runs as store
 from causalab.tracking.artifacts import log_bytes
 
@@ -71,10 +72,16 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "") ->
     log_bytes(mlflow, run_id, body, ranking.FILE)
     now = int(time.time() * 1000)
     numbers = summary.parent_metrics(points, swept, ranked["indices"])
+    across = seeds.groups(points, swept)
+    if across:
+        log_bytes(mlflow, run_id, json.dumps(across, indent=1).encode(), seeds.FILE)
+        numbers.update(seeds.metrics(across))
     store.log_batch(mlflow, run_id, metrics=[store.metric(k, v, 0, now) for k, v in numbers.items()],
                     tags=tags)
     page = summary.html_table(points, swept, title=title or parent.info.run_name,
-                              first=ranked["indices"], note=ranking.line(ranked))
+                              first=ranked["indices"],
+                              note=" · ".join(filter(None, [ranking.line(ranked),
+                                                            seeds.line(across)])))
     log_bytes(mlflow, run_id, page.encode(), summary.TABLE)
     view = summary.view_state(points, swept, name=f"{parent.info.run_name or 'sweep'} "
                                                   f"({len(points)} points)", created_ms=now)

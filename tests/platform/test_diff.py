@@ -73,6 +73,7 @@ def test_the_text_report_names_each_moved_metric_on_its_own_line(folders, capsys
     assert any(line.startswith("heads=0  logit_diff/patch: ") for line in lines)
 
 
+@pytest.mark.slow  # two tracked sweeps into a store; the folder tests above cover the comparison
 def test_two_tracked_runs_of_one_sweep_diff_by_their_parents(folders, tmp_path, capsys,
                                                              monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
