@@ -64,18 +64,10 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "") ->
     for name, png in plots.sweep_plots(points, title=title).items():
         log_bytes(mlflow, run_id, png, name)
     swept = plots.varied([c for c, _ in points])
-    name, test, _ = summary.main_keys(points)
-    rows = [ranking.table_rows(mlflow, runs[index], name, test) for index in kept] if runs \
-        else []
-    ranked = ranking.rank(points, swept, rows)
-    body, tags = ranking.record(ranked)
-    log_bytes(mlflow, run_id, body, ranking.FILE)
+    ranked, across, tags = _judged(mlflow, run_id, [runs[i] for i in kept] if runs else [],
+                                   points, swept)
     now = int(time.time() * 1000)
-    numbers = summary.parent_metrics(points, swept, ranked["indices"])
-    across = seeds.groups(points, swept)
-    if across:
-        log_bytes(mlflow, run_id, json.dumps(across, indent=1).encode(), seeds.FILE)
-        numbers.update(seeds.metrics(across))
+    numbers = summary.parent_metrics(points, swept, ranked["indices"]) | seeds.metrics(across)
     store.log_batch(mlflow, run_id, metrics=[store.metric(k, v, 0, now) for k, v in numbers.items()],
                     tags=tags)
     page = summary.html_table(points, swept, title=title or parent.info.run_name,
@@ -88,6 +80,21 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "") ->
     mlflow.set_experiment_tag(experiment, f"{summary.VIEW_TAG}{run_id}", view)
     return {"view": run_id, "points": len(points), "runs": [run.info.run_id for run in runs],
             "first": ranking.line(ranked) if ranked["first"] else None}
+
+
+def _judged(mlflow, run_id: str, runs: list, points: list, swept: list) -> tuple:
+    """The parent's ranking (``ranking.json``) and its summary across seeds (``seeds.json``),
+    logged: ``(ranking, seed groups, the ranking's tags)``. ``runs[i]`` is ``points[i]``'s run
+    (none: points without a store, ranked by their means)."""
+    name, test, _ = summary.main_keys(points)
+    ranked = ranking.rank(points, swept, [ranking.table_rows(mlflow, run, name, test)
+                                          for run in runs])
+    body, tags = ranking.record(ranked)
+    log_bytes(mlflow, run_id, body, ranking.FILE)
+    across = seeds.groups(points, swept)
+    if across:
+        log_bytes(mlflow, run_id, json.dumps(across, indent=1).encode(), seeds.FILE)
+    return ranked, across, tags
 
 
 def landed(mlflow, experiment: str, parent: str) -> dict | None:
