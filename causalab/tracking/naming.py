@@ -176,7 +176,8 @@ def point_params(document: Mapping[str, Any] | None, coordinates: Mapping[str, A
     for key, value in (job or {}).items():
         params.setdefault(str(key), str(value))
     writes = writes_of(document)
-    facts: dict[str, str | None] = {"model.key": (document.get("model") or {}).get("key")}
+    facts: dict[str, str | None] = {"model.key": (document.get("model") or {}).get("key"),
+                                    "model.control": (document.get("model") or {}).get("control")}
     facts.update(site_facts(document, writes))
     facts.update(_featurizer_facts(document, writes))
     facts.update(_fit_facts(document))
