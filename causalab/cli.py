@@ -1,11 +1,12 @@
 """The ``causalab`` command: schema | vocab | model | tokens | data | validate | explain | run |
-render | fetch | runs | restamp | server | ui, each printing text or, with ``--json``, the whole result object.
+render | fetch | runs | diff | restamp | server | ui, each printing text or, with ``--json``, the whole result object.
 
 This module is the command: its parser, its verb table and its one error boundary. The verbs
 live in :mod:`causalab.cli_verbs` (those that read a document, a config or a dataset) and
 :mod:`causalab.cli_tracking` (those that run a document or reach the tracking store). Every
 verb is a function from parsed arguments to a dict with a ``text`` key and prints nothing
-itself; ``main`` prints only after the verb returned, so a refusal leaves nothing half-written on
+itself (an ``exit_status`` key, when there, is the exit status: ``diff`` found a change); ``main``
+prints only after the verb returned, so a refusal leaves nothing half-written on
 stdout. Heavy libraries (torch, transformers, nnterp, mlflow, hydra) are imported inside the verbs
 that need them: ``schema``, ``vocab`` and ``validate`` import none of them. One boundary turns a
 :class:`~causalab.errors.CausalabError` into one line, ``error: <path>: <message>``, on stderr
@@ -26,8 +27,8 @@ import traceback
 from typing import Callable, Sequence
 
 from causalab import flags
-from causalab.cli_tracking import (verb_fetch, verb_restamp, verb_run, verb_runs, verb_server,
-                                   verb_ui)
+from causalab.cli_tracking import (verb_diff, verb_fetch, verb_restamp, verb_run, verb_runs,
+                                   verb_server, verb_ui)
 from causalab.cli_verbs import (verb_data, verb_explain, verb_model, verb_render, verb_schema,
                                 verb_tokens, verb_validate, verb_vocab)
 from causalab.document import vocab
@@ -100,6 +101,7 @@ VERBS: dict[str, tuple[Callable[[argparse.Namespace], dict], str]] = {
     "render": (verb_render, "render Hydra overrides to a canonical document"),
     "fetch": (verb_fetch, "download a tracked artifact"),
     "runs": (verb_runs, "list tracked runs"),
+    "diff": (verb_diff, "compare two runs or output folders point by point; exit 1 if any moved"),
     "restamp": (verb_restamp, "re-stamp a bundle's tensor digest after an intended edit"),
     "server": (verb_server, "run the tracking server: PostgreSQL + mlflow server on 127.0.0.1"),
     "ui": (verb_ui, "MLflow's UI on a run's store, with the addresses of its sweep"),
@@ -149,6 +151,14 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
     elif name == "runs":
         parser.add_argument("--produced-by", default=None, type=flags.digest,
                             help="a point digest")
+        parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)
+    elif name == "diff":
+        parser.add_argument("a", help="an output folder, or a tracked run's id (a sweep's parent "
+                                      "or one point)")
+        parser.add_argument("b", help="the same, to compare with")
+        parser.add_argument("--tol", type=float, default=None,
+                            help="largest absolute difference that is still the same "
+                                 "(default 1e-06)")
         parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)
     elif name == "server":
         from causalab.server import add_arguments  # imports neither mlflow nor psycopg2
@@ -286,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print(_error_object(err), True)
         return EXIT_USAGE if isinstance(err, UsageError) else EXIT_REFUSED
     _print(result, args.json)
-    return EXIT_OK
+    return int(result.get("exit_status", EXIT_OK))
 
 
 def console() -> None:

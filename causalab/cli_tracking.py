@@ -148,6 +148,21 @@ def verb_runs(args: argparse.Namespace) -> dict:
     return {"text": "\n".join(lines) if lines else "(no runs)", "runs": runs}
 
 
+def verb_diff(args: argparse.Namespace) -> dict:
+    """Compare two runs or output folders point by point: every metric of every point matched
+    by its coordinates (else its produced_by), against --tol; exit 1 when any moved."""
+    from causalab.tracking import diff
+
+    tol = diff.TOLERANCE if args.tol is None else args.tol
+    if not tol >= 0:
+        raise UsageError(("--tol",), f"must be a number, 0 or more, not {args.tol!r}")
+    a = diff.side(args.a, args.tracking_uri, "a")
+    b = diff.side(args.b, args.tracking_uri, "b")
+    result = diff.compare(a, b, tol)
+    return {"text": diff.lines(result, args.a, args.b), **result,
+            "exit_status": 1 if result["changed"] else 0}
+
+
 def verb_server(args: argparse.Namespace) -> dict:
     """Start, stop or look at the team tracking stack (PostgreSQL + mlflow server)."""
     from causalab import server

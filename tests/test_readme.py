@@ -80,6 +80,12 @@ SHOWN: dict[str, Twin] = {
     ".venv/bin/causalab run documents/v2/logit_lens.json --out out/lens --no-track --device-map cpu":
         Twin((".venv/bin/causalab", "run", "documents/v2/logit_lens.json", "--out", "out/lens",
               "--no-track", "--device-map", "cpu"), cwd="tmp"),
+    ".venv/bin/causalab run documents/v2/logit_lens.json --out out/lens2 --no-track --device-map cpu":
+        Twin((".venv/bin/causalab", "run", "documents/v2/logit_lens.json", "--out", "out/lens2",
+              "--no-track", "--device-map", "cpu"), cwd="tmp"),
+    ".venv/bin/causalab diff out/lens out/lens2":
+        Twin((".venv/bin/causalab", "diff", "out/lens", "out/lens2"), cwd="tmp"),
+    "echo $?  # the diff's exit status": Twin(("echo $?",), cwd="tmp"),
     ".venv/bin/causalab explain --traces documents/v2/head_patching.json":
         Twin((".venv/bin/causalab", "explain", "--traces", "documents/v2/head_patching.json")),
     ".venv/bin/python scripts/bench/patching.py":

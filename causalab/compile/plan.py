@@ -318,6 +318,7 @@ class ModelRef:
     dtype: str
     attn_implementation: str | None
     path: str
+    control: str | None = None
 
 
 @dataclass(frozen=True)

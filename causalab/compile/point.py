@@ -29,7 +29,8 @@ def model_ref(model: ModelSpec) -> ModelRef:
 
     found = resolve(model.key, model.revision)
     return ModelRef(key=model.key, revision=model.revision, dtype=model.dtype,
-                    attn_implementation=model.attn_implementation, path=found.path)
+                    attn_implementation=model.attn_implementation, path=found.path,
+                    control=model.control)
 
 
 def addresses(document: Document, config: Any) -> dict:

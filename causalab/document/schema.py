@@ -48,6 +48,9 @@ class ModelSpec(Node):
     revision: Annotated[StrictStr, Field(min_length=1)]  # "" would pin nothing
     dtype: Literal[tuple(DTYPES)]
     attn_implementation: Literal[ATTN_IMPLEMENTATIONS] | None = None
+    # A control a reviewer asks for: the same architecture with its weights re-initialised
+    # (transformers' own initialisation, seeded 0) in place of the checkpoint's.
+    control: Literal["random_init"] | None = None
 
 
 # A role's field: keys joined by ".", each followed by any number of "[index]".

@@ -1,8 +1,8 @@
 """The fidelity receipt: proof that the engine's no-op forward is the plain model.
 
 Before a run's points, the first pass of the first point is run through the engine again with
-its writes taken out (its metric's logits read at the last prompt token, on at most
-:data:`ROWS` rows; a read of ``lm_head`` softcapped as the model's logits are, on Gemma-2) and compared with a plain ``transformers`` forward of the same rows (the
+its writes taken out (the model's final logits read at the last prompt token, on at most
+:data:`ROWS` rows) and compared with a plain ``transformers`` forward of the same rows (the
 same ids, attention mask and position ids, on nnterp's underlying model). The largest
 absolute logit difference, the dtype and the library versions are the receipt
 (docs/platform.md §5 "Fidelity receipt"); a receipt above :data:`TOLERANCE` for the dtype
@@ -16,7 +16,9 @@ from typing import Any
 
 import torch
 
+from causalab.compile.addresses import resolve_address
 from causalab.compile.plan import Observe, Pass, Plan, PositionSpec
+from causalab.document.vocab import IDENTITY
 from causalab.errors import RunError
 
 ROWS = 8
@@ -39,13 +41,16 @@ def first_pass(plan: Any) -> Pass | None:
     return None
 
 
-def no_op_pass(pass_: Pass) -> tuple[Pass, str, str]:
-    """``pass_`` as one forward with no write that reads its first metric's logits at the last
-    prompt token: ``(pass, read name, input role)``."""
+def no_op_pass(pass_: Pass, config: Any) -> tuple[Pass, str, str]:
+    """``pass_`` as one forward with no write that reads the model's final logits (the
+    ``logits`` component, whatever the metric reads: a logit lens reads a block) at the last
+    prompt token, on its first metric's input: ``(pass, read name, input role)``."""
     metric = pass_.metrics[0]
     forward = next(f for f in pass_.forwards if any(r.name == metric.of for r in f.reads))
     read = next(r for r in forward.reads if r.name == metric.of)
-    last = dataclasses.replace(read, pos=PositionSpec(index=-1, width=1))
+    logits = resolve_address("logits", None, None, None, config, None, ("model",))
+    last = dataclasses.replace(read, address=logits, site="logits", featurizer=IDENTITY,
+                               view="raw", pos=PositionSpec(index=-1, width=1))
     forward = dataclasses.replace(forward, writes=(), reads=(last,), decode=0,
                                   taps=(("read", read.name),))
     return dataclasses.replace(pass_, forwards=(forward,), metrics=()), read.name, forward.input
@@ -58,12 +63,6 @@ def plain_logits(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Ten
         output = model._model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
                               use_cache=False)
     return output.logits[:, -1]
-
-
-def softcapped(model: Any, logits: torch.Tensor) -> torch.Tensor:
-    """The head's output as the model's logits: Gemma-2 caps them with ``tanh``."""
-    cap = getattr(model._model.config, "final_logit_softcapping", None)
-    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def versions() -> dict[str, str]:
@@ -84,12 +83,10 @@ def receipt(model: Any, plan: Any, dtype: str) -> dict[str, Any] | None:
     pass_ = first_pass(plan)
     if pass_ is None:
         return None
-    no_op, name, role = no_op_pass(pass_)
+    no_op, name, role = no_op_pass(pass_, model._model.config)
     rows = tuple(range(min(ROWS, pass_.rows)))
     engine = run_pass(model, no_op, None, rows=rows).reads[name]
     engine = engine.reshape(len(rows), -1).float()
-    if no_op.forwards[0].reads[0].address.component == "lm_head":  # the head before a softcap
-        engine = softcapped(model, engine)
     batch = pass_.inputs[role]
     device = model._model.get_input_embeddings().weight.device
     ids = torch.tensor([batch.input_ids[r] for r in rows], dtype=torch.long, device=device)

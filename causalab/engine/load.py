@@ -37,7 +37,8 @@ def load_model(ref: ModelRef, device_map: str = "cpu"):
     from causalab.models import verify_weights
 
     verify_weights(ref.key, ref.path, ref.revision)  # compile read no weights; check them here
-    return _load(ref.path, ref.dtype, ref.attn_implementation, placement(device_map))
+    return _load(ref.path, ref.dtype, ref.attn_implementation, placement(device_map),
+                 getattr(ref, "control", None))
 
 
 def placement(device_map: str) -> str:
@@ -49,7 +50,8 @@ def placement(device_map: str) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def _load(path: str, dtype: str, attn_implementation: str | None, device_map: str):
+def _load(path: str, dtype: str, attn_implementation: str | None, device_map: str,
+          control: str | None = None):
     from nnterp import StandardizedTransformer
 
     from causalab.models import bars, load_config, load_tokenizer
@@ -63,9 +65,26 @@ def _load(path: str, dtype: str, attn_implementation: str | None, device_map: st
                 dispatch=True, **kwargs)
     except (OSError, ValueError, RuntimeError) as error:
         raise ModelError(("model", "key"), f"cannot load {path}: {error}") from None
+    if control == "random_init":
+        _random_init(model, RANDOM_INIT_SEED)
     model._model.eval()
     model._model.requires_grad_(False)
     return model
+
+
+RANDOM_INIT_SEED = 0
+
+
+def _random_init(model, seed: int) -> None:
+    """The checkpoint's architecture with fresh weights: transformers' own initialisation of
+    a model built from the same config under ``torch.manual_seed(seed)``, copied in."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        fresh = AutoModelForCausalLM.from_config(model._model.config)
+    with torch.no_grad():
+        model._model.load_state_dict(fresh.state_dict())
 
 
 def _attention_kwargs(config, attn_implementation: str | None) -> dict:

@@ -6,10 +6,11 @@ the parent shows what was stored whoever logged it (a point run, a link to a reu
 job on another host). The parent then gets the sweep's plots, the first point's main scores
 as its own metrics (``iia/test``, its interval, ``iia/control``; ``first/k`` when no point is
 tied with it), its ranking (``ranking.json``, tag ``causalab.first``: every point tied for
-first, :mod:`causalab.tracking.ranking`), ``summary.html`` (a row per point) and a saved view
-of the experiment's runs page that lists the points (searched by their parent, or by their ids
-when a multirun's jobs hold them) with the swept params and those scores as columns
-(:func:`causalab.tracking.summary.view_address` opens it). Runs in the
+first, :mod:`causalab.tracking.ranking`), across swept seeds each score's mean, sd and
+interval (``seeds.json``, :mod:`causalab.tracking.seeds`), ``summary.html`` (a row per point)
+and a saved view of the experiment's runs page that lists the points (searched by their
+parent, or by their ids when a multirun's jobs hold them) with the swept params and those
+scores as columns (:func:`causalab.tracking.summary.view_address` opens it). Runs in the
 tracking worker: every call goes through the client it is given.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from causalab.tracking import plots, ranking, summary
+from causalab.tracking import plots, ranking, seeds, summary
 from causalab.tracking import runs as store
 from causalab.tracking.artifacts import log_bytes
 
@@ -71,18 +72,16 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
             (Path(folder) / name).parent.mkdir(parents=True, exist_ok=True)
             (Path(folder) / name).write_bytes(png)
     swept = plots.varied([c for c, _ in points])
-    name, test, _ = summary.main_keys(points)
-    rows = [ranking.table_rows(mlflow, runs[index], name, test) for index in kept] if runs \
-        else []
-    ranked = ranking.rank(points, swept, rows)
-    body, tags = ranking.record(ranked)
-    log_bytes(mlflow, run_id, body, ranking.FILE)
+    ranked, across, tags = _judged(mlflow, run_id, [runs[i] for i in kept] if runs else [],
+                                   points, swept)
     now = int(time.time() * 1000)
-    numbers = summary.parent_metrics(points, swept, ranked["indices"])
+    numbers = summary.parent_metrics(points, swept, ranked["indices"]) | seeds.metrics(across)
     store.log_batch(mlflow, run_id, metrics=[store.metric(k, v, 0, now) for k, v in numbers.items()],
                     tags=tags)
     page = summary.html_table(points, swept, title=title or parent.info.run_name,
-                              first=ranked["indices"], note=ranking.line(ranked))
+                              first=ranked["indices"],
+                              note=" · ".join(filter(None, [ranking.line(ranked),
+                                                            seeds.line(across)])))
     log_bytes(mlflow, run_id, page.encode(), summary.TABLE)
     search = summary.points_filter(run_id, [run.info.run_id for run in runs],
                                    [run.data.tags.get(store.PARENT) for run in runs])
@@ -92,6 +91,21 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
     mlflow.set_experiment_tag(experiment, f"{summary.VIEW_TAG}{run_id}", view)
     return {"view": run_id, "points": len(points), "runs": [run.info.run_id for run in runs],
             "first": ranking.line(ranked) if ranked["first"] else None}
+
+
+def _judged(mlflow, run_id: str, runs: list, points: list, swept: list) -> tuple:
+    """The parent's ranking (``ranking.json``) and its summary across seeds (``seeds.json``),
+    logged: ``(ranking, seed groups, the ranking's tags)``. ``runs[i]`` is ``points[i]``'s run
+    (none: points without a store, ranked by their means)."""
+    name, test, _ = summary.main_keys(points)
+    ranked = ranking.rank(points, swept, [ranking.table_rows(mlflow, run, name, test)
+                                          for run in runs])
+    body, tags = ranking.record(ranked)
+    log_bytes(mlflow, run_id, body, ranking.FILE)
+    across = seeds.groups(points, swept)
+    if across:
+        log_bytes(mlflow, run_id, json.dumps(across, indent=1).encode(), seeds.FILE)
+    return ranked, across, tags
 
 
 def landed(mlflow, experiment: str, parent: str) -> dict | None:

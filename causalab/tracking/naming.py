@@ -21,6 +21,7 @@ SERIES = ("train", "eval")  # a fit's per-update and per-epoch keys start with o
 MAIN = "iia"  # the quantity a sweep is read by first, where its points have it
 CONTROLS = ("control", "random")  # the steps that score a control
 BOUNDS = (".lo", ".hi")  # a score's 95 % bootstrap interval: ``iia/test.lo``, ``iia/test.hi``
+SEEDS = ".seeds"  # a parent's summary across swept seeds: ``iia/test.seeds.mean``, ``.sd``, …
 _FIT_KEYS = ("epochs", "pairs", "seed", "batch_size")
 _OPTIMIZER_KEYS = ("name", "lr", "weight_decay")
 
@@ -43,14 +44,16 @@ def bound_keys(key: str) -> tuple[str, str]:
 
 def is_bound(key: str) -> bool:
     """An end of a score's interval (``iia/test.lo``)."""
-    return key.endswith(BOUNDS) and is_score(key[:-len(BOUNDS[0])])
+    return key.endswith(BOUNDS) and is_score(key[:-len(BOUNDS[0])]) and \
+        not key[:-len(BOUNDS[0])].endswith(SEEDS)
 
 
 def is_score(key: str) -> bool:
     """A point's final score (``iia/test``): not a row count, not a fit's series, not an end
-    of its interval."""
+    of its interval, not a summary across seeds."""
     parts = key.split("/")
-    return len(parts) == 2 and parts[0] not in (COUNT, *SERIES) and not key.endswith(BOUNDS)
+    return (len(parts) == 2 and parts[0] not in (COUNT, *SERIES) and not key.endswith(BOUNDS)
+            and f"{SEEDS}." not in parts[1])
 
 
 def is_count(key: str) -> bool:
@@ -173,7 +176,8 @@ def point_params(document: Mapping[str, Any] | None, coordinates: Mapping[str, A
     for key, value in (job or {}).items():
         params.setdefault(str(key), str(value))
     writes = writes_of(document)
-    facts: dict[str, str | None] = {"model.key": (document.get("model") or {}).get("key")}
+    facts: dict[str, str | None] = {"model.key": (document.get("model") or {}).get("key"),
+                                    "model.control": (document.get("model") or {}).get("control")}
     facts.update(site_facts(document, writes))
     facts.update(_featurizer_facts(document, writes))
     facts.update(_fit_facts(document))

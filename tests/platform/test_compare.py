@@ -64,3 +64,21 @@ def test_a_method_multirun_on_llama_ranks_every_method_above_random_on_one_held_
     assert _score(children["das"].data.metrics, "control", "iia") is not None
     plots = [a.path for a in client.list_artifacts(parent.info.run_id, "plots")]
     assert "plots/ranking.png" in plots
+    _ties(client, parent, children, tmp_path)
+
+
+def _ties(client, parent, children, tmp_path) -> None:
+    """No method is called best by a hair: every method scoring 1.000 on the same 12 rows is
+    tied first (the paired bootstrap cannot tell identical rows apart), with each score's
+    interval and every pairwise probability on the parent."""
+    ranking = json.loads(Path(client.download_artifacts(parent.info.run_id, "ranking.json",
+                                                        str(tmp_path))).read_text())
+    perfect = {f"method={m}" for m, r in children.items() if r.data.metrics["iia/test"] == 1.0}
+    assert {"method=das", "method=full", "method=pca", "method=sae"} <= perfect
+    assert perfect <= set(ranking["first"]) and "method=random" not in ranking["first"]
+    assert json.loads(parent.data.tags["causalab.first"]) == ranking["first"]
+    leader = ranking["order"][0]
+    assert all(ranking["beats"][leader][m] == 0.0 for m in perfect - {leader})
+    assert ranking["beats"][leader]["method=random"] == 1.0
+    assert all(len(ranking["intervals"][m]) == 3 for m in ranking["order"])
+    assert {"iia/test", "iia/test.lo", "iia/test.hi"} <= set(parent.data.metrics)
