@@ -20,6 +20,13 @@ from causalab.engine.jobs import Stage, TraceJob, describe
 from causalab.engine.state import ModelFacts, PassContext, WalkState
 
 
+# The words a schedule uses, said once under its first line.
+LEGEND = ("  terms: 'whole' = a read of every position of its site; 'resumes at block L' = "
+          "starts there from kept un-intervened values (the resume budget caps them)",
+          "  'unembed' = the final norm and lm_head, run over every position, the last, or "
+          "unread; '<root>' = the document itself, when it sweeps nothing")
+
+
 class Planned(NamedTuple):
     """One trace of the schedule: where it runs (a point, a step, an update) and its job;
     ``call`` counts the passes run, so a pass's traces stay together."""
@@ -126,13 +133,13 @@ def _dry(dry: _Dry, stages: Iterable[Stage], units: list[PassContext], where: st
 
 
 def text(found: list[Planned], batch_size: int | None = None,
-         resume_mib: int | None = None) -> str:
+         resume_mib: int | None = None, *, fitted: bool = False) -> str:
     """The schedule as ``explain --traces`` prints it: per pass its traces, numbered in run
     order; passes repeating the ones before them (a fit's updates and evals) are counted,
-    not listed again."""
+    not listed again; ``fitted``: the plan fits, whose updates are counted to its last epoch."""
     budget = RESUME_BUDGET // 2 ** 20 if resume_mib is None else resume_mib
     lines = [f"{len(found)} traces (rows per trace: {batch_size or 'all'}; resume budget "
-             f"{budget} MiB; a fit counted to its last epoch)"]
+             f"{budget} MiB{'; a fit counted to its last epoch' if fitted else ''})", *LEGEND]
     blocks: list[tuple[str, list]] = []
     calls: list[int] = []
     for planned in found:
@@ -177,5 +184,11 @@ def explain_traces(plan: Plan) -> dict:
 
     model = plan.model or _points(plan)[0].model
     found = schedule(plan, load_config(model.path), load_tokenizer(model.path))
-    return {"text": text(found), "traces": [{"where": p.where, "pass": p.call,
+    return {"text": text(found, fitted=_fits(plan)), "traces": [{"where": p.where, "pass": p.call,
                                              "trace": describe(p.job)} for p in found]}
+
+
+def _fits(plan: Plan) -> bool:
+    """Whether any point of ``plan`` has a fit step."""
+    return any(isinstance(node, Fit) or (isinstance(node, Plan) and _fits(node))
+               for node in plan.children)
