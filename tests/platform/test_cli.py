@@ -257,6 +257,30 @@ def test_a_tracked_run_is_listed_by_runs_and_its_tables_fetched(capsys, tmp_path
         (out / "zeroed.json").read_text())
 
 
+def test_explain_notes_a_local_directory_pin_it_cannot_check_and_strict_refuses_it(
+        capsys, tmp_path):
+    import shutil
+
+    from causalab.models import resolve
+    from causalab.models.digest import RECORD, directory_digest
+
+    source = Path(resolve("causalab:tiny-llama").path)
+    folder = tmp_path / "model"
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns(RECORD))
+    pin = directory_digest(source)  # the same tensors: the pin is right, only unrecorded
+    document = json.loads((CORPUS / "patching.json").read_text())
+    document["model"] = {**document["model"], "key": str(folder), "revision": pin}
+    path = tmp_path / "pinned.json"
+    path.write_text(json.dumps(document))
+    status, out, err = cli(capsys, "explain", str(path), "--data-root", DATA)
+    assert status == 0 and out
+    assert err.startswith("note: model.revision: revision not checked: ")
+    status, out, err = cli(capsys, "explain", str(path), "--data-root", DATA, "--strict")
+    assert status == 1 and out == ""
+    assert err.startswith("error: model.revision: revision not checked: ")
+    assert not (folder / RECORD).exists()  # explain read no weight to record their digest
+
+
 def test_runs_lists_its_columns_under_a_header_row_each_name_where_its_values_start(
         capsys, tmp_path, monkeypatch):
     from mlflow import MlflowClient
