@@ -140,12 +140,17 @@ def verb_runs(args: argparse.Namespace) -> dict:
         uri = resolve_uri(args.tracking_uri)  # list_runs creates no store that is not there
         if not store_exists(uri):
             return {"text": f"(no runs: there is no tracking store at {uri})", "runs": []}
-    lines = [f"{r['run_id']}  {r['status']:<9} {(r.get('model') or '-'):<24} "
+    lines = [f"{r['run_id']:<32}  {r['status']:<9} {(r.get('model') or '-'):<24} "
              f"{(r.get('job') or '-'):<32} {(r.get('name') or ''):<20} "
              f"{(r.get('produced_by') or '')[:12]}"
              f"{'  reuses ' + r['reused_from'] if r.get('reused_from') else ''}".rstrip()
-             for r in runs]
-    return {"text": "\n".join(lines) if lines else "(no runs)", "runs": runs}
+             for r in [_RUNS_HEADER, *runs]]
+    return {"text": "\n".join(lines) if runs else "(no runs)", "runs": runs}
+
+
+# The header row of ``causalab runs``: each column's name where its values start.
+_RUNS_HEADER = {"run_id": "run", "status": "status", "model": "model", "job": "job",
+                "name": "name", "produced_by": "produced_by"}
 
 
 def verb_diff(args: argparse.Namespace) -> dict:

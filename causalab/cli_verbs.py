@@ -163,7 +163,7 @@ def verb_explain(args: argparse.Namespace) -> dict:
     raw = _read_document(args.document)
     plan = causalab.compile.compile_document(raw, data_root=args.data_root,
                                              resolver=_known_store(args))
-    _unchecked(causalab.compile.unchecked(plan), args.strict)
+    _unchecked(causalab.compile.unchecked(plan) + _unchecked_pins(plan), args.strict)
     if args.traces:  # the traces a run opens, planned from config and tokenizer alone
         from causalab.engine.traces import explain_traces
 
@@ -181,6 +181,17 @@ def _unchecked(notes: list, strict: bool) -> None:
         raise CompileError(*notes[0])
     for path, why in notes:
         print(f"note: {format_path(path)}: {why}", file=sys.stderr)
+
+
+def _unchecked_pins(plan) -> list[tuple[tuple, str]]:
+    """``(model.revision, why)`` once per local model directory whose pin only a run's load
+    can check (``causalab.models.resolve.unchecked_pin``)."""
+    from causalab.models.resolve import unchecked_pin
+
+    points = [plan] if plan.model is not None else list(plan.children)
+    models = {(m.key, m.path, m.revision) for m in (getattr(p, "model", None) for p in points) if m}
+    return [(("model", "revision"), why) for why in
+            sorted({unchecked_pin(*model) for model in models} - {None})]
 
 
 def _known_store(args: argparse.Namespace):

@@ -38,9 +38,6 @@ ELIDED = "..."
 FIT_TOLERANCE = 0.1  # see the module docstring: one held-out row of 12, and then some
 LOW_RANKS = r"^(k=(1|4) +test:|skipped k=(1|4):)"  # see the module docstring
 
-# A document refused at sites.t.layers, the `bad.json` the README validates.
-BAD = ('{"version": 2, "model": {"key": "causalab:tiny-llama"}, '
-       '"sites": {"t": {"component": "block_output", "layers": [0, 1]}}}')
 
 
 @dataclass(frozen=True)
@@ -74,8 +71,8 @@ SHOWN: dict[str, Twin] = {
              unsettled=LOW_RANKS),
     ".venv/bin/causalab explain documents/v2/das_apply.json":
         Twin((".venv/bin/causalab", "explain", "documents/v2/das_apply.json")),
-    ".venv/bin/causalab validate bad.json":
-        Twin((".venv/bin/causalab", "validate", "bad.json"), cwd="tmp"),
+    ".venv/bin/causalab validate docs/examples/bad.json":
+        Twin((".venv/bin/causalab", "validate", "docs/examples/bad.json")),
     "echo $?": Twin(("echo $?",), cwd="tmp"),
     ".venv/bin/causalab run documents/v2/logit_lens.json --out out/lens --no-track --device-map cpu":
         Twin((".venv/bin/causalab", "run", "documents/v2/logit_lens.json", "--out", "out/lens",
@@ -233,7 +230,6 @@ class Session:
         self.tmp = tmp
         (tmp / "store").mkdir()
         (tmp / "documents").symlink_to(REPO / "documents")
-        (tmp / "bad.json").write_text(BAD)
         self.outputs: dict[str, list[str]] = {}
         self.codes: dict[str, int] = {}
         self.last_rc = 0
@@ -287,6 +283,6 @@ def test_a_shown_benchmark_prints_the_lines_the_readme_shows(session, block):
 
 
 def test_the_tests_ran_in_their_own_folder_and_left_the_checkout_alone(session):
-    session.run(".venv/bin/causalab validate bad.json")
-    assert session.codes[".venv/bin/causalab validate bad.json"] == 1
+    session.run(".venv/bin/causalab validate docs/examples/bad.json")
+    assert session.codes[".venv/bin/causalab validate docs/examples/bad.json"] == 1
     assert sorted(p.name for p in REPO.iterdir()) == session.checkout  # no mlflow.db, out/, outputs/

@@ -145,7 +145,8 @@ def _batch(role: str, table: Table, field_path: str, anchored: dict, rows_path: 
                  for var, where in anchored.items()}
     values = role_values(table, field_path, rows_path + (role,))
     return prompt_batch(role, field_path, values, ctx.tokenizer, variables, rows_path + (role,),
-                        positions=_positions(ctx.config), example_ids=table.example_ids)
+                        positions=_positions(ctx.config), example_ids=table.example_ids,
+                        generation_prompt=ctx.document.roles[role].generation_prompt)
 
 
 def _check_segments(forwards, ctx: Context, entry: Entry) -> None:

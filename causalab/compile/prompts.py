@@ -5,7 +5,8 @@ Uses only the tokenizer's encode and chat template; it never decodes to check it
 model's own call adds them, so ``prefix`` (the empty string's length) is what a run skips before
 index 0. A chat row is tokenized as ``apply_chat_template(tokenize=True)`` does: the rendered
 template without special tokens added, so a template that writes its own BOS gets one BOS, and
-its ``prefix`` is that BOS (or nothing).
+its ``prefix`` is that BOS (or nothing); a role with ``generation_prompt`` ends it on the
+template's generation prompt, as ``add_generation_prompt=True`` does.
 """
 from __future__ import annotations
 
@@ -59,22 +60,25 @@ def pad_id(tokenizer) -> int:
     return 0
 
 
-def render(value: Any, tokenizer, path: tuple) -> str:
-    """A row's prompt text: the string itself, or chat messages through the chat template."""
+def render(value: Any, tokenizer, path: tuple, generation_prompt: bool = False) -> str:
+    """A row's prompt text: the string itself, or chat messages through the chat template
+    (ending on the template's generation prompt, the assistant's turn opened, when asked)."""
     if not is_chat(value):
         return value
     if not getattr(tokenizer, "chat_template", None):
         raise CompileError(path, "chat rows need a chat template and this checkpoint has none")
     messages = [{"role": m["role"], "content": m["content"]} for m in value]
-    return tokenizer.apply_chat_template(messages, tokenize=False)
+    return tokenizer.apply_chat_template(messages, tokenize=False,
+                                         add_generation_prompt=generation_prompt)
 
 
-def _encoded(value: Any, tokenizer, path: tuple) -> tuple[str, list[int], int]:
+def _encoded(value: Any, tokenizer, path: tuple,
+             generation_prompt: bool = False) -> tuple[str, list[int], int]:
     """(recorded prompt, ids, prefix) of one row; the recorded prompt is the text after the
     prefix, which is what the run's ids past the prefix decode to."""
     if not is_chat(value):
         return value, list(tokenizer(value)["input_ids"]), prefix_length(tokenizer)
-    text = render(value, tokenizer, path)
+    text = render(value, tokenizer, path, generation_prompt)
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     bos, spelled = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "bos_token", None)
     if bos is None or ids[:1] != [bos]:
@@ -97,21 +101,26 @@ def _refuse_past_positions(text: str, tokenizer, positions: int, name: str, path
 
 
 def prompt_batch(role: str, field: str, values: tuple, tokenizer, anchors: dict,
-                 path: tuple, *, positions: int | None = None,
-                 example_ids: tuple = ()) -> PromptBatch:
+                 path: tuple, *, positions: int | None = None, example_ids: tuple = (),
+                 generation_prompt: bool = False) -> PromptBatch:
     """Tokenize every row of one role and left-pad to the longest; mask marks the content.
 
     The rows of one role share one prefix: chat rows and strings whose runs start differently
     (one with a BOS, one without) are refused at ``path``. ``positions``: the checkpoint's
     position table, which no row may outgrow (named by its ``example_ids`` entry, C22).
+    ``generation_prompt``: the role's chat rows end on the assistant's opened turn; a role
+    of plain strings has no turn to open and is refused.
     """
     rows = []
     for row, value in enumerate(values):
         name = example_ids[row] if row < len(example_ids) else str(row)
+        if generation_prompt and not is_chat(value):
+            raise CompileError(path, f"row {name} is a plain string: only chat rows have an "
+                                     "assistant's turn to open (roles.<role>.generation_prompt)")
         if positions:
-            text = render(value, tokenizer, path) if is_chat(value) else value
+            text = render(value, tokenizer, path, generation_prompt) if is_chat(value) else value
             _refuse_past_positions(text, tokenizer, positions, name, path)
-        rows.append(_encoded(value, tokenizer, path))
+        rows.append(_encoded(value, tokenizer, path, generation_prompt))
         if positions and len(rows[-1][1]) > positions:  # C22
             raise CompileError(path, f"row {name} is {len(rows[-1][1])} tokens; the checkpoint "
                                      f"has {positions} positions")

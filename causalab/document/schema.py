@@ -58,9 +58,12 @@ FIELD_PATH = re.compile(r"[^\[\].]+(\[\d+\])*(\.[^\[\].]+(\[\d+\])*)*")
 
 
 class Role(Node):
-    """Where a prompt role's text sits in a row: ``input``, ``a[0]``, ``a.b``."""
+    """Where a prompt role's text sits in a row: ``input``, ``a[0]``, ``a.b``; with
+    ``generation_prompt``, its chat rows end where the assistant's answer starts (the
+    template's generation prompt), so ``pos: -1`` is the token before the answer's first."""
 
     field: StrictStr
+    generation_prompt: StrictBool = False
 
     @model_validator(mode="after")
     def _field_path(self) -> "Role":

@@ -40,6 +40,9 @@ HEADS = {
     "last": "over the last column alone, its rows padded to sites.HEAD_ROWS",
     "none": "over the last position only (logits_to_keep=1): no tap reads the head",
 }
+# How ``explain --traces`` says a job's head: the model's final norm and unembedding.
+UNEMBED = {"all": "unembed every position", "last": "unembed the last position",
+           "none": "unembed unread"}
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,7 @@ def describe(job: TraceJob, *, rows: bool = True) -> str:
         parts.append(f"resumes at block {job.resume.layer}{cached}")
     if job.tail:
         parts.append("last column over kept keys")
-    parts.append(f"head {job.head}")
+    parts.append(UNEMBED[job.head])
     if job.stop:
         places = [tuple(tap.op.address.order) for tap in job.taps]
         places += [need_place(need) for need in job.keep]

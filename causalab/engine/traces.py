@@ -25,6 +25,11 @@ from causalab.engine.state import ModelFacts, PassContext, WalkState
 # What a run's process holds before its first trace beyond the weights (python, torch,
 # transformers, nnsight; measured at ~420 MiB on CPU), rounded up.
 RUNTIME = 640 * 2 ** 20
+# The words a schedule uses, said once under its first line.
+LEGEND = ("  terms: 'whole' = a read of every position of its site; 'resumes at block L' = "
+          "starts there from kept un-intervened values (the resume budget caps them)",
+          "  'unembed' = the final norm and lm_head, run over every position, the last, or "
+          "unread; '<root>' = the document itself, when it sweeps nothing")
 
 
 class Planned(NamedTuple):
@@ -150,17 +155,19 @@ def _dry(dry: _Dry, stages: Iterable[Stage], units: list[PassContext], where: st
 
 
 def text(found: list[Planned], batch_size: int | None = None,
-         resume_mib: int | None = None, memory: Memory | None = None) -> str:
+         resume_mib: int | None = None, memory: Memory | None = None, *,
+         fitted: bool = False) -> str:
     """The schedule as ``explain --traces`` prints it: per pass its traces, numbered in run
     order; passes repeating the ones before them (a fit's updates and evals) are counted,
-    not listed again. With ``memory``, the budget and what each trace adds to the process."""
+    not listed again; ``fitted``: the plan fits, whose updates are counted to its last epoch.
+    With ``memory``, the budget and what each trace adds to the process."""
     budget = RESUME_BUDGET // 2 ** 20 if resume_mib is None else resume_mib
     if memory is not None and resume_mib is None:
         budget = min(RESUME_BUDGET, memory.budget.share(RESUME_SHARE)) // 2 ** 20
     lines = [f"{len(found)} traces (rows per trace: {batch_size or 'all'}; resume budget "
-             f"{budget} MiB; a fit counted to its last epoch)"]
-    if memory is not None:
-        lines.append(memory.line)
+             f"{budget} MiB{'; a fit counted to its last epoch' if fitted else ''})"]
+    lines += [memory.line] if memory is not None else []
+    lines += LEGEND
     blocks: list[tuple[str, list]] = []
     calls: list[int] = []
     for planned in found:
@@ -257,9 +264,15 @@ def explain_traces(plan: Plan, memory_text: str | None = None) -> dict:
     config = load_config(model.path)
     sized = planned_budget(model, config, memory_text)
     found = schedule(plan, config, load_tokenizer(model.path), budget=sized.budget)
-    return {"text": text(found, memory=sized),
+    return {"text": text(found, memory=sized, fitted=_fits(plan)),
             "budget": sized.budget.total, "held": sized.budget.held,
             "traces": [{"where": p.where, "pass": p.call, "trace": describe(p.job),
                         "peak": sized.budget.held + trace_bytes(p.job, sized.budget.facts,
                                                                 sized.budget.itemsize)}
                        for p in found]}
+
+
+def _fits(plan: Plan) -> bool:
+    """Whether any point of ``plan`` has a fit step."""
+    return any(isinstance(node, Fit) or (isinstance(node, Plan) and _fits(node))
+               for node in plan.children)

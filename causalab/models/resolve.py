@@ -193,6 +193,18 @@ def _directory(path: str, revision: str | None, *, key: str | None = None) -> Re
     return Resolved(key=key, path=path, revision=actual, builtin=False)
 
 
+def unchecked_pin(key: str, path: str, revision: str | None) -> str | None:
+    """Why a local directory's pinned tensor digest is not checked before a run loads its
+    weights (no current record of the digest beside them), else None: what ``explain``
+    cannot check without reading every weight, and ``verify_weights`` checks at load."""
+    if key.startswith(SCHEME) or not looks_like_digest(revision):
+        return None
+    if not any(Path(path).glob("*.safetensors")) or recorded(path) is not None:
+        return None
+    return (f"revision not checked: {key} has no record of its tensor digest, so the pin is "
+            "checked only when a run loads its weights")
+
+
 def verify_weights(key: str, path: str, revision: str | None) -> str:
     """At load: the tensor digest of the weights in ``path``, refused unless it is the pin.
 

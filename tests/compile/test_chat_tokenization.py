@@ -70,9 +70,12 @@ def tokenizers(directories) -> dict:
     return {name: load_tokenizer(path) for name, path in directories.items()}
 
 
-def _document(key: str) -> dict:
+def _document(key: str, generation_prompt: bool | None = None) -> dict:
+    role = {"field": "chat"}
+    if generation_prompt is not None:
+        role["generation_prompt"] = generation_prompt
     return {"model": {"key": key, "revision": "main", "dtype": "fp32"},
-            "roles": {"base": {"field": "chat"}},
+            "roles": {"base": role},
             "sites": {"resid": {"component": "block_output", "layers": [0]}},
             "interventions": {"look": {"reads": {"r": {"site": "resid", "pos": -1,
                                                        "input": "base"}}}},
@@ -80,18 +83,20 @@ def _document(key: str) -> dict:
                                "rows": {"base": "chats"}}}}
 
 
-def _batch(key: str, tmp_path: Path):
+def _batch(key: str, tmp_path: Path, generation_prompt: bool | None = None):
     import causalab.compile
 
     (tmp_path / "chats.json").write_text(json.dumps(
         [{"chat": chat, "example_id": f"c{i}"} for i, chat in enumerate(CHATS)]))
-    plan = causalab.compile.compile_document(_document(key), data_root=str(tmp_path))
+    plan = causalab.compile.compile_document(_document(key, generation_prompt),
+                                             data_root=str(tmp_path))
     step = next(n for n in plan.children if getattr(n, "name", None) == "look")
     return step.pass_.inputs["base"]
 
 
-def _template_ids(tokenizer, chat) -> list[int]:
-    ids = tokenizer.apply_chat_template(chat, tokenize=True)
+def _template_ids(tokenizer, chat, generation_prompt: bool = False) -> list[int]:
+    ids = tokenizer.apply_chat_template(chat, tokenize=True,
+                                        add_generation_prompt=generation_prompt)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
@@ -163,3 +168,44 @@ def test_a_chat_run_on_a_bos_writing_template_gives_the_logits_of_the_template_i
         with torch.no_grad():
             want = model(input_ids=ids).logits[0, -1]
         assert torch.allclose(got[row], want, atol=1e-5), row
+
+
+def test_a_role_with_the_generation_prompt_ends_its_chat_rows_where_the_answer_starts(
+        directories, tokenizers, tmp_path):
+    for name, path in directories.items():
+        tokenizer = tokenizers[name]
+        batch = _batch(path, tmp_path, generation_prompt=True)
+        for row, chat in enumerate(CHATS):
+            content = [t for t, m in zip(batch.input_ids[row], batch.attention_mask[row]) if m]
+            assert content == _template_ids(tokenizer, chat, True), (name, row)
+    # On the tiny Llama's ChatML template the row now ends on the assistant's opened turn,
+    # where without it it ends on the user turn's `<|im_end|>\n`.
+    tokenizer = tokenizers["tiny-llama"]
+    opened = _batch(directories["tiny-llama"], tmp_path, generation_prompt=True).prompts[0]
+    closed = _batch(directories["tiny-llama"], tmp_path).prompts[0]
+    assert opened.startswith(closed) and opened != closed
+    assert opened[len(closed):] == tokenizer.apply_chat_template(
+        CHATS[0], tokenize=False, add_generation_prompt=True)[len(closed):]
+
+
+def test_the_generation_prompt_is_part_of_the_point_s_digest_and_off_by_default():
+    from causalab.document import digest, lower, validate
+
+    def produced_by(document: dict) -> str:
+        (point,) = lower(document)
+        return digest(point.document)
+
+    plain, on = _document("causalab:tiny-llama"), _document("causalab:tiny-llama", True)
+    assert produced_by(plain) != produced_by(on)
+    assert validate(plain)[0][1].roles["base"].generation_prompt is False
+
+
+def test_a_generation_prompt_on_plain_string_rows_is_refused_at_its_role(tmp_path):
+    import causalab.compile
+    from causalab.errors import CompileError
+
+    (tmp_path / "chats.json").write_text(json.dumps([{"chat": "Hello", "example_id": "s0"}]))
+    with pytest.raises(CompileError) as refused:
+        causalab.compile.compile_document(_document("causalab:tiny-llama", True),
+                                          data_root=str(tmp_path))
+    assert refused.value.path[-1] == "base" and "s0" in refused.value.message

@@ -163,9 +163,12 @@ def test_explain_traces_prints_the_schedule_of_every_shipped_document(path, tmp_
     status = main(["explain", "--traces", str(document), "--data-root", str(DATA)])
     out, err = capsys.readouterr()
     assert status == 0, err
-    first = out.splitlines()[0]
-    assert first.endswith("a fit counted to its last epoch)") and int(first.split()[0]) > 0
-    assert "  1. " in out
+    first, *legend = out.splitlines()[:3]
+    # the fit's caveat only where the document fits; its words said once, below the count
+    fits = '"kind": "fit"' in json.dumps(raw)
+    assert first.endswith("a fit counted to its last epoch)") == fits and int(first.split()[0]) > 0
+    assert legend == list(traces.LEGEND)
+    assert "  1. " in out and " head " not in out
 
 
 # Prompts of one length (8 tokens on the tiny Llama): integrated gradients walks between them.

@@ -257,6 +257,51 @@ def test_a_tracked_run_is_listed_by_runs_and_its_tables_fetched(capsys, tmp_path
         (out / "zeroed.json").read_text())
 
 
+def test_explain_notes_a_local_directory_pin_it_cannot_check_and_strict_refuses_it(
+        capsys, tmp_path):
+    import shutil
+
+    from causalab.models import resolve
+    from causalab.models.digest import RECORD, directory_digest
+
+    source = Path(resolve("causalab:tiny-llama").path)
+    folder = tmp_path / "model"
+    shutil.copytree(source, folder, ignore=shutil.ignore_patterns(RECORD))
+    pin = directory_digest(source)  # the same tensors: the pin is right, only unrecorded
+    document = json.loads((CORPUS / "patching.json").read_text())
+    document["model"] = {**document["model"], "key": str(folder), "revision": pin}
+    path = tmp_path / "pinned.json"
+    path.write_text(json.dumps(document))
+    status, out, err = cli(capsys, "explain", str(path), "--data-root", DATA)
+    assert status == 0 and out
+    assert err.startswith("note: model.revision: revision not checked: ")
+    status, out, err = cli(capsys, "explain", str(path), "--data-root", DATA, "--strict")
+    assert status == 1 and out == ""
+    assert err.startswith("error: model.revision: revision not checked: ")
+    assert not (folder / RECORD).exists()  # explain read no weight to record their digest
+
+
+def test_runs_lists_its_columns_under_a_header_row_each_name_where_its_values_start(
+        capsys, tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("causalab")
+    run = client.create_run(experiment, run_name="k=16", tags={
+        "causalab.kind": "point", "causalab.produced_by": "ab" * 32,
+        "causalab.model.key": "causalab:tiny-llama", "causalab.job": "experiment=das"})
+    client.set_terminated(run.info.run_id)
+    status, out, err = cli(capsys, "runs", "--tracking-uri", uri)
+    assert status == 0, err
+    header, line = out.splitlines()
+    assert header.split() == ["run", "status", "model", "job", "name", "produced_by"]
+    for name, value in zip(header.split(), [run.info.run_id, "FINISHED", "causalab:tiny-llama",
+                                            "experiment=das", "k=16", "ab" * 6]):
+        assert header.index(name) == line.index(value), name
+
+
 @pytest.mark.parametrize("name", sorted(p.stem for p in CORPUS.glob("*.json")))
 def test_every_corpus_document_runs_through_the_command_line(capsys, tmp_path, monkeypatch,
                                                              name):

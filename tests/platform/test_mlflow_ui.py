@@ -187,3 +187,28 @@ def test_causalab_ui_refuses_a_store_that_is_not_there_in_one_line(tmp_path):
     assert done.stderr == f"error: --store: there is no tracking store at " \
                           f"sqlite:///{tmp_path}/mlflow.db\n"
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_causalab_ui_on_a_store_without_a_sweep_serves_its_runs_page_and_sigterm_stops_it(
+        tmp_path):
+    from mlflow import MlflowClient
+
+    experiment = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").create_experiment("causalab")
+    ui = subprocess.Popen([sys.executable, "-m", "causalab", "ui", "--store",
+                           str(tmp_path / "mlflow.db")], cwd=tmp_path, env=_environment(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True)
+    try:
+        served = ui.stdout.readline()
+        url = _PRINTED.match(served.strip()).group(2)
+        assert _answers(url) and url.startswith("http://127.0.0.1:")
+        assert ui.stdout.readline().strip() == (
+            f"runs: {url}/#/experiments/{experiment}/runs?workflowType=machine_learning")
+        ui.send_signal(signal.SIGTERM)
+        assert ui.wait(60) == 0
+        assert ui.stdout.read().strip() == f"stopped {url}"
+        assert not _answers(url)
+    finally:
+        if ui.poll() is None:
+            os.killpg(ui.pid, signal.SIGKILL)
+            ui.wait(30)
