@@ -31,6 +31,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from causalab import server_auth
 from causalab.errors import TrackingError
 
 STATE = "server.json"
@@ -50,6 +51,7 @@ class Stack:
     pg_port: int
     pg_pid: int
     mlflow_pid: int
+    auth: bool = False  # MLflow's basic-auth app in front (server_auth.py)
 
     def save(self) -> None:
         (Path(self.root) / STATE).write_text(json.dumps(asdict(self), indent=2))
@@ -190,7 +192,8 @@ def _ensure_database(port: int, password: str, deadline: float, process) -> None
 
 # --- mlflow server ------------------------------------------------------------------------
 
-def _start_mlflow(root: Path, store_uri: str, port: int, host: str) -> subprocess.Popen:
+def _start_mlflow(root: Path, store_uri: str, port: int, host: str,
+                  auth: bool = False) -> subprocess.Popen:
     mlflow = Path(sys.executable).parent / "mlflow"
     artifacts = root / "artifacts"
     artifacts.mkdir(exist_ok=True)
@@ -199,11 +202,13 @@ def _start_mlflow(root: Path, store_uri: str, port: int, host: str) -> subproces
     env = dict(os.environ, MLFLOW_BACKEND_STORE_URI=store_uri,
                MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true")
     env.pop("MLFLOW_TRACKING_URI", None)
+    if auth:
+        env.update(server_auth.server_environment(root))
     log = open(root / "mlflow.log", "ab")
     try:
         return subprocess.Popen(
             [str(mlflow), "server", "--host", host, "--port", str(port), "--workers", "1",
-             "--artifacts-destination", str(artifacts)],
+             "--artifacts-destination", str(artifacts), *(server_auth.APP if auth else ())],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=env, cwd=str(root))
     finally:
@@ -226,7 +231,7 @@ def free_port() -> int:
 
 def start(root: str | Path = DEFAULT_ROOT, *, port: int = 5000, pg_port: int = 0,
           host: str = HOST, pg_user: str | None = None, pg_binaries: str | None = None,
-          timeout: float = 180.0) -> Stack:
+          timeout: float = 180.0, auth: bool = False) -> Stack:
     """Start PostgreSQL, then ``mlflow server`` on it; returns once the server answers.
 
     >>> stack = start("/srv/causalab-server", port=5000)  # doctest: +SKIP
@@ -243,12 +248,12 @@ def start(root: str | Path = DEFAULT_ROOT, *, port: int = 5000, pg_port: int = 0
     postgres = _start_postgres(root, binaries, account, pg_port)
     stack = Stack(str(root), f"http://{host}:{port}",
                   f"postgresql://{DB_USER}@{HOST}:{pg_port}/{DATABASE}", pg_port,
-                  postgres.pid, 0)
+                  postgres.pid, 0, auth)
     stack.save()
     try:
         _ensure_database(pg_port, _password(root), deadline, postgres)
         secret = f"postgresql+psycopg2://{DB_USER}:{_password(root)}@{HOST}:{pg_port}/{DATABASE}"
-        server = _start_mlflow(root, secret, port, host)
+        server = _start_mlflow(root, secret, port, host, auth)
         stack.mlflow_pid = server.pid
         stack.save()
         _wait_for(stack.url, server, deadline, root)
@@ -336,8 +341,9 @@ def status(root: str | Path = DEFAULT_ROOT) -> dict:
 def serve(root: str | Path = DEFAULT_ROOT, **options) -> Stack:
     """Start the stack, wait for Ctrl-C or SIGTERM (or either server to die), stop it."""
     stack = start(root, **options)
+    login = f"; {server_auth.login_hint(Path(stack.root))}" if stack.auth else ""
     print(f"tracking server {stack.url} (backend {stack.store_uri}, artifacts "
-          f"{Path(stack.root) / 'artifacts'}); Ctrl-C stops it", flush=True)
+          f"{Path(stack.root) / 'artifacts'}){login}; Ctrl-C stops it", flush=True)
     stopping = []
     # Both by hand: a shell starts a background job with SIGINT ignored, and Python then
     # raises no KeyboardInterrupt.
@@ -367,20 +373,26 @@ def add_arguments(parser) -> None:
     parser.add_argument("--pg-user", default=None,
                         help="system user PostgreSQL runs as when started by root (postgres)")
     parser.add_argument("--pg-bin", default=None, help="folder of initdb and postgres")
+    parser.add_argument("--auth", action="store_true",
+                        help="MLflow's basic-auth app in front: every request logs in "
+                             "(admin password in <root>/admin_password, 0600)")
 
 
 def verb(args) -> dict:
     """Start, stop or look at the tracking stack (PostgreSQL + mlflow server)."""
     options = {"port": args.port, "host": args.host, "pg_port": args.pg_port,
-               "pg_user": args.pg_user, "pg_binaries": args.pg_bin}
+               "pg_user": args.pg_user, "pg_binaries": args.pg_bin, "auth": args.auth}
     if args.action == "status":
         found = status(args.root)
-        state = "running" if found["answers"] else "not answering"
-        return {**found, "text": f"{found['url']} {state} (postgres {found['postgres']}, "
-                                 f"mlflow {found['mlflow']})"}
+        said = f"(postgres {found['postgres']}, mlflow {found['mlflow']})"
+        if not (found["answers"] and found["postgres"] and found["mlflow"]):
+            raise TrackingError(("server", "status"), f"{found['url']} not answering {said}")
+        return {**found, "text": f"{found['url']} running {said}"}
     if args.action == "stop":
         stack = stop(args.root)
         return {**asdict(stack), "text": f"stopped {stack.url} and its PostgreSQL"}
     stack = (serve if args.action == "run" else start)(args.root, **options)
     text = stack.url if args.action == "start" else f"stopped {stack.url} and its PostgreSQL"
+    if args.action == "start" and stack.auth:
+        text += f" ({server_auth.login_hint(Path(stack.root))})"
     return {**asdict(stack), "text": text}

@@ -276,7 +276,9 @@ def check_bundle(spec, *, resolver: Resolver | None = None, notes: list | None =
 
     A SAELens directory (or a weights file whose document block says its cfg) is its own
     identity: no stamp or ``trust_unstamped`` is needed, its cfg is checked instead. A stamp
-    without a digest is not refused: why its tensors went unchecked is appended to ``notes``.
+    without a digest (one deleted key would defeat the tamper check) is refused unless the
+    document trusts it (``trust_unstamped``); then why its tensors went unchecked is appended
+    to ``notes``.
     """
     at: Path = ("featurizers", spec.name, "file_path")
     path = resolve_bundle(spec.file_path, resolver, at)
@@ -290,10 +292,16 @@ def check_bundle(spec, *, resolver: Resolver | None = None, notes: list | None =
     metadata = header.pop("__metadata__", None) or {}
     config = _saelens_config(path, spec, at) if spec.kind in _SAE_KINDS else None
     if is_stamped(metadata):
-        if not digested and notes is not None:
-            notes.append(f"{spec.file_path}: tensors not checked: its stamp has no digest "
-                         f"(re-stamp it: causalab restamp {weights_file(path)})")
         check_identity(metadata, document_stamp(spec), at)
+        if not digested and not spec.trust_unstamped:
+            raise CompileError(at, f"{shown or weights_file(path)}: its stamp has no tensor "
+                                   f"digest, so an edit to its tensors would go unseen; re-stamp "
+                                   f"it (causalab restamp {weights_file(path)}) or set "
+                                   "trust_unstamped: true to load it unchecked")
+        if not digested and notes is not None:
+            notes.append(f"{spec.file_path}: tensors not checked: its stamp has no digest, "
+                         f"trusted as the document says (re-stamp it: causalab restamp "
+                         f"{weights_file(path)})")
     elif config is None and not spec.trust_unstamped:
         raise CompileError(at, "bundle has no identity stamp; set trust_unstamped: true to load it "
                                "(only shapes are then checked)")

@@ -246,6 +246,16 @@ def _static_checks(forwards, reads, batches, rows: int, entry: Entry, ctx: Conte
         _check_context(decode, batches[fw.input], entry, ctx)
 
 
+def _check_placed(forwards, batches, example_ids: tuple, entry: Entry, ctx: Context) -> None:
+    """C23 on every read and write: decoded with the tokenizer the engine decodes with."""
+    def decode_text(ids):
+        return ctx.tokenizer.decode(list(ids))
+    for fw in forwards:
+        for kind, op in [("reads", r) for r in fw.reads] + [("writes", w) for w in fw.writes]:
+            schedule.check_placed_somewhere(op.name, op.pos, batches[fw.input], decode_text,
+                                            example_ids, entry.path + (kind, op.name, "pos"))
+
+
 def build_pass(entry: Entry, rows: dict, rows_path: tuple, ctx: Context) -> Pass:
     """Compile one intervention over one ``rows`` mapping into a :class:`Pass`."""
     reads, writes = _read_ops(entry, ctx), _write_ops(entry, ctx)
@@ -257,9 +267,10 @@ def build_pass(entry: Entry, rows: dict, rows_path: tuple, ctx: Context) -> Pass
     batches = _batches(forwards, tables, entry, rows_path, ctx)
     count = len(next(iter(tables.values())).rows) if tables else 0
     _static_checks(forwards, reads, batches, count, entry, ctx)
+    example_ids = tables[roles[0]].example_ids if roles else ()
+    _check_placed(forwards, batches, example_ids, entry, ctx)
     metrics = _metric_ops(entry, reads, tables, ctx)
     dynamic = any(op.pos.dynamic for fw in forwards for op in fw.reads + fw.writes)
-    example_ids = tables[roles[0]].example_ids if roles else ()
     return Pass(intervention=entry.name, rows=count, example_ids=example_ids,
                 inputs=batches, forwards=forwards, metrics=metrics, dynamic=dynamic)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from causalab.compile.plan import Forward, PromptBatch, ReadOp, WriteOp
-from causalab.compile.positions import OUT_OF_RANGE, cut
+from causalab.compile.positions import MISSING, OUT_OF_RANGE, cut, resolve
 from causalab.document.vocab import IDENTITY
 from causalab.errors import CompileError
 
@@ -77,6 +77,28 @@ def check_fixed_cuts(op_name: str, spec, batch: PromptBatch, path: tuple) -> Non
     if bad:
         raise CompileError(path, f"{op_name!r}: rows {bad} cannot fit this cut ({OUT_OF_RANGE}; "
                                  f"prompt lengths {[batch.lengths[r] for r in bad]})")
+
+
+def check_placed_somewhere(op_name: str, spec, batch: PromptBatch, decode_text: Any,
+                           example_ids: tuple, path: tuple) -> None:
+    """C23: a prompt cut that selects no token on any row (a chat segment plain rows lack, a
+    span empty on every row) would fail only after the weights load. Resolved row by row with
+    the engine's own rule, stopping at the first row it places, so a working cut costs one row."""
+    if spec.frame != "prompt":
+        return
+    reasons = []
+    for row in range(len(batch.input_ids)):
+        window, reason = resolve(spec, batch, row, decode_text)
+        if window:
+            return
+        reasons.append(reason or MISSING)
+    if not reasons:
+        return
+    names = [str(example_ids[r]) if r < len(example_ids) else str(r) for r in range(len(reasons))]
+    shown = ", ".join(names[:5]) + (f", … ({len(names)} rows)" if len(names) > 5 else "")
+    why = ", ".join(sorted(set(reasons)))
+    raise CompileError(path, f"{op_name!r} selects no token on any row ({why} on every row: "
+                             f"{shown}); check its scope or span against the rows")
 
 
 def vector_count(read: ReadOp, batch: PromptBatch) -> int | None:

@@ -35,6 +35,7 @@ def refuse(message: str, *at: str | int) -> PydanticCustomError:
 
 
 def _readable(name: str) -> str:
+    """V30: a name that cannot be shown on one line as itself."""
     why = unreadable_name(name)
     if why is not None:
         raise refuse(f"name {name!r} {why}: a name is shown in explain, MLflow and tables, so "

@@ -57,7 +57,7 @@ def check_steps(doc: Document, entries: dict[str, list[Entry]]) -> None:
 
 
 def _check_metric_keys(doc: Document, entries: dict[str, list[Entry]]) -> None:
-    """Two keys of one run that MLflow's sanitising makes one (``iia/s🔥`` and ``iia/s💧`` are
+    """V30: two keys of one run that MLflow's sanitising makes one (``iia/s🔥`` and ``iia/s💧`` are
     both ``iia/s_``): the later step's numbers would silently replace the earlier's."""
     fits = [s for s, step in doc.steps.items() if isinstance(step, Fit)]
     seen: dict[str, tuple[str, Path]] = {}

@@ -83,6 +83,7 @@ class FileTokenizer:
         self._path = path
         self._full = None
         self.chat_template = chat_template
+        self.cleans_up = False
         self.bos_token = specials.get("bos_token")
         self.bos_token_id = self._id(specials.get("bos_token"))
         self.eos_token_id = self._id(specials.get("eos_token"))
@@ -96,9 +97,20 @@ class FileTokenizer:
 
     def apply_chat_template(self, messages: list[dict], **kwargs: Any) -> Any:
         """Rendered by transformers itself (loaded once, on the first chat row)."""
+        return self._transformers().apply_chat_template(messages, **kwargs)
+
+    def decode(self, ids: list[int]) -> str:
+        """As transformers decodes (what the engine places a scoped position against): the
+        file's own decoder, special tokens kept. Transformers cleans up spaces only on a
+        non-BPE model whose config asks, and is asked itself then."""
+        if self.cleans_up:
+            return self._transformers().decode(list(ids))
+        return self._core.decode(list(ids), skip_special_tokens=False)
+
+    def _transformers(self) -> Any:
         if self._full is None:
             self._full = load_tokenizer(self._path)
-        return self._full.apply_chat_template(messages, **kwargs)
+        return self._full
 
 
 def _specials(config: dict, added: dict[str, dict]) -> dict[str, str] | None:
@@ -164,7 +176,10 @@ def _file_tokenizer(path: str) -> FileTokenizer | None:
         return None
     core.no_padding()
     core.no_truncation()
-    return FileTokenizer(core, specials, template, path)
+    tokenizer = FileTokenizer(core, specials, template, path)
+    tokenizer.cleans_up = (bool(config.get("clean_up_tokenization_spaces"))
+                           and type(core.model).__name__ != "BPE")
+    return tokenizer
 
 
 # The files that decide what ``_file_tokenizer`` reads and whether it may.

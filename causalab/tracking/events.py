@@ -42,7 +42,7 @@ from causalab.tracking import runs as store
 from causalab.tracking.background import Lane, Stalled
 from causalab.tracking.points import PointRun
 from causalab.tracking.reach import StoreRefused, Unanswered, reach, source_of
-from causalab.tracking.worker import worker
+from causalab.tracking.worker import WorkerGone, worker
 from causalab.tracking.writes import StoreWrites
 
 # After an interrupt the run waits for what it sent only while the store keeps answering:
@@ -125,6 +125,11 @@ class TrackingEvents(StoreWrites, Events):
             self._unanswered = TrackingError(source_of(self.uri_option), (
                 f"{error.message}; the run's files are in {self.out}, and a rerun stores "
                 "the points this one could not"))
+        except WorkerGone as error:  # killed or out of memory: the user's to see, in one line
+            self._unanswered = TrackingError(source_of(self.uri_option), (
+                f"tracking to {self.uri} stopped: {error} (killed, or out of memory?); the "
+                f"run's files are in {self.out}, and a rerun stores the points this one "
+                "could not"))
         self._check()
 
     def _check(self) -> None:

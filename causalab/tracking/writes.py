@@ -141,9 +141,12 @@ class StoreWrites:
             error = IncompleteStore(f"not all of the point was stored: {run.lost}")
         self.failed.append(run.run_id)
         if isinstance(error, IncompleteStore):
+            # A store that stopped answering already said where the files are: once is enough.
+            tail = ("" if "files are in" in str(error) else
+                    f"; its files are in {self.out}, and a rerun computes it again")
             refusal = TrackingError(source_of(self.uri_option), (
-                f"point {run.label or '<root>'} (run {run.run_id}) is not FINISHED: {error}; "
-                f"its files are in {self.out}, and a rerun computes it again"))
+                f"point {run.label or '<root>'} (run {run.run_id}) is not FINISHED: {error}"
+                f"{tail}"))
             try:
                 self._end(run.run_id, error)
             except Exception:  # a store that takes nothing more leaves it RUNNING: not done

@@ -4,8 +4,10 @@ The tampering is what a shared store or a careless copy does: a tensor of a ship
 changed and the file saved again with its stamp left as it was (``safetensors.save_file``
 with the old metadata). Each is refused by ``explain`` and by ``run`` in one line naming the
 file and the tensor, before anything is written; the untouched bundle gives the same table,
-value for value, as the same tensors with no digest. A check that cannot run says so in one
-``note:`` line, and ``--strict`` refuses instead.
+value for value, as the same tensors with no digest. A stamp with no digest (one deleted key,
+and a tampered tensor would go unseen) is refused unless the document trusts it
+(``trust_unstamped``, the word an unstamped file needs); trusted, it runs with one ``note:``
+line, and ``--strict`` refuses instead. ``causalab restamp`` gives it its digest back.
 """
 from __future__ import annotations
 
@@ -42,9 +44,12 @@ def _edited(source: Path, target: Path, tensor: str, *, keep_digest: bool = True
     return target
 
 
-def _document(tmp_path: Path, corpus: str, featurizer: str, bundle: str) -> str:
+def _document(tmp_path: Path, corpus: str, featurizer: str, bundle: str, *,
+              trusted: bool = False) -> str:
     raw = json.loads((REPO / "documents" / "v2" / f"{corpus}.json").read_text())
     raw["featurizers"][featurizer]["file_path"] = bundle
+    if trusted:
+        raw["featurizers"][featurizer]["trust_unstamped"] = True
     path = tmp_path / f"{corpus}.json"
     path.write_text(json.dumps(raw))
     return str(path)
@@ -94,7 +99,7 @@ def test_an_untouched_bundle_scores_bit_for_bit_as_the_same_tensors_without_a_di
                     keep_digest=False)
     tables = {}
     for name, bundle in (("stamped", ARTIFACTS / "rot.safetensors"), ("plain", plain)):
-        document = _document(tmp_path, "das_apply", "rot", str(bundle))
+        document = _document(tmp_path, "das_apply", "rot", str(bundle), trusted=name == "plain")
         status, _, err = _cli(capsys, "run", document, "--no-track", "--device-map", "cpu",
                               "--out", str(tmp_path / name), "--data-root", DATA)
         assert status == 0, err
@@ -102,22 +107,39 @@ def test_an_untouched_bundle_scores_bit_for_bit_as_the_same_tensors_without_a_di
         tables[name] = [(row["example_id"], row["value"]) for row in rows]
         if name == "plain":  # the digest check could not run, and says so
             assert err.splitlines() == [f"note: featurizers.rot.file_path: {plain}: tensors not "
-                                        "checked: its stamp has no digest (re-stamp it: "
-                                        f"causalab restamp {plain})"]
+                                        "checked: its stamp has no digest, trusted as the "
+                                        "document says (re-stamp it: causalab restamp "
+                                        f"{plain})"]
     assert tables["stamped"] == tables["plain"] and len(tables["plain"]) > 0
 
 
-def test_a_stamp_without_a_digest_is_noted_by_explain_and_refused_with_strict(
+def test_a_stamp_without_a_digest_is_refused_unless_trusted_then_noted_and_strict_refuses(
         tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)
     plain = _edited(ARTIFACTS / "rot.safetensors", tmp_path / "rot.safetensors", "weight",
                     keep_digest=False)
+    tampered = load_file(str(plain))
+    tampered["weight"][0, 0] += 0.25  # the tamper a missing digest would hide
+    save_file(tampered, str(plain), metadata=_metadata(plain))
     document = _document(tmp_path, "das_apply", "rot", str(plain))
-    status, _, err = _cli(capsys, "explain", document, "--data-root", DATA)
+    for verb in (["explain", document], ["run", document, "--no-track", "--device-map", "cpu",
+                                         "--out", str(tmp_path / "out")]):
+        status, _, err = _cli(capsys, *verb, "--data-root", DATA)
+        (line,) = err.splitlines()
+        assert status == 1 and line.startswith(f"error: featurizers.rot.file_path: {plain}: "
+                                               "its stamp has no tensor digest"), err
+        assert "trust_unstamped" in line and "causalab restamp" in line
+    assert not (tmp_path / "out").exists()
+    trusted = _document(tmp_path, "das_apply", "rot", str(plain), trusted=True)
+    status, _, err = _cli(capsys, "explain", trusted, "--data-root", DATA)
     assert status == 0 and err.startswith("note: featurizers.rot.file_path: ")
-    status, _, err = _cli(capsys, "explain", document, "--data-root", DATA, "--strict")
+    status, _, err = _cli(capsys, "explain", trusted, "--data-root", DATA, "--strict")
     assert status == 1 and err.startswith("error: featurizers.rot.file_path: ")
+    status, out, _ = _cli(capsys, "restamp", str(plain))
+    assert status == 0 and out.strip() == f"restamped {plain}: basis, weight"
+    status, _, err = _cli(capsys, "explain", document, "--data-root", DATA)
+    assert status == 0 and err == ""
 
 
 def test_restamp_gives_an_intended_edit_its_digest_and_explain_then_compiles(
