@@ -166,8 +166,7 @@ def text(found: list[Planned], batch_size: int | None = None,
         budget = min(RESUME_BUDGET, memory.budget.share(RESUME_SHARE)) // 2 ** 20
     lines = [f"{len(found)} traces (rows per trace: {batch_size or 'all'}; resume budget "
              f"{budget} MiB{'; a fit counted to its last epoch' if fitted else ''})"]
-    lines += [memory.line] if memory is not None else []
-    lines += LEGEND
+    lines += [*LEGEND, memory.line] if memory is not None else LEGEND
     blocks: list[tuple[str, list]] = []
     calls: list[int] = []
     for planned in found:
