@@ -53,7 +53,7 @@ cd "$ROOT" || exit 1
 
 start=$(date +%s)
 # shellcheck disable=SC2086
-CAUSALAB_TEST_DEVICE=$DEVICE timeout 300 "$PY" -m pytest -q -p no:cacheprovider -m "not slow" \
+CAUSALAB_TEST_DEVICE=$DEVICE timeout "${TESTS_TIMEOUT:-300}" "$PY" -m pytest -q -p no:cacheprovider -m "not slow" \
     $TESTS > "$CAUSALAB_HOME/tests.log" 2>&1
 tests_status=$?
 tests_line="$(tail -n 1 "$CAUSALAB_HOME/tests.log")"
@@ -64,7 +64,7 @@ start=$(date +%s)
 if [ "$DRY" = 1 ]; then
     timeout 240 "$PY" scripts/bench/device.py --dry > "$CAUSALAB_HOME/device.log" 2>&1
 else
-    timeout 330 "$PY" scripts/bench/device.py --device cuda --memory "${MEMORY:-80%}" \
+    timeout "${BENCH_TIMEOUT:-330}" "$PY" scripts/bench/device.py --device cuda --memory "${MEMORY:-80%}" \
         > "$CAUSALAB_HOME/device.log" 2>&1
 fi
 device_status=$?

@@ -23,6 +23,7 @@ swaps the 1B shape for another (``llama-tiny`` for a quick check of the script i
     .venv/bin/python scripts/bench/scale.py                     # everything (8B: 16 GB)
     .venv/bin/python scripts/bench/scale.py --only 1b,growth,budget --rows 24
     .venv/bin/python scripts/bench/scale.py --only 8b
+    .venv/bin/python scripts/bench/scale.py --only budget --workloads attribution,das
     .venv/bin/python scripts/bench/scale.py --shape llama-tiny --only 1b,budget --rows 6
 """
 from __future__ import annotations
@@ -179,18 +180,21 @@ def shape_of(name: str, dtype: str = "bf16") -> tuple[dict, object, int]:
             memory.weights_bytes(path, dtype))
 
 
-def workloads(model: dict, facts, rows: int) -> dict:
-    """The 1B part's workloads: name -> (document, rows)."""
+WORKLOADS = ("heads", "layers", "attribution", "das")
+
+
+def workloads(model: dict, facts, rows: int, chosen=WORKLOADS) -> dict:
+    """The 1B part's workloads: name -> (document, rows), those ``chosen``."""
     middle = facts.layers // 2
-    return {"heads": (head_sweep(model, [middle], facts.heads), pairs(rows)),
-            "layers": (layer_sweep(model, list(range(facts.layers))), pairs(rows)),
-            "attribution": (attribution(model), pairs(rows)),
-            "das": (das(model, middle), pairs(rows))}
+    every = {"heads": lambda: head_sweep(model, [middle], facts.heads),
+             "layers": lambda: layer_sweep(model, list(range(facts.layers))),
+             "attribution": lambda: attribution(model), "das": lambda: das(model, middle)}
+    return {name: (every[name](), pairs(rows)) for name in WORKLOADS if name in chosen}
 
 
-def part_1b(model, facts, weights, rows: int, figures: dict) -> dict:
+def part_1b(model, facts, weights, rows: int, figures: dict, chosen=WORKLOADS) -> dict:
     found = {}
-    for name, (document, table) in workloads(model, facts, rows).items():
+    for name, (document, table) in workloads(model, facts, rows, chosen).items():
         found[name] = run(document, table)
         ratio = found[name]["peak"] / weights
         print(f"1b {name:<12} {found[name]['seconds']:7.1f} s  peak {found[name]['peak'] / GIB:5.2f} "
@@ -221,8 +225,9 @@ def part_growth(model, facts, figures: dict) -> None:
         figures[f"exp_{name}"] = f"{slope:.2f}"
 
 
-def part_budget(model, facts, weights, rows: int, reference: dict, figures: dict) -> None:
-    chosen = {k: v for k, v in workloads(model, facts, rows).items() if k != "layers"}
+def part_budget(model, facts, weights, rows: int, reference: dict, figures: dict,
+                chosen=WORKLOADS) -> None:
+    chosen = {k: v for k, v in workloads(model, facts, rows, chosen).items() if k != "layers"}
     for extra in (2, 1):
         budget = weights + extra * GIB
         spelled = f"{budget // 2 ** 20}MiB"
@@ -260,19 +265,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape", default="llama-3.2-1b", help="the stand-in of the 1B part")
     parser.add_argument("--big", default="llama-3.1-8b", help="the stand-in of the 8B part")
     parser.add_argument("--big-memory", default="21GiB")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help="of the 1B and budget parts: heads, layers, attribution, das")
     args = parser.parse_args(argv)
-    parts = set(args.only.split(","))
+    parts, chosen = set(args.only.split(",")), set(args.workloads.split(","))
     figures: dict = {"shape": args.shape, "rows": args.rows}
     reference: dict = {}
     if parts & {"1b", "growth", "budget"}:
         model, facts, weights = shape_of(args.shape)
         figures["weights"] = f"{weights / GIB:.2f}GiB"
         if "1b" in parts:
-            reference = part_1b(model, facts, weights, args.rows, figures)
+            reference = part_1b(model, facts, weights, args.rows, figures, chosen)
         if "growth" in parts:
             part_growth(model, facts, figures)
         if "budget" in parts:
-            part_budget(model, facts, weights, args.rows, reference, figures)
+            part_budget(model, facts, weights, args.rows, reference, figures, chosen)
     if "8b" in parts:
         part_8b(figures, name=args.big, memory=args.big_memory)
     print("SCALE " + " ".join(f"{key}={value}" for key, value in figures.items()))
