@@ -212,3 +212,22 @@ def test_causalab_ui_on_a_store_without_a_sweep_serves_its_runs_page_and_sigterm
         if ui.poll() is None:
             os.killpg(ui.pid, signal.SIGKILL)
             ui.wait(30)
+
+
+def test_a_saved_view_searches_a_sweep_s_points_by_parent_or_for_a_multirun_by_their_ids():
+    import json
+
+    from causalab.tracking import summary
+
+    own = summary.points_filter("p", ["a", "b"], ["p", "p"])
+    assert own == "tags.`mlflow.parentRunId` = 'p'"
+    jobs = summary.points_filter("p", ["a", "b"], ["job1", "job2"])  # a multirun's jobs hold them
+    assert jobs == "attributes.run_id IN ('a', 'b')"
+    points = [({"k": k}, {"iia/test": 1.0, "iia/control": 0.0, "ce/test": 1.0,
+                          "ce/control": 2.0}) for k in (1, 4)]
+    state = json.loads(json.loads(summary.view_state(points, ["k"], name="das", created_ms=1,
+                                                     search=own))["state"])
+    assert state["searchFilter"] == own and state["orderByAsc"] is True
+    assert state["selectedColumns"] == state["columnOrder"] == [
+        "params.`k`", "metrics.`iia/test`", "metrics.`iia/control`", "metrics.`ce/test`",
+        "metrics.`ce/control`"]

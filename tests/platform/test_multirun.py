@@ -84,7 +84,10 @@ def test_a_single_hydra_run_tracks_to_a_sqlite_database_in_the_working_directory
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    assert f"mlflow ui --backend-store-uri {uri}" in done.stdout
+    # the command that shows them, as pasted where the run was started: causalab ui on the store
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("see them: ")]
+    command = line[len("see them: "):].split(" ")
+    assert command[1:] == ["ui", "--store", uri] and os.access(command[0], os.X_OK)
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("causalab").experiment_id])
     assert run.info.status == "FINISHED"
