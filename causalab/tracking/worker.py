@@ -247,14 +247,21 @@ def _portable(error: BaseException, uri: str | None) -> BaseException:
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
+# A server behind authentication (``mlflow server --app-name basic-auth``) without a login.
+_LOGIN = re.compile(r"error code (401|403)\b")
 _REFUSING = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM}
 
 
 def _refused(error: BaseException) -> str | None:
     """Why the store cannot take a write, when that is what ``error`` says: its SQLite file
-    (full, read-only, corrupt) or its artifact folder (no space, no permission)."""
+    (full, read-only, corrupt), its artifact folder (no space, no permission) or a server
+    that asks for a login."""
     seen: BaseException | None = error
     while seen is not None:
+        if _LOGIN.search(str(seen)) and type(seen).__name__ == "MlflowException":
+            return ("it asks for a login (HTTP 401/403): set MLFLOW_TRACKING_USERNAME and "
+                    "MLFLOW_TRACKING_PASSWORD, e.g. from `causalab server --auth`'s "
+                    "admin_password")
         if type(seen).__module__ == "sqlite3" or isinstance(seen, OSError) and seen.errno in _REFUSING:
             lines = [line.strip() for line in str(seen).splitlines() if line.strip()]
             return (lines[0] if lines else type(seen).__name__)[:200]

@@ -90,6 +90,8 @@ def test_a_causalab_run_with_the_credentials_stores_its_point_and_one_without_is
                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
     lines = [line for line in refused.stderr.splitlines() if line.strip()]
     assert refused.returncode == 1 and len(lines) == 1 and "Traceback" not in refused.stderr
+    assert lines[0].startswith("error: --tracking-uri: ") and "MLFLOW_TRACKING_PASSWORD" in lines[0]
+    assert "--debug" not in lines[0], lines[0]
     done = subprocess.run(command + ["--out", str(tmp_path / "admin")],
                           env={**env, **credentials(root)}, cwd=tmp_path, capture_output=True,
                           text=True, timeout=300)
