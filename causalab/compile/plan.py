@@ -283,8 +283,7 @@ class Attribute:
     ``passes[i]`` is the interchange compiled with the write and its operand at position
     ``labels[i]`` (``(None,)``: the write's own position); all share the rows and ids.
     ``addresses[j]`` is the site at ``layers[j]`` (a head unit selects every head the site
-    has); ``embeddings`` is where ``steps > 1`` interpolates the two prompts. AtP*: the QK
-    fix's ``partners``/``scores``/``patterns``, GradDrop's ``gates``, ``verify``'s units."""
+    has); ``embeddings``: where ``steps > 1`` interpolates; AtP*'s tensors, ``verify``'s units."""
 
     name: str
     passes: tuple[Pass, ...]

@@ -55,13 +55,11 @@ def signature(point: Any) -> tuple | None:
 
 
 def _capacity(point: Plan, batch_size: int | None, cache: DocumentCache | None) -> int:
-    """How many copies of the point's rows one trace may hold."""
     return capacity([node.pass_ for node in point.children], batch_size, cache)
 
 
 def capacity(passes: list, batch_size: int | None, cache: DocumentCache | None = None) -> int:
-    """How many copies of the rows of ``passes`` (one point's) one fused trace may hold,
-    within the memory budget's trace share when there is one."""
+    """Copies of one point's rows (``passes``) one fused trace may hold, within the budget."""
     rows = max(pass_.rows for pass_ in passes)
     widest = max(batch.tokens for pass_ in passes for batch in pass_.inputs.values())
     tokens = max(pass_.rows * batch.tokens for pass_ in passes for batch in pass_.inputs.values())
@@ -73,8 +71,7 @@ def capacity(passes: list, batch_size: int | None, cache: DocumentCache | None =
 
 def groups(points: list, batch_size: int | None = None,
            cache: DocumentCache | None = None) -> list[list]:
-    """``points`` in order, cut into runs that share traces: consecutive points of one
-    signature, as many as one trace holds. A point that cannot be fused is alone."""
+    """``points`` in order, cut into runs of one signature that share traces (one alone)."""
     runs: list[tuple[tuple | None, list]] = []
     for point in points:
         key = signature(point)

@@ -18,8 +18,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from mlflow.exceptions import MlflowException
-
 from causalab import uncertainty
 from causalab.files import DOCUMENT
 from causalab.tracking import runs as store
@@ -33,6 +31,8 @@ BEATS = "causalab.first_beats"  # {point: P(the first point beats it)}, a JSON o
 def table_rows(mlflow, run, name: str, step: str | None) -> dict[str, float] | None:
     """example id -> value of the eligible rows of the table ``run`` saved for ``name`` at
     ``step`` (None: no such table; the point's order is :func:`summary.ranked`'s). A linked point's files are on the run it reuses."""
+    from mlflow.exceptions import MlflowException  # in the worker: the run's process has none
+
     from causalab.progress import mlflow_bars
 
     source = run.data.tags.get(store.REUSED_FROM) or run.info.run_id

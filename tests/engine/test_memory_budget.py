@@ -139,7 +139,7 @@ def test_explain_traces_prints_the_budget_and_each_traces_peak(tiny, kit, tmp_pa
     assert main(["explain", "--traces", str(document), "--memory", "6GiB",
                  "--data-root", data_root]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[1].startswith("memory budget 6.0 GiB; held before any trace ~")
+    assert lines[3].startswith("memory budget 6.0 GiB; held before any trace ~")  # after the legend
     traces = [line for line in lines if line.startswith("  ") and ". " in line]
     assert traces and all("; peak ~" in line for line in traces)
 

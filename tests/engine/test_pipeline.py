@@ -143,8 +143,22 @@ def test_an_ended_point_keeps_no_results_once_its_end_is_reported(tiny, kit, tmp
         assert all(not node.results for node in point.children)
 
 
-@pytest.mark.parametrize("operand_pos", [{"all": True}, {"index": -1, "scope": {"variable": "cf_answer"}}],
-                         ids=["wider_than_the_write", "placed_on_no_row"])
+def test_an_operand_placed_on_no_row_is_refused_at_compile_naming_the_read(tiny, kit, tmp_path):
+    # An anchor absent from every prompt places nothing: refused before the model loads (C23).
+    from causalab.errors import CompileError
+    from causalab.pipeline import run_document
+
+    document = kit.patching_document(tiny("tiny-llama"))
+    document["interventions"]["patch"]["reads"]["v_cf"]["pos"] = {
+        "index": -1, "scope": {"variable": "cf_answer"}}
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
+    with pytest.raises(CompileError) as caught:
+        run_document(document, out=str(tmp_path / "out"), data_root=data_root)
+    assert caught.value.path == ("interventions", "patch", "reads", "v_cf", "pos")
+    assert "selects no token on any row" in caught.value.message
+
+
+@pytest.mark.parametrize("operand_pos", [{"all": True}], ids=["wider_than_the_write"])
 def test_an_operand_over_other_positions_than_its_write_is_refused_at_the_operand(
         tiny, kit, tmp_path, operand_pos):
     # Widths only rows show (an `all` read, an anchor absent from every prompt) used to reach

@@ -18,6 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from causalab.engine.bundles import restamp
+
 TOL = dict(atol=1e-6, rtol=1e-6)
 D = 16
 LITERAL = 0.05
@@ -194,11 +196,13 @@ def _write_bundles(world, root) -> None:
     world.pca_q = q.contiguous()
     save_file({"weight": world.pca_q}, str(root / "pca.safetensors"),
               metadata=_stamp(world, "pca", D, 4))
+    restamp(str(root / "pca.safetensors"))  # written by hand: the digest a stamp needs
     world.thetas = {"mixed": torch.randn(D, generator=g), "on": torch.ones(D), "off": -torch.ones(D)}
     assert 0 < int((world.thetas["mixed"] > 0).sum()) < D
     for name, theta in world.thetas.items():
         save_file({"weight": theta}, str(root / f"gate_{name}.safetensors"),
                   metadata=_stamp(world, "gate", D))
+        restamp(str(root / f"gate_{name}.safetensors"))
     world.dictionaries = {"sae": _bad_dictionary(5, D, 32), "linear": _bad_dictionary(6, D, 6),
                           "sae_units": _bad_dictionary(7, 5, 9)}
     for name, tensors in world.dictionaries.items():

@@ -65,9 +65,13 @@ def test_each_test_metric_has_its_control_beside_it_and_counts_apart(das):
     for run in das["points"].values():
         metrics = run.data.metrics
         listed = sorted(metrics)  # the order MLflow's metric list and compare table show
+        scores = [key for key in listed if not key.endswith((".lo", ".hi"))]
         for name in ("iia", "logit_diff", "ce"):
             test, control = f"{name}/test", f"{name}/control"
-            assert abs(listed.index(test) - listed.index(control)) == 1, listed
+            assert abs(scores.index(test) - scores.index(control)) == 1, listed
+            for score in (test, control):  # each interval's ends sort right after its score
+                at = listed.index(score)
+                assert listed[at + 1:at + 3] == [f"{score}.hi", f"{score}.lo"], listed
             assert metrics[f"n/{name}/test"] == 12
         counts = [key for key in listed if key.startswith("n/")]
         assert listed[-len(counts) - 1:-1] == counts and listed[-1] == "train/loss"

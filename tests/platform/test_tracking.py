@@ -125,13 +125,12 @@ def test_list_runs_finds_a_point_by_its_digest(head_sweep, mlflow_server):
 
 
 def _failing_sweep() -> dict:
-    """Three points; the middle one writes at an anchor no base prompt contains (R1 at run
-    time), the last is fine again."""
+    """Three points; the middle one's write leaves the residual too large for the next norm
+    (refused at the write at run time), the last is fine again."""
     document = _corpus("patching")
-    patch = document["interventions"]["patch"]
-    patch["reads"]["v_cf"]["pos"] = {"index": -1, "scope": {"variable": "entity"}}
-    patch["writes"]["patch"]["pos"] = {
-        "index": -1, "scope": {"variable": {"sweep": ["entity", "cf_answer", "input"]}}}
+    document["interventions"]["patch"]["writes"]["patch"] = {
+        "site": "target", "pos": -1, "mechanism": "add_scaled", "operand": "v_cf",
+        "params": {"scale": {"sweep": [0.5, 1e38, 2.0]}}}
     return document
 
 
@@ -140,11 +139,11 @@ def test_a_point_that_raises_ends_failed_with_its_error_and_the_others_finish(
     with pytest.raises(RunError):
         _track(_failing_sweep(), mlflow_server, experiment_name, tmp_path)
     runs = {r.info.run_name: r for r in _runs(mlflow_server, experiment_name)}
-    assert runs["variable=entity"].info.status == "FINISHED"
-    failed = runs["variable=cf_answer"]
+    assert runs["scale=0.5"].info.status == "FINISHED"
+    failed = runs["scale=1e+38"]
     assert failed.info.status == "FAILED"
-    assert "empty window" in failed.data.tags[store.ERROR]
-    assert runs["variable=input"].info.status == "FINISHED"
+    assert "too large for a norm" in failed.data.tags[store.ERROR]
+    assert runs["scale=2.0"].info.status == "FINISHED"
     assert runs["sweep"].info.status == "FAILED"
 
 
