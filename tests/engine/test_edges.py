@@ -6,6 +6,8 @@ patched differences at each receiver's norm input, receiver by receiver, by plai
 """
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -158,3 +160,64 @@ def test_faithfulness_equals_hand_patched_circuits_at_three_k(setup):
     # No edge kept is the counterfactual's forward, every edge kept the base's.
     assert curve.faithfulness[0] == pytest.approx(0.0, abs=1e-4)
     assert curve.faithfulness[-1] == pytest.approx(1.0, abs=1e-4)
+
+
+def _edge_document(kit, resolved, **options) -> dict:
+    doc = kit.patching_document(resolved, component="attention_output", layer=0)
+    doc["steps"] = {"circuit": {"kind": "attribute", "interventions": "patch",
+                                "rows": {"base": "pairs", "counterfactual": "pairs"},
+                                "metrics": ["logit_diff"], "edges": True, **options}}
+    return doc
+
+
+def test_an_edges_step_writes_tables_that_rank_as_exact_edge_patching_does(kit, tiny, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from causalab.models import load_tokenizer
+
+    resolved = tiny("tiny-llama")
+    rows = kit.pair_rows(PAIRS)
+    data_root = kit.write_table(tmp_path / "data", "pairs", rows)
+    plan = kit.run_compiled(_edge_document(kit, resolved, steps=5, circuit_k=[4, 10]),
+                            data_root, tmp_path / "out")
+    table = json.loads((tmp_path / "out" / "circuit.edges.json").read_text())
+    nodes = json.loads((tmp_path / "out" / "circuit.nodes.json").read_text())
+    curve = json.loads((tmp_path / "out" / "circuit.faithfulness.json").read_text())
+    assert len(table) == 33 and [n["node"] for n in nodes][:2] == ["embeddings", "L0H0"]
+    assert curve["ks"] == [0, 4, 10, 33]
+    assert curve["faithfulness"][0] == pytest.approx(0.0, abs=1e-4)
+    assert curve["faithfulness"][-1] == pytest.approx(1.0, abs=1e-4)
+    assert kit.step(plan, "circuit").results["edges"]["logit_diff"]["curve"]["area"] == curve["area"]
+    # The step's metric is logit(cf answer) - logit(base answer): scored here by hand.
+    model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(resolved.path)
+    base = dict(tokenizer([p[0] for p in PAIRS], return_tensors="pt"))
+    cf = dict(tokenizer([p[1] for p in PAIRS], return_tensors="pt"))
+    a = torch.tensor([tokenizer(p[3]).input_ids[-1] for p in PAIRS])
+    b = torch.tensor([tokenizer(p[2]).input_ids[-1] for p in PAIRS])
+
+    def metric(logits):
+        return logits[torch.arange(len(PAIRS)), a] - logits[torch.arange(len(PAIRS)), b]
+    cf_out, base_out = _outputs(model, cf, metric), _outputs(model, base, metric)
+    m_base = _run(model, base, metric, {}).mean()
+    exact = [float(_run(model, base, metric, {e["receiver"]: lambda now, d=cf_out[e["sender"]]
+                                               - base_out[e["sender"]]: d}).mean() - m_base)
+             for e in table]
+    rho = _spearman(torch.tensor([e["score"] for e in table]), torch.tensor(exact))
+    # The unscaled tiny Llama: EAP-IG (steps 5) measured at 0.994 (steps 1: 0.889).
+    assert rho > 0.98
+
+
+def test_edge_options_refused_where_they_do_not_apply(kit, tiny, tmp_path):
+    import causalab.compile
+    from causalab.errors import DocumentError
+
+    doc = _edge_document(kit, tiny("tiny-llama"), verify=3)
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(PAIRS))
+    with pytest.raises(DocumentError, match="verify"):
+        causalab.compile.compile_document(doc, data_root=data_root)
+    doc["steps"]["circuit"].pop("verify")
+    doc["steps"]["circuit"]["edges"] = False
+    doc["steps"]["circuit"]["circuit_k"] = [3]
+    with pytest.raises(DocumentError, match="circuit_k"):
+        causalab.compile.compile_document(doc, data_root=data_root)
