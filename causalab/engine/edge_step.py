@@ -1,8 +1,8 @@
 """An attribute step with ``edges: true`` (docs/format.md §9.7): EAP-IG over every edge.
 
 The step's interchange names the two roles and its metrics; ``causalab.engine.edges`` scores
-every edge of the model's graph over all the step's rows at once (one forward per role, one
-per integrated-gradients step) and patches the top-``circuit_k`` circuits' complements. The
+every edge of the model's graph per window of rows (one forward per role, one per
+integrated-gradients step) and patches the top-``circuit_k`` circuits' complements. The
 metric is the interchange's, scored on the logits at the prompt's last position. Writes per
 metric ``<step>.edges.json`` (sender, receiver, score: the mean over eligible rows, rank),
 ``<step>.nodes.json`` (each sender's outgoing edges summed: in a residual model that is its
@@ -23,17 +23,19 @@ from causalab.errors import RunError
 
 # Circuit sizes when the step names none, as fractions of the graph's edges.
 DEFAULT_FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+# Rows per window when the run names no batch size: a window holds every sender's output.
+WINDOW = 16
 
 
-def _batch(node: Attribute, role: str, device) -> dict:
+def _batch(node: Attribute, role: str, rows: tuple, device) -> dict:
     prompts = node.passes[0].inputs[role]
-    return {"input_ids": torch.tensor(prompts.input_ids, device=device),
-            "attention_mask": torch.tensor(prompts.attention_mask, device=device)}
+    return {key: torch.tensor([getattr(prompts, key)[r] for r in rows], device=device)
+            for key in ("input_ids", "attention_mask")}
 
 
-def _metric(metric: MetricOp, rows: int):
+def _metric(metric: MetricOp, rows: tuple):
     """The compiled metric on last-position logits ``(rows, vocab)``: eligible rows' values."""
-    return lambda logits: score(metric, logits.float(), tuple(range(rows)))[0]
+    return lambda logits: score(metric, logits.float(), rows)[0]
 
 
 def sizes(node: Attribute, total: int) -> list[int]:
@@ -43,8 +45,8 @@ def sizes(node: Attribute, total: int) -> list[int]:
     return sorted({0, total, *(min(k, total) for k in ks)})
 
 
-def _tables(found: edges.Graph, scored: torch.Tensor) -> tuple[list, list]:
-    mean = scored.mean(0).double().cpu()
+def _tables(found: edges.Graph, mean: torch.Tensor) -> tuple[list, list]:
+    mean = mean.double().cpu()
     pairs = sorted(found.edges(), key=lambda e: -abs(float(mean[e])))
     edge_rows = [{"sender": found.senders[u], "receiver": found.receivers[v],
                   "score": float(mean[u, v]), "rank": rank + 1}
@@ -54,24 +56,32 @@ def _tables(found: edges.Graph, scored: torch.Tensor) -> tuple[list, list]:
     return edge_rows, node_rows
 
 
-def run(node: Attribute, model: Any, directory: Path) -> list[str]:
-    """The step's edge and node tables and faithfulness curve, per metric, into its results."""
+def run(node: Attribute, model: Any, directory: Path, batch_size: int | None) -> list[str]:
+    """The step's edge and node tables and faithfulness curve, per metric, into its results;
+    rows in windows of ``batch_size`` (scores summed, then the mean over eligible rows)."""
     torch_model = getattr(model, "_model", model)
     try:
         found = edges.graph(torch_model)
     except ValueError as error:
         raise RunError((node.name, "edges"), str(error)) from None
     device = next(torch_model.parameters()).device
-    base, cf = _batch(node, node.base, device), _batch(node, node.counterfactual, device)
+    rows = tuple(range(node.passes[0].rows))
+    size = batch_size or WINDOW
+    chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
+    batches = [(_batch(node, node.base, c, device), _batch(node, node.counterfactual, c, device))
+               for c in chunks]
     ks = sizes(node, int(found.mask.sum()))
     written, report = [], {}
     for metric in node.passes[0].metrics:
         if metric.name not in node.metrics:
             continue
-        fn = _metric(metric, node.passes[0].rows)
-        scored = edges.scores(torch_model, base, cf, fn, steps=node.steps)
-        curve = edges.faithfulness(torch_model, base, cf, fn, scored, ks)
-        edge_rows, node_rows = _tables(found, scored)
+        windows = [(base, cf, _metric(metric, c)) for (base, cf), c in zip(batches, chunks)]
+        total = sum(edges.scores(torch_model, *window, steps=node.steps).sum(0)
+                    for window in windows)
+        eligible = len(set(metric.eligible) & set(rows))
+        mean = total / max(eligible, 1)
+        curve = edges.faithfulness(torch_model, windows, mean, ks)
+        edge_rows, node_rows = _tables(found, mean)
         report[metric.name] = {"curve": dataclasses.asdict(curve), "edges": len(edge_rows),
                                "top": edge_rows[:10]}
         suffix = "" if len(node.metrics) == 1 else f".{metric.name}"

@@ -185,17 +185,22 @@ def circuit(mean_scores: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tens
     return keep.view_as(mask) & mask
 
 
-def faithfulness(model, base: dict, counterfactual: dict, metric: Metric,
-                 edge_scores: torch.Tensor, ks: list[int]) -> Curve:
-    """The curve over ``ks`` for the circuits ``edge_scores`` (rows, senders, receivers) rank."""
+def faithfulness(model, windows: list[tuple[dict, dict, Metric]], mean_scores: torch.Tensor,
+                 ks: list[int]) -> Curve:
+    """The curve over ``ks`` for the circuits ``mean_scores`` (senders, receivers) ranks;
+    ``windows``: ``(base, counterfactual, metric)`` per window of rows, row means over all."""
     mask = graph(model).mask
     total = int(mask.sum())
-    mean = edge_scores.mean(0)
+
+    def mean(run) -> float:
+        return float(torch.cat([run(*window) for window in windows]).mean())
     with torch.no_grad():
-        m_base = float(_forward(model, base, metric)[0].mean())
-        m_cf = float(_forward(model, counterfactual, metric)[0].mean())
-    values = [float(patched(model, base, counterfactual, metric,
-                            mask & ~circuit(mean, mask, k)).mean()) for k in ks]
+        m_base = mean(lambda base, cf, metric: _forward(model, base, metric)[0])
+        m_cf = mean(lambda base, cf, metric: _forward(model, cf, metric)[0])
+    values = []
+    for k in ks:
+        outside = mask & ~circuit(mean_scores, mask, k)
+        values.append(mean(lambda base, cf, metric: patched(model, base, cf, metric, outside)))
     normal = [(v - m_cf) / (m_base - m_cf) for v in values]
     x = [k / total for k in ks]
     area = sum((x[i + 1] - x[i]) * (normal[i + 1] + normal[i]) / 2 for i in range(len(x) - 1))

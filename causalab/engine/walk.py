@@ -98,7 +98,7 @@ def _attribute(node: Attribute, model: Any, state: WalkState, directory: Path) -
     """An attribute step: the planner's traces, each kept (its gradients taken) by the
     attribution before the next runs, then its tables; ``edges: true`` scores edges instead."""
     if node.circuit_k is not None:
-        return edge_step.run(node, model, directory)
+        return edge_step.run(node, model, directory, state.batch_size)
     ctx = attribution.open_step(passes.open_pass(model, node.passes[0], state), node)
     with torch.no_grad():
         _run_stages(model, planner.attribute_stages(ctx, node), [ctx])

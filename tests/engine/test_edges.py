@@ -139,7 +139,7 @@ def test_faithfulness_equals_hand_patched_circuits_at_three_k(setup):
     found = edges.graph(model)
     scored = edges.scores(model, base, cf, metric, steps=3)
     ks = [0, 5, 12, 20, 33]
-    curve = edges.faithfulness(model, base, cf, metric, scored, ks)
+    curve = edges.faithfulness(model, [(base, cf, metric)], scored.mean(0), ks)
     cf_out = _outputs(model, cf, metric)
     m_base = float(_run(model, base, metric, {}).mean())
     m_cf = float(_run(model, cf, metric, {}).mean())
@@ -188,6 +188,12 @@ def test_an_edges_step_writes_tables_that_rank_as_exact_edge_patching_does(kit, 
     assert curve["faithfulness"][0] == pytest.approx(0.0, abs=1e-4)
     assert curve["faithfulness"][-1] == pytest.approx(1.0, abs=1e-4)
     assert kit.step(plan, "circuit").results["edges"]["logit_diff"]["curve"]["area"] == curve["area"]
+    kit.run_compiled(_edge_document(kit, resolved, steps=5, circuit_k=[4, 10]), data_root,
+                     tmp_path / "windows", batch_size=2)
+    windows = json.loads((tmp_path / "windows" / "circuit.edges.json").read_text())
+    # Windows of 2 rows sum the same per-row scores: float32 reassociation, ~1e-7 relative.
+    assert [e["score"] for e in windows] == pytest.approx([e["score"] for e in table],
+                                                          rel=1e-4, abs=1e-8)
     # The step's metric is logit(cf answer) - logit(base answer): scored here by hand.
     model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32).eval()
     tokenizer = load_tokenizer(resolved.path)
