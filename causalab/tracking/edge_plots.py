@@ -34,6 +34,7 @@ def figure(reports: Mapping[str, dict], *, title: str = "") -> bytes:
         curve = report["curve"]
         axes.plot(curve["ks"], curve["faithfulness"], "o-", markersize=4,
                   label=f"{metric} (area {curve['area']:.3f})")
+    axes.set_xscale("symlog", linthresh=1)  # circuits of tens of edges among thousands
     axes.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     axes.axhline(0.0, color="grey", linestyle=":", linewidth=1)
     axes.set_xlabel(f"edges in the circuit (of {next(iter(reports.values()))['edges']})")
