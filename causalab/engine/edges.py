@@ -149,17 +149,22 @@ def scores(model, base: dict, counterfactual: dict, metric: Metric, steps: int =
     return every * found.mask
 
 
-def patched(model, base: dict, counterfactual: dict, metric: Metric,
+def patched(model, base: dict, counterfactual: dict | list, metric: Metric,
             outside: torch.Tensor) -> torch.Tensor:
     """The metric per row with every edge in ``outside`` ``(senders, receivers)`` patched from
-    the counterfactual: each receiver's input gets ``Σ_u (u_cf − u_now)`` over those edges."""
+    the counterfactual: each receiver's input gets ``Σ_u (u_cf − u_now)`` over those edges.
+    ``counterfactual``: its batch, or its sender outputs already taken."""
     with torch.no_grad():
-        _, cf = _forward(model, counterfactual, metric)
+        cf = counterfactual
+        if isinstance(cf, dict):
+            cf = _forward(model, counterfactual, metric)[1]
 
         def shift(index, x, now):
-            for u in outside[:, index].nonzero().flatten().tolist():
-                x = x + (cf[u] - now[u])
-            return x
+            senders = outside[:, index].nonzero().flatten().tolist()
+            if not senders:
+                return x
+            return x + (torch.stack([cf[u] for u in senders]).sum(0)
+                        - torch.stack([now[u] for u in senders]).sum(0))
         values, _ = _forward(model, base, metric, shift=shift)
     return values
 
@@ -191,16 +196,16 @@ def faithfulness(model, windows: list[tuple[dict, dict, Metric]], mean_scores: t
     ``windows``: ``(base, counterfactual, metric)`` per window of rows, row means over all."""
     mask = graph(model).mask
     total = int(mask.sum())
-
-    def mean(run) -> float:
-        return float(torch.cat([run(*window) for window in windows]).mean())
+    outside = [mask & ~circuit(mean_scores, mask, k) for k in ks]
+    found: list[list[torch.Tensor]] = [[] for _ in range(len(ks) + 2)]
     with torch.no_grad():
-        m_base = mean(lambda base, cf, metric: _forward(model, base, metric)[0])
-        m_cf = mean(lambda base, cf, metric: _forward(model, cf, metric)[0])
-    values = []
-    for k in ks:
-        outside = mask & ~circuit(mean_scores, mask, k)
-        values.append(mean(lambda base, cf, metric: patched(model, base, cf, metric, outside)))
+        for base, cf, metric in windows:
+            found[0].append(_forward(model, base, metric)[0])
+            values, senders = _forward(model, cf, metric)
+            found[1].append(values)
+            for j, edges_out in enumerate(outside):
+                found[j + 2].append(patched(model, base, senders, metric, edges_out))
+    m_base, m_cf, *values = [float(torch.cat(each).mean()) for each in found]
     normal = [(v - m_cf) / (m_base - m_cf) for v in values]
     x = [k / total for k in ks]
     area = sum((x[i + 1] - x[i]) * (normal[i + 1] + normal[i]) / 2 for i in range(len(x) - 1))
