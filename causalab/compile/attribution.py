@@ -70,15 +70,16 @@ def _check_size(raw: AttributeStep, addresses: tuple, labels: tuple, rows: int,
                            f"{MAX_ATTRIBUTION_ROWS}; narrow the site's units or the layers")
 
 
-def _check_paths(pass_: Pass, base: str, counterfactual: str, at: tuple) -> None:
-    """Integrated gradients interpolates the two prompts token by token: equal lengths."""
+def _check_paths(pass_: Pass, base: str, counterfactual: str, at: tuple,
+                 why: str = "integrated gradients walks between them token by token "
+                            "(steps: 1 does not)") -> None:
+    """Integrated gradients interpolates the two prompts token by token, and edges are
+    patched position by position: equal lengths."""
     one, other = pass_.inputs[base], pass_.inputs[counterfactual]
     for row in range(pass_.rows):
         if one.attention_mask[row] != other.attention_mask[row]:
-            raise CompileError(at + ("steps",), f"row {pass_.example_ids[row]}: the "
-                               f"{base!r} and {counterfactual!r} prompts differ in length; "
-                               "integrated gradients walks between them token by token "
-                               "(steps: 1 does not)")
+            raise CompileError(at, f"row {pass_.example_ids[row]}: the {base!r} and "
+                               f"{counterfactual!r} prompts differ in length; {why}")
 
 
 def attribute(step: str, raw: AttributeStep, entry: Entry, ctx: Context) -> Attribute:
@@ -94,8 +95,11 @@ def attribute(step: str, raw: AttributeStep, entry: Entry, ctx: Context) -> Attr
     addresses = _addresses(raw, found.site, layers, ctx)
     _check_size(raw, addresses, labels, passes[0].rows, at)
     embeddings = None
+    if raw.edges:  # edges are patched position by position between the two prompts
+        _check_paths(passes[0], found.base, found.counterfactual, at + ("edges",),
+                     "edges are patched position by position")
     if raw.steps > 1:
-        _check_paths(passes[0], found.base, found.counterfactual, at)
+        _check_paths(passes[0], found.base, found.counterfactual, at + ("steps",))
         embeddings = resolve_address("embeddings", None, None, None, ctx.config,
                                      ctx.document.model.attn_implementation, at)
     metrics = tuple(raw.metrics) if raw.metrics is not None else tuple(entry.body.metrics)
@@ -104,6 +108,7 @@ def attribute(step: str, raw: AttributeStep, entry: Entry, ctx: Context) -> Attr
                      operand=found.operand, base=found.base, counterfactual=found.counterfactual,
                      layers=layers, addresses=addresses, unit=raw.unit, metrics=metrics,
                      steps=raw.steps, embeddings=embeddings, saves=save_ops(raw.saves),
+                     circuit_k=tuple(raw.circuit_k or ()) if raw.edges else None,
                      **corrections)
 
 

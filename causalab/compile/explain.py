@@ -115,6 +115,8 @@ def attribute_lines(node: Attribute, pad: str) -> list[str]:
     backward per integrated-gradients step, and where each position label lands."""
     from causalab.compile.attribution import unit_count
 
+    if node.circuit_k is not None:
+        return _edge_lines(node, pad)
     first = node.addresses[0]
     units = sum(unit_count(a, node.unit) for a in node.addresses) * len(node.labels)
     estimate = "atp" if node.steps == 1 else f"integrated gradients, {node.steps} steps"
@@ -140,6 +142,23 @@ def attribute_lines(node: Attribute, pad: str) -> list[str]:
         lines.append(f"{pad}    {name}(a_cf at pos={spell(read.pos)} - a_base at "
                      f"pos={spell(write.pos)}) . gradient")
     return lines
+
+
+def _edge_lines(node: Attribute, pad: str) -> list[str]:
+    """An ``edges: true`` step: its graph and forwards (docs/format.md §9.7)."""
+    pass_ = node.passes[0]
+    tokens = pass_.inputs[node.base].tokens
+    sizes = ", ".join(map(str, node.circuit_k)) or "fractions of the edges"
+    return [f"{pad}{node.name}: Attribute  edges (EAP-IG, {node.steps} steps)  "
+            f"metrics={_names(node.metrics)}  circuit_k={sizes}",
+            f"{pad}    senders: embeddings, every head (through o_proj), every MLP; receivers: "
+            "every later attention input, MLP input, the logits",
+            f"{pad}    forward '{node.counterfactual}' and '{node.base}' ({pass_.rows} rows x "
+            f"{tokens} tokens): every sender's output",
+            f"{pad}    forward + backward '{node.base}' x {node.steps}: d metric / d each "
+            "receiver's input",
+            f"{pad}    per circuit size: a base forward with every edge outside the top k "
+            "patched from the counterfactual"]
 
 
 def featurizer_line(spec: FeaturizerSpec) -> str:

@@ -6,8 +6,7 @@ the engine turns a plan into tensors. ``plan_to_json`` / ``plan_from_json`` roun
 plan exactly (``explain --json`` is the serialised plan).
 
 Dimension names used in docs throughout: ``rows`` (examples of a pass), ``w`` (window of
-positions), ``total`` (all positions of a ragged read), ``d`` (site width), ``k``.
-"""
+positions), ``total`` (all positions of a ragged read), ``d`` (site width), ``k``."""
 from __future__ import annotations
 
 import dataclasses
@@ -40,8 +39,7 @@ class Address:
     ``seq_axis`` is 1 at a module boundary and 2 inside attention. ``width`` is the feature
     width the site exposes after ``heads``/``units`` slicing (``None`` when it has none).
     ``full_width`` is the width before slicing; ``groups``/``per_group`` regroup the feature
-    axis for a selection (heads: groups = head count; units: groups = full width, per_group 1).
-    """
+    axis for a selection (heads: groups = head count; units: groups = full width, per_group 1)."""
 
     component: str
     layer: int | None
@@ -283,7 +281,8 @@ class Attribute:
     ``passes[i]`` is the interchange compiled with the write and its operand at position
     ``labels[i]`` (``(None,)``: the write's own position); all share the rows and ids.
     ``addresses[j]`` is the site at ``layers[j]`` (a head unit selects every head the site
-    has); ``embeddings``: where ``steps > 1`` interpolates; AtP*'s tensors, ``verify``'s units."""
+    has); ``embeddings``: where ``steps > 1`` interpolates; AtP*'s tensors, ``verify``'s units;
+    ``circuit_k`` not None: ``edges: true``, every edge scored (EAP-IG), circuits of those sizes."""
 
     name: str
     passes: tuple[Pass, ...]
@@ -304,6 +303,7 @@ class Attribute:
     gates: tuple[Address, ...] = ()
     verify: int = 0
     units: tuple[Address, ...] = ()
+    circuit_k: tuple[int, ...] | None = None
     saves: tuple[SaveOp, ...] = ()
     results: dict = field(default_factory=_results, compare=False)
 

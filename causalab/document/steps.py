@@ -138,6 +138,8 @@ class Attribute(Node):
     forward of each role and one backward per metric (``steps > 1``: gradients averaged along
     the straight path between the two prompts' embeddings, EAP-IG style). ``qk_fix`` and
     ``graddrop`` are AtP*'s corrections; ``verify: N`` patches 2 N units exactly in the step.
+    ``edges: true`` scores every edge between components instead (EAP-IG,
+    ``causalab.engine.edges``) and the faithfulness of the top-``circuit_k`` circuits.
     """
 
     kind: Literal["attribute"]
@@ -153,10 +155,19 @@ class Attribute(Node):
     qk_fix: StrictBool = False
     graddrop: StrictBool = False
     verify: Annotated[StrictInt, Field(ge=0)] = 0
+    edges: StrictBool = False
+    circuit_k: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)] | None = None
     saves: list[Save] = []
 
     @model_validator(mode="after")
     def _distinct_layers(self) -> "Attribute":
+        if self.circuit_k is not None and not self.edges:
+            raise refuse("circuit_k sizes the circuits of an edge step: it needs edges: true",
+                         "circuit_k")
+        for field in ("qk_fix", "graddrop", "verify"):
+            if self.edges and getattr(self, field):
+                raise refuse(f"{field} corrects or checks node attribution; edges: true scores "
+                             "edges (EAP-IG) and takes none", field)
         if isinstance(self.layers, list) and len(set(self.layers)) != len(self.layers):
             raise refuse(f"layers must be distinct, got {self.layers}", "layers")
         for field in ("qk_fix", "graddrop"):

@@ -105,7 +105,7 @@ def _walk(dry: _Dry, plan: Plan, state: WalkState, fused: set, where: str) -> No
             _walk(dry, node, dataclasses.replace(state, windows={}), fused, label)
         elif isinstance(node, Observe) and id(node.pass_) not in fused:
             _pass(dry, node.pass_, state, label)
-        elif isinstance(node, Attribute):
+        elif isinstance(node, Attribute) and node.circuit_k is None:  # edges: no nnsight trace
             ctx = _open(dry, node.passes[0], state)
             dry.calls += 1
             _dry(dry, planner.attribute_stages(ctx, node), [ctx], label)

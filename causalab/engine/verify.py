@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy
 
 from causalab.compile.plan import Address, Attribute, Pass
+from causalab.engine import record
 
 SEED = 0
 
@@ -120,3 +122,11 @@ def _report(means: list[dict], exact: dict, top: list[int], drawn: list[int]) ->
     return {"units": rows, "bound": {"unverified": len(left), "largest_estimate": largest,
                                      "drawn_underestimate": factor,
                                      "largest_exact_bound": largest * factor}}
+
+
+def publish(node: Attribute, run_passes: Callable[[list[Pass]], list[Any]],
+            directory: Path) -> list[str]:
+    """``run``'s report into the step's results and ``<step>.verify.json``."""
+    node.results["verify"] = run(node, run_passes)
+    return [record.write_json(directory / f"{node.name}.verify.json", node.results["verify"],
+                              root=directory)]

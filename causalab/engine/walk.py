@@ -21,8 +21,8 @@ from typing import Any, Iterable
 import torch
 
 from causalab.compile.plan import Attribute, Featurizers, Fit, Observe, Pass, Plan, Weights
-from causalab.engine import (atp_star, attribution, containment, passes, planner, record, steps,
-                             taps, verify)
+from causalab.engine import (atp_star, attribution, containment, edge_step, passes, planner,
+                             record, steps, taps, verify)
 from causalab.engine.cache import DocumentCache
 from causalab.engine.events import Events
 from causalab.engine.generate import GENERATED
@@ -96,15 +96,15 @@ def _run_node(node: Any, model: Any, state: WalkState, out: str, directory: Path
 
 def _attribute(node: Attribute, model: Any, state: WalkState, directory: Path) -> list[str]:
     """An attribute step: the planner's traces, each kept (its gradients taken) by the
-    attribution before the next runs, then its tables."""
+    attribution before the next runs, then its tables; ``edges: true`` scores edges instead."""
+    if node.circuit_k is not None:
+        return edge_step.run(node, model, directory, state.batch_size)
     ctx = attribution.open_step(passes.open_pass(model, node.passes[0], state), node)
     with torch.no_grad():
         _run_stages(model, planner.attribute_stages(ctx, node), [ctx])
     written = attribution.publish(ctx, directory)
     if node.verify:
-        node.results["verify"] = verify.run(node, lambda ps: run_fused(model, ps, state))
-        written.append(record.write_json(directory / f"{node.name}.verify.json",
-                                         node.results["verify"], root=directory))
+        written += verify.publish(node, lambda ps: run_fused(model, ps, state), directory)
     return written
 
 

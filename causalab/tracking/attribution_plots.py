@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from causalab.tracking import plots, verify_plots
+from causalab.tracking import edge_plots, plots, verify_plots
 from causalab.tracking import runs as store
 from causalab.tracking.naming import is_score, split_score
 from causalab.tracking.summary import plain
@@ -180,3 +180,7 @@ def send_grids(listener: Any, run: Any, point: Any) -> None:
     if reports:
         listener.lane.send(lambda: run.sending(listener.call, verify_plots.log_reports,
                                                run.run_id, reports, title=run.title))
+    edges = edge_plots.reports_of(point)
+    if edges:
+        listener.lane.send(lambda: run.sending(listener.call, edge_plots.log_reports,
+                                               run.run_id, edges, title=run.title))

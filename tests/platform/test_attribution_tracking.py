@@ -86,3 +86,25 @@ def test_units_pair_by_their_coordinates_as_the_exact_points_label_them():
     assert attribution_plots.pairs(exact, grid) == {"logit_diff": [(0.0, 10.0), (1.0, 9.0),
                                                                     (2.0, 8.0)]}
     assert attribution_plots.spearman([0.0, 1.0, 2.0], [10.0, 9.0, 8.0]) == pytest.approx(-1.0)
+
+
+def test_an_edge_step_run_carries_its_tables_its_faithfulness_plot_and_area(tmp_path):
+    exact = json.loads((REPO / "documents" / "v2" / "head_patching.json").read_text())
+    document = copy.deepcopy(exact)
+    document["sites"]["head_out"].pop("heads")  # one point: the edge step has no sweep
+    document["steps"] = {"circuit": {
+        "kind": "attribute", "interventions": "patch", "rows": exact["steps"]["patch"]["rows"],
+        "metrics": ["logit_diff"], "edges": True, "circuit_k": [3, 10]}}
+    uri = store.resolve_uri(str(tmp_path / "store"))
+    out = tmp_path / "out"
+    with TrackingEvents(tracking_uri=uri, experiment="edges", out=str(out),
+                        run_name="edges") as events:
+        run_document(document, out=str(out), data_root=DATA, events=events)
+    mlflow = store.client(uri)
+    run = mlflow.search_runs([store.experiment_id(mlflow, "edges", uri)])[0]
+    files = _artifacts(mlflow, run.info.run_id)
+    assert {"circuit.edges.json", "circuit.nodes.json", "circuit.faithfulness.json",
+            "plots/circuit_faithfulness.png"} <= files
+    curve = json.loads((out / "circuit.faithfulness.json").read_text())
+    assert run.data.metrics["circuit/logit_diff/faithfulness_area"] == pytest.approx(
+        curve["area"])

@@ -1,0 +1,239 @@
+"""EAP-IG edges and circuit faithfulness against edge patching done by hand with torch hooks.
+
+The oracle here patches edges its own way: it reads each sender's output off the tiny Llama
+(a head's output as ``o_proj`` of its slice alone, the other heads' inputs zeroed) and adds the
+patched differences at each receiver's norm input, receiver by receiver, by plain hooks.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from causalab.engine import edges
+
+# Every prompt is 8 tokens on the tiny Llama: no padding, equal RoPE positions.
+PAIRS = [
+    ("If today is Monday, tomorrow is", "If today is Friday, tomorrow is", " Tuesday", " Saturday"),
+    ("If today is Friday, tomorrow is", "If today is Wednesday, tomorrow is", " Saturday",
+     " Thursday"),
+    ("If today is Wednesday, tomorrow is", "If today is Monday, tomorrow is", " Thursday",
+     " Tuesday"),
+]
+# Scaled by 5, plain EAP (steps 1) ranks the 33 edges at Spearman 0.971 against exact edge
+# patching and EAP-IG (steps 5) at 0.997: far enough from linear that the steps matter.
+SCALE = 5.0
+
+
+@pytest.fixture(scope="module")
+def setup(tiny):
+    from transformers import AutoModelForCausalLM
+
+    from causalab.models import load_tokenizer
+
+    source = tiny("tiny-llama").path
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    with torch.no_grad():  # the random weights are small: scaled, the model is not linear
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.mlp.up_proj):
+                proj.weight.mul_(SCALE)
+    tokenizer = load_tokenizer(source)
+    base = tokenizer([p[0] for p in PAIRS], return_tensors="pt")
+    cf = tokenizer([p[1] for p in PAIRS], return_tensors="pt")
+    assert base.input_ids.shape == cf.input_ids.shape == (3, 8)
+    good = torch.tensor([tokenizer(p[2]).input_ids[-1] for p in PAIRS])
+    bad = torch.tensor([tokenizer(p[3]).input_ids[-1] for p in PAIRS])
+    rows = torch.arange(len(PAIRS))
+
+    def metric(logits):
+        return logits[rows, good] - logits[rows, bad]
+    return model, dict(base), dict(cf), metric
+
+
+def _senders(model, batch) -> dict:
+    """Each sender's output by label, read with the oracle's own hooks."""
+    found, handles = {}, []
+    config = model.config
+    heads, dim = config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    handles.append(model.model.embed_tokens.register_forward_hook(
+        lambda m, a, o: found.__setitem__("embeddings", o)))
+    for l, layer in enumerate(model.model.layers):
+        def grab(module, args, l=l):
+            for h in range(heads):
+                alone = torch.zeros_like(args[0])
+                alone[..., h * dim:(h + 1) * dim] = args[0][..., h * dim:(h + 1) * dim]
+                found[f"L{l}H{h}"] = F.linear(alone, module.weight)
+        handles.append(layer.self_attn.o_proj.register_forward_pre_hook(grab))
+        handles.append(layer.mlp.register_forward_hook(
+            lambda m, a, o, l=l: found.__setitem__(f"L{l}MLP", o)))
+    return found, handles
+
+
+def _run(model, batch, metric, adds: dict) -> torch.Tensor:
+    """The metric per row with ``adds[receiver](senders so far)`` added to that receiver's
+    norm input."""
+    now, handles = _senders(model, batch)
+    norms = {}
+    for l, layer in enumerate(model.model.layers):
+        norms[f"L{l}.attention"] = layer.input_layernorm
+        norms[f"L{l}.mlp"] = layer.post_attention_layernorm
+    norms["logits"] = model.model.norm
+    for name, add in adds.items():
+        handles.append(norms[name].register_forward_pre_hook(
+            lambda m, a, add=add: (a[0] + add(now),)))
+    try:
+        with torch.no_grad():
+            return metric(model(**batch).logits[:, -1])
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _outputs(model, batch, metric) -> dict:
+    found, handles = _senders(model, batch)
+    try:
+        with torch.no_grad():
+            model(**batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+
+
+def _rank(values: torch.Tensor) -> torch.Tensor:
+    return values.argsort().argsort().double()
+
+
+def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    ra, rb = _rank(a), _rank(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    return float((ra * rb).sum() / (ra.norm() * rb.norm()))
+
+
+def test_eap_ig_ranks_edges_as_exact_edge_patching_does(setup):
+    model, base, cf, metric = setup
+    found = edges.graph(model)
+    cf_out, base_out = _outputs(model, cf, metric), _outputs(model, base, metric)
+    m_base = _run(model, base, metric, {}).mean()
+    exact, estimate = [], []
+    scored = edges.scores(model, base, cf, metric, steps=5).mean(0)
+    for u, v in found.edges():
+        sender, receiver = found.senders[u], found.receivers[v]
+        delta = cf_out[sender] - base_out[sender]
+        # One edge patched: every sender before the receiver still runs as in the base.
+        exact.append(float(_run(model, base, metric, {receiver: lambda now, d=delta: d}).mean()
+                           - m_base))
+        estimate.append(float(scored[u, v]))
+    assert len(exact) == 33
+    rho = _spearman(torch.tensor(estimate), torch.tensor(exact))
+    print(f"EAP-IG steps=5 against exact edge patching: Spearman {rho:.3f} over 33 edges")
+    # Measured 0.997 (steps 1: 0.971); 0.98 leaves room for another BLAS yet fails any broken
+    # sender, receiver or sign (a shuffled or sign-flipped ranking is near 0 or negative).
+    assert rho > 0.98
+
+
+def test_faithfulness_equals_hand_patched_circuits_at_three_k(setup):
+    model, base, cf, metric = setup
+    found = edges.graph(model)
+    scored = edges.scores(model, base, cf, metric, steps=3)
+    ks = [0, 5, 12, 20, 33]
+    curve = edges.faithfulness(model, [(base, cf, metric)], scored.mean(0), ks)
+    cf_out = _outputs(model, cf, metric)
+    m_base = float(_run(model, base, metric, {}).mean())
+    m_cf = float(_run(model, cf, metric, {}).mean())
+    order = sorted(found.edges(), key=lambda e: -abs(float(scored.mean(0)[e])))
+    for k in (5, 12, 20):
+        outside = {}
+        for u, v in order[k:]:
+            outside.setdefault(found.receivers[v], []).append(found.senders[u])
+
+        def add(senders):
+            return lambda now: sum(cf_out[s] - now[s] for s in senders)
+        hand = float(_run(model, base, metric,
+                          {r: add(s) for r, s in outside.items()}).mean())
+        # float32 sums over 16-wide residuals in a different order: 1e-4 is ~1e3 ulps.
+        assert curve.metric[ks.index(k)] == pytest.approx(hand, abs=1e-4)
+        assert curve.faithfulness[ks.index(k)] == pytest.approx(
+            (hand - m_cf) / (m_base - m_cf), abs=1e-4)
+    # No edge kept is the counterfactual's forward, every edge kept the base's.
+    assert curve.faithfulness[0] == pytest.approx(0.0, abs=1e-4)
+    assert curve.faithfulness[-1] == pytest.approx(1.0, abs=1e-4)
+
+
+def _edge_document(kit, resolved, **options) -> dict:
+    doc = kit.patching_document(resolved, component="attention_output", layer=0)
+    doc["steps"] = {"circuit": {"kind": "attribute", "interventions": "patch",
+                                "rows": {"base": "pairs", "counterfactual": "pairs"},
+                                "metrics": ["logit_diff"], "edges": True, **options}}
+    return doc
+
+
+def test_an_edges_step_writes_tables_that_rank_as_exact_edge_patching_does(kit, tiny, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from causalab.models import load_tokenizer
+
+    resolved = tiny("tiny-llama")
+    rows = kit.pair_rows(PAIRS)
+    data_root = kit.write_table(tmp_path / "data", "pairs", rows)
+    plan = kit.run_compiled(_edge_document(kit, resolved, steps=5, circuit_k=[4, 10]),
+                            data_root, tmp_path / "out")
+    table = json.loads((tmp_path / "out" / "circuit.edges.json").read_text())
+    nodes = json.loads((tmp_path / "out" / "circuit.nodes.json").read_text())
+    curve = json.loads((tmp_path / "out" / "circuit.faithfulness.json").read_text())
+    assert len(table) == 33 and [n["node"] for n in nodes][:2] == ["embeddings", "L0H0"]
+    assert curve["ks"] == [0, 4, 10, 33]
+    assert curve["faithfulness"][0] == pytest.approx(0.0, abs=1e-4)
+    assert curve["faithfulness"][-1] == pytest.approx(1.0, abs=1e-4)
+    assert kit.step(plan, "circuit").results["edges"]["logit_diff"]["curve"]["area"] == curve["area"]
+    kit.run_compiled(_edge_document(kit, resolved, steps=5, circuit_k=[4, 10]), data_root,
+                     tmp_path / "windows", batch_size=2)
+    windows = json.loads((tmp_path / "windows" / "circuit.edges.json").read_text())
+    # Windows of 2 rows sum the same per-row scores: float32 reassociation, ~1e-7 relative.
+    assert [e["score"] for e in windows] == pytest.approx([e["score"] for e in table],
+                                                          rel=1e-4, abs=1e-8)
+    # The step's metric is logit(cf answer) - logit(base answer): scored here by hand.
+    model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32).eval()
+    tokenizer = load_tokenizer(resolved.path)
+    base = dict(tokenizer([p[0] for p in PAIRS], return_tensors="pt"))
+    cf = dict(tokenizer([p[1] for p in PAIRS], return_tensors="pt"))
+    a = torch.tensor([tokenizer(p[3]).input_ids[-1] for p in PAIRS])
+    b = torch.tensor([tokenizer(p[2]).input_ids[-1] for p in PAIRS])
+
+    def metric(logits):
+        return logits[torch.arange(len(PAIRS)), a] - logits[torch.arange(len(PAIRS)), b]
+    cf_out, base_out = _outputs(model, cf, metric), _outputs(model, base, metric)
+    m_base = _run(model, base, metric, {}).mean()
+    exact = [float(_run(model, base, metric, {e["receiver"]: lambda now, d=cf_out[e["sender"]]
+                                               - base_out[e["sender"]]: d}).mean() - m_base)
+             for e in table]
+    rho = _spearman(torch.tensor([e["score"] for e in table]), torch.tensor(exact))
+    # The unscaled tiny Llama: EAP-IG (steps 5) measured at 0.994 (steps 1: 0.889).
+    assert rho > 0.98
+
+
+def test_edge_options_refused_where_they_do_not_apply(kit, tiny, tmp_path):
+    import causalab.compile
+    from causalab.errors import DocumentError
+
+    doc = _edge_document(kit, tiny("tiny-llama"), verify=3)
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(PAIRS))
+    with pytest.raises(DocumentError, match="verify"):
+        causalab.compile.compile_document(doc, data_root=data_root)
+    doc["steps"]["circuit"].pop("verify")
+    doc["steps"]["circuit"]["edges"] = False
+    doc["steps"]["circuit"]["circuit_k"] = [3]
+    with pytest.raises(DocumentError, match="circuit_k"):
+        causalab.compile.compile_document(doc, data_root=data_root)
+
+
+def test_an_edge_step_on_a_model_with_post_norms_is_refused_at_its_field(kit, tiny, tmp_path):
+    from causalab.errors import RunError
+
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(PAIRS))
+    with pytest.raises(RunError, match="post-norms") as refused:
+        kit.run_compiled(_edge_document(kit, tiny("tiny-gemma2")), data_root, tmp_path / "out")
+    assert "circuit" in str(refused.value)
+    assert not list((tmp_path / "out").glob("circuit.*.json"))
