@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from importlib import metadata
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -56,6 +56,25 @@ def no_op_pass(pass_: Pass, config: Any) -> tuple[Pass, str, str]:
     return dataclasses.replace(pass_, forwards=(forward,), metrics=()), read.name, forward.input
 
 
+class NoOp(NamedTuple):
+    """The receipt's pass, the read it takes, the input role it reads and its rows."""
+
+    pass_: Pass
+    name: str
+    role: str
+    rows: tuple[int, ...]
+
+
+def receipt_pass(plan: Any, config: Any) -> NoOp | None:
+    """The pass the receipt runs for ``plan`` (None: no observed metric): one function, so
+    a run and ``explain --traces`` (engine/traces.py) open the same trace."""
+    pass_ = first_pass(plan)
+    if pass_ is None:
+        return None
+    no_op, name, role = no_op_pass(pass_, config)
+    return NoOp(no_op, name, role, tuple(range(min(ROWS, pass_.rows))))
+
+
 def plain_logits(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The last token's logits of a plain ``transformers`` forward of nnterp's model."""
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -80,14 +99,13 @@ def receipt(model: Any, plan: Any, dtype: str) -> dict[str, Any] | None:
     it has no observed metric); refused above the dtype's :data:`TOLERANCE`."""
     from causalab.engine.walk import run_pass
 
-    pass_ = first_pass(plan)
-    if pass_ is None:
+    found = receipt_pass(plan, model._model.config)
+    if found is None:
         return None
-    no_op, name, role = no_op_pass(pass_, model._model.config)
-    rows = tuple(range(min(ROWS, pass_.rows)))
-    engine = run_pass(model, no_op, None, rows=rows).reads[name]
+    rows = found.rows
+    engine = run_pass(model, found.pass_, None, rows=rows).reads[found.name]
     engine = engine.reshape(len(rows), -1).float()
-    batch = pass_.inputs[role]
+    batch = found.pass_.inputs[found.role]
     device = model._model.get_input_embeddings().weight.device
     ids = torch.tensor([batch.input_ids[r] for r in rows], dtype=torch.long, device=device)
     mask = torch.tensor([batch.attention_mask[r] for r in rows], dtype=torch.long, device=device)

@@ -15,11 +15,13 @@ from typing import Any, Iterable, NamedTuple
 
 from causalab import memory
 from causalab.compile.plan import Attribute, Fit, Observe, Pass, Plan
-from causalab.engine import passes, planner, verify
+from causalab.engine import fidelity, passes, planner, verify
 from causalab.engine.budget import RESUME_SHARE, Budget, trace_bytes
 from causalab.engine.cache import RESUME_BUDGET, DocumentCache
 from causalab.engine.jobs import Stage, TraceJob, describe
-from causalab.engine.state import ModelFacts, PassContext, WalkState
+from causalab.engine.state import ModelFacts, PassContext, WalkState, new_state
+
+RECEIPT = "fidelity receipt (no write, against a plain transformers forward)"
 
 
 # What a run's process holds before its first trace beyond the weights (python, torch,
@@ -58,6 +60,7 @@ def schedule(plan: Plan, config: Any, tokenizer: Any, *, batch_size: int | None 
     dry = _Dry(ModelFacts.of(config), tokenizer, [])
     cache = DocumentCache(None if resume_mib is None else resume_mib * 2 ** 20, memory=budget)
     points = _points(plan)
+    _receipt(dry, points[0], config)
     runs = planner.groups(points, batch_size, cache)
     for group, ahead in zip(runs, planner.alike_later(runs)):
         fused = _prefetch(dry, group, ahead, cache, batch_size)
@@ -66,6 +69,14 @@ def schedule(plan: Plan, config: Any, tokenizer: Any, *, batch_size: int | None 
                               batch_size=batch_size)
             _walk(dry, point, state, fused, point.name)
     return dry.found
+
+
+def _receipt(dry: _Dry, point: Plan, config: Any) -> None:
+    """The fidelity receipt's no-op pass, which a run opens before its points, on a state
+    of its own (``walk.run_pass`` with none)."""
+    found = fidelity.receipt_pass(point, config)
+    if found is not None:
+        _pass(dry, found.pass_, new_state(), RECEIPT, rows=found.rows)
 
 
 def _points(plan: Plan) -> list:
