@@ -50,6 +50,15 @@ def _test_device(monkeypatch):
         ref, device_map=DEVICE if device_map == "cpu" else device_map))
 
 
+@pytest.fixture
+def no_receipt(monkeypatch):
+    """A run without its fidelity receipt (the schedule lists none either): for tests that
+    count a run's traces, windows or forwards, which the receipt's one trace would shift."""
+    from causalab.engine import fidelity
+
+    monkeypatch.setattr(fidelity, "receipt_pass", lambda plan, config: None)
+
+
 @pytest.fixture(scope="session")
 def tiny():
     """``tiny("tiny-llama")`` -> the resolved built-in (materialised once per session)."""

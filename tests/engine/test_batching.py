@@ -6,6 +6,8 @@ from dataclasses import replace
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures("no_receipt")
+
 
 def _values(path) -> list:
     return [row["value"] for row in json.loads(path.read_text())]

@@ -22,6 +22,8 @@ from causalab.engine import cache as cache_module
 from causalab.engine import planner, walk
 from causalab.pipeline import run_document
 
+pytestmark = pytest.mark.usefixtures("no_receipt")
+
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = "smollm2-135m"
 PLACES = [("attention_output", 0), ("mlp_output", 0), ("block_output", 0), ("block_input", 1),
