@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 # matmul wait ~10 ms on 2 cores. Passive waiting removes that (measured in scripts/bench).
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup postgresql test test-readme test-commands test-device test-slow test-all test-cluster run ui server bench clean test-saelens saelens-fixtures
+.PHONY: setup postgresql test test-readme test-commands test-device test-capabilities test-slow test-all test-cluster run ui server bench clean test-saelens saelens-fixtures
 
 setup: $(STAMP)
 
@@ -47,6 +47,12 @@ test-readme: setup
 # (tests/platform/test_documented_commands.py; those on SmolLM2 and Gemma-3 are in test-slow).
 test-commands: setup
 	$(PY) -m pytest -q -m commands tests/platform/test_documented_commands.py
+
+# The slow tests that are the only test of a capability: the seed summary, the compare ranking's
+# ties, a real four-layer Hydra multirun's parent plot (tests/QUARANTINE.md).
+test-capabilities: setup
+	$(PY) -m pytest -q -m slow tests/platform/test_seeds.py tests/platform/test_compare.py \
+	  tests/platform/test_plots.py::test_the_four_layer_hydra_multirun_parent_plot_is_one_connected_curve_per_quantity
 
 # scripts/bench/device.sh --dry: the prepared GPU run's steps on the CPU (a small stand-in, no install).
 test-device: setup
