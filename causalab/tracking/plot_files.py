@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from causalab.engine.events import Events
 from causalab.tracking.plots import sweep_plots, title_of, varied
+from causalab.tracking.naming import bound_keys
 from causalab.tracking.summary import Point
 
 
@@ -43,6 +44,11 @@ class SweepPictures(Events):
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
         if id(point) in self.points and mean is not None:
             self.points[id(point)][1][f"{name}/{step}"] = mean
+
+    def interval(self, point: Any, step: str, name: str, low: float, high: float) -> None:
+        if id(point) in self.points:
+            low_key, high_key = bound_keys(f"{name}/{step}")
+            self.points[id(point)][1].update({low_key: low, high_key: high})
 
     def run_end(self, written: list[str]) -> None:
         points = [(c, m) for c, m in self.points.values() if m]

@@ -8,9 +8,9 @@ is log2, a layer axis has integer ticks, and no axis has more than ``figures.MAX
 (a 30-layer sweep is ticked every third layer). Layer × head and layer × position grids are
 heatmaps with a colour bar. Numbers are placed by size, anything else (a position named S1,
 S2, END) in the order the sweep gave it; a quantity named as a fraction (``iia``, ``p_answer``)
-has an axis or colour scale from 0 to 1. A method comparison is a ranking: a bar per method,
-its control beside it, every value written on it, a zero a thin bar of its colour. Figures are
-drawn on :mod:`causalab.tracking.figures`' canvas. Inputs are plain numbers (coordinates and
+has an axis or colour scale from 0 to 1; a score's 95 % interval, when its point logged one,
+is a shaded band behind its line. A method comparison is a ranking
+(:mod:`causalab.tracking.ranking_chart`). Figures are drawn on :mod:`causalab.tracking.figures`' canvas. Inputs are plain numbers (coordinates and
 metrics, :mod:`causalab.tracking.summary`); this module knows no runs.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 from causalab.tracking import summary
 from causalab.tracking.figures import limit_ticks, new_figure, png, ticks
 from causalab.tracking.naming import site_facts, writes_of
+from causalab.tracking.ranking_chart import ranking_chart, ranking_figure  # noqa: F401
 from causalab.tracking.summary import CONTROLS, Point, numeric, plain, short, text
 
 _LAYER = ("layers", "layer")
@@ -31,7 +32,6 @@ _GROUP = ("model",)  # a coordinate that splits a figure into columns of panels
 _MAX_QUANTITIES = 3
 _MAX_COLUMNS = 4
 _MAX_LEGEND = 8
-CONTROL_METHOD = "random"
 
 
 def title_of(document: Mapping[str, Any] | None, swept: Sequence[str] = ()) -> str:
@@ -187,9 +187,10 @@ def curve_figure(points: Sequence[Point], axis: str, *, title: str = ""):
             lines = _lines(chosen, axis, name, steps, rest)
             for label, (step, pairs) in lines.items():
                 control = step in CONTROLS
-                axes.plot([x for x, _ in pairs], [y for _, y in pairs], "--" if control else "-",
-                          marker="o", label=label, color="tab:grey" if control and
-                          len(lines) <= 2 else None)
+                drawn, = axes.plot([x for x, _ in pairs], [y for _, y in pairs],
+                                   "--" if control else "-", marker="o", label=label,
+                                   color="tab:grey" if control and len(lines) <= 2 else None)
+                _band(axes, chosen, axis, name, step, pairs, drawn.get_color())
             _x_axis(axes, axis, xs)
             fixed = bounds(name, [y for _, pairs in lines.values() for _, y in pairs])
             if fixed:
@@ -219,6 +220,21 @@ def _lines(points: Sequence[Point], axis: str, name: str, steps: Sequence[str],
     for _, pairs in lines.values():
         pairs.sort()
     return lines
+
+
+def _band(axes, points: Sequence[Point], axis: str, name: str, step: str, pairs: list,
+          color: str) -> None:
+    """The 95 % interval of each point on a line (``<score>.lo``/``.hi``, summary.bounds) as a
+    shaded band behind it, when every point of the line logged one."""
+    spans = {}
+    for coordinates, metrics in points:
+        found = summary.bounds(metrics, name, step)
+        if found is not None and axis in coordinates:
+            spans[plain(coordinates[axis])] = found
+    if len(pairs) < 2 or any(x not in spans for x, _ in pairs):
+        return
+    axes.fill_between([x for x, _ in pairs], [spans[x][0] for x, _ in pairs],
+                      [spans[x][1] for x, _ in pairs], color=color, alpha=0.15, linewidth=0)
 
 
 def _step_label(step: str) -> str:
@@ -277,81 +293,6 @@ def heatmap_figure(points: Sequence[Point], rows: str, columns: str, *, title: s
         bar.locator = MaxNLocator(nbins=8)
     figure.suptitle(title or "sweep")
     return figure
-
-
-def ranking_figure(points: Sequence[Point], axis: str = "method", *, title: str = ""):
-    """Bars of each ``axis`` value's main test score, best first, with its control's bar
-    beside it; the control method's own bar is light grey; every bar carries its value, and a
-    zero is a thin bar of its colour with a cap at zero. None unless the points differ in ``axis`` and carry a score."""
-    name, test, control = summary.main_keys(points)
-    scored = [(text(c[axis]), summary.value(m, name, test), summary.value(m, name, control))
-              for c, m in points if axis in c and summary.value(m, name, test) is not None]
-    if len({method for method, _, _ in scored}) < 2:
-        return None
-    scored.sort(key=lambda row: (-row[1], row[0]))
-    heading = f"{title or 'ranking'} · {name} by {axis}"
-    # as wide as its bars need, or as its title (0.085 inch a character at 12 pt, and a margin)
-    figure = new_figure((max(1.6 + 1.1 * len(scored), 0.5 + 0.09 * len(heading)), 3.8))
-    axes = figure.subplots()
-    heights = [v for _, score, other in scored for v in (score, other) if v is not None]
-    span = (max(heights + [0.0]) - min(heights + [0.0])) or 1.0
-    for x, (method, score, other) in enumerate(scored):
-        floor = method == CONTROL_METHOD
-        _bar(axes, x - 0.2 if other is not None else x, score, span,
-             color="lightgrey" if floor else "tab:blue")
-        if other is not None:
-            _bar(axes, x + 0.2, other, span, color="tab:grey")
-    axes.axhline(0.0, color="black", linewidth=1.0)
-    low, high = min(heights + [0.0]), max(heights + [0.0])
-    axes.set_ylim(low - 0.12 * span, high + 0.15 * span)
-    axes.set_xticks(range(len(scored)), [method for method, _, _ in scored])
-    if max(len(method) for method, _, _ in scored) > 12:  # wider than its bar: slanted
-        axes.tick_params(axis="x", labelrotation=25)
-        for label in axes.get_xticklabels():
-            label.set_horizontalalignment("right")
-    axes.set_xlim(-0.6, len(scored) - 0.4)
-    axes.set_ylabel(f"{name} ({test})")
-    axes.set_xlabel(axis)
-    limit_ticks(axes)
-    _legend(figure, any(other is not None for _, _, other in scored),
-            any(method == CONTROL_METHOD for method, _, _ in scored), test, control)
-    figure.suptitle(heading)
-    return figure
-
-
-# The least height a bar is drawn with, as a share of the value axis's span: a score of zero
-# is still a bar of its colour, which its legend swatch then matches.
-_STUB = 0.02
-
-
-def _bar(axes, x: float, height: float, span: float, *, color: str) -> None:
-    drawn = height if abs(height) >= _STUB * span else math.copysign(_STUB * span, height)
-    axes.bar(x, drawn, width=0.38, color=color, edgecolor="black", linewidth=0.8)
-    # A cap at the bar's value, so that a score of exactly zero is still a visible mark.
-    axes.plot([x - 0.19, x + 0.19], [height, height], color="black", linewidth=2.5,
-              solid_capstyle="butt")
-    offset = 0.02 * span
-    axes.text(x, height + offset if height >= 0 else height - offset, f"{height:.2f}",
-              ha="center", va="bottom" if height >= 0 else "top", fontsize=7)
-
-
-def _legend(figure, controls: bool, method: bool, test: str, control: str | None) -> None:
-    from matplotlib.patches import Patch
-
-    handles = [Patch(facecolor="tab:blue", edgecolor="black", label=test)]
-    if controls:
-        handles.append(Patch(facecolor="tab:grey", edgecolor="black",
-                             label=f"{control} (same method, untrained)"))
-    if method:
-        handles.append(Patch(facecolor="lightgrey", edgecolor="black",
-                             label=f"{CONTROL_METHOD} (the floor)"))
-    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles),
-                  fontsize="small", frameon=False)
-
-
-def ranking_chart(points: Sequence[Point], axis: str = "method", *, title: str = "") -> bytes | None:
-    figure = ranking_figure(points, axis, title=title)
-    return None if figure is None else png(figure)
 
 
 def sweep_figures(points: Sequence[Point], *, title: str = "") -> dict[str, Any]:

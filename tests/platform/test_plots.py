@@ -286,3 +286,21 @@ def test_the_four_layer_hydra_multirun_parent_plot_is_one_connected_curve_per_qu
     names = {a.path for a in mlflow.list_artifacts(parent, "plots")}
     assert names == {"plots/layer_curve.png"}
     assert (tmp_path / "sweep" / "plots" / "layer_curve.png").is_file()
+
+
+def test_a_curve_shades_each_scores_interval_and_a_ranking_bar_carries_its_whisker():
+    # Intervals as a point logs them beside its score (``iia/test.lo``/``.hi``).
+    points = [({"k": k}, {"iia/test": v, "iia/test.lo": v - 0.1, "iia/test.hi": min(v + 0.2, 1.0),
+                          "iia/control": 0.0})
+              for k, v in ((1, 0.2), (4, 0.6), (16, 0.9))]
+    axes = plots.curve_figure(points, "k").axes[0]
+    bands = [c for c in axes.collections if c.get_paths()]
+    assert len(bands) == 1  # the test line has intervals, the control line none
+    ys = bands[0].get_paths()[0].vertices[:, 1]
+    assert math.isclose(ys.min(), 0.1) and math.isclose(ys.max(), 1.0)
+    methods = [({"method": m}, {"iia/test": v, "iia/test.lo": v - 0.25, "iia/test.hi": v})
+               for m, v in (("das", 0.75), ("pca", 0.5))]
+    figure = plots.ranking_figure(methods)
+    whiskers = [seg for c in figure.axes[0].collections for seg in c.get_segments()]
+    assert sorted((round(s[0][1], 6), round(s[1][1], 6)) for s in whiskers) == [
+        (0.25, 0.5), (0.5, 0.75)]
