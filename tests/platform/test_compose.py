@@ -6,6 +6,7 @@ models its header names (no weights), and one real multirun runs every experimen
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -39,8 +40,12 @@ def _named_commands(experiment: str) -> list[list[str]]:
         words = line.split("causalab.run", 1)[1].split("(")[0].split()
         overrides = [w for w in words if "=" in w and not w.startswith(("experiment=", "model="))
                      and "<" not in w and "method=" not in w]
-        for found in re.findall(r"model=([\w,]+)", line):
-            commands += [[f"model={m}", *overrides] for m in found.split(",")]
+        # A swept override (``+model.control=null,random_init``) is one command per value.
+        swept = [[f"{w.split('=', 1)[0]}={v}" for v in w.split("=", 1)[1].split(",")]
+                 if "," in w and "[" not in w else [w] for w in overrides]
+        for found in re.findall(r"(?<![.\w])model=([\w,]+)", line):
+            commands += [[f"model={m}", *chosen] for m in found.split(",")
+                         for chosen in itertools.product(*swept)]
     unique = sorted({tuple(c) for c in commands})
     return [list(c) for c in unique] or [[f"model={DEFAULT_MODEL}"]]
 
