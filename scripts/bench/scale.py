@@ -44,6 +44,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from smollm2 import patching_document  # noqa: E402  (the bench's one patching document)
 DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 TEMPLATES = ("If today is {}, tomorrow is", "Today is {}, so tomorrow is")
 GIB = 2 ** 30
@@ -65,24 +67,7 @@ def pairs(count: int) -> list[dict]:
 
 
 def _patching(model: dict, site: dict) -> dict:
-    logits = {"site": "head", "pos": -1, "model": "patched", "input": "base"}
-    return {
-        "model": model,
-        "roles": {"base": {"field": "input"}, "counterfactual": {"field": "counterfactual_inputs[0]"}},
-        "sites": {"target": site, "head": {"component": "lm_head"}},
-        "interventions": {"patch": {
-            "reads": {"v_cf": {"site": "target", "pos": -1, "input": "counterfactual"},
-                      "logits": logits},
-            "writes": {"swap": {"site": "target", "pos": -1, "mechanism": "swap",
-                                "operand": "v_cf"}},
-            "models": {"patched": {"input": "base", "writes": ["swap"]}},
-            "metrics": {"logit_diff": {"kind": "logit_diff", "of": "logits",
-                                       "a": "cf_answer", "b": "base_answer"},
-                        "ce": {"kind": "cross_entropy", "of": "logits", "target": "cf_answer"}}}},
-        "steps": {"patch": {"kind": "observe", "interventions": "patch",
-                            "rows": {"base": "pairs", "counterfactual": "pairs"},
-                            "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"}]}},
-    }
+    return patching_document(model, site, cross_entropy=True)
 
 
 def head_sweep(model: dict, layers: list[int], heads: int) -> dict:

@@ -48,15 +48,16 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _document(revision: str, sweep: str, layers: list[int], heads: int) -> dict:
-    if sweep == "heads":
-        site = {"component": "attention_premix", "layers": [{"sweep": layers}],
-                "heads": [{"sweep": {"range": [0, heads]}}]}
-    else:
-        site = {"component": "block_output", "layers": [{"sweep": layers}]}
+def patching_document(model: dict, site: dict, *, cross_entropy: bool = False) -> dict:
+    """Patch ``site`` at the last token from the counterfactual into the base; save the logit
+    difference (and score the cross-entropy too, with ``cross_entropy``). scale.py uses it."""
     logits = {"site": "head", "pos": -1, "model": "patched", "input": "base"}
+    metrics = {"logit_diff": {"kind": "logit_diff", "of": "logits",
+                              "a": "cf_answer", "b": "base_answer"}}
+    if cross_entropy:
+        metrics["ce"] = {"kind": "cross_entropy", "of": "logits", "target": "cf_answer"}
     return {
-        "model": {"key": KEY, "revision": revision, "dtype": "fp32"},
+        "model": model,
         "roles": {"base": {"field": "input"},
                   "counterfactual": {"field": "counterfactual_inputs[0]"}},
         "sites": {"target": site, "head": {"component": "lm_head"}},
@@ -66,12 +67,20 @@ def _document(revision: str, sweep: str, layers: list[int], heads: int) -> dict:
             "writes": {"swap": {"site": "target", "pos": -1, "mechanism": "swap",
                                 "operand": "v_cf"}},
             "models": {"patched": {"input": "base", "writes": ["swap"]}},
-            "metrics": {"logit_diff": {"kind": "logit_diff", "of": "logits",
-                                       "a": "cf_answer", "b": "base_answer"}}}},
+            "metrics": metrics}},
         "steps": {"patch": {"kind": "observe", "interventions": "patch",
                             "rows": {"base": "pairs", "counterfactual": "pairs"},
                             "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"}]}},
     }
+
+
+def _document(revision: str, sweep: str, layers: list[int], heads: int) -> dict:
+    if sweep == "heads":
+        site = {"component": "attention_premix", "layers": [{"sweep": layers}],
+                "heads": [{"sweep": {"range": [0, heads]}}]}
+    else:
+        site = {"component": "block_output", "layers": [{"sweep": layers}]}
+    return patching_document({"key": KEY, "revision": revision, "dtype": "fp32"}, site)
 
 
 def _points(sweep: str, layers: list[int], heads: int) -> list[tuple[int, int | None]]:

@@ -205,3 +205,14 @@ def kit():
                            patching_document=patching_document, with_rows=with_rows,
                            run_compiled=run_compiled, step=step, PAIRS=PAIRS, FAMILIES=FAMILIES,
                            unplaceable_write=unplaceable_write)
+
+
+@pytest.fixture()
+def cuts(monkeypatch):
+    """Every row window the walk cut, recorded (the walk's own ``chunks``, unchanged)."""
+    from causalab.engine import forwards
+
+    seen, chunks = [], forwards.chunks
+    monkeypatch.setattr(forwards, "chunks",
+                        lambda rows, size: seen.append(chunks(rows, size)) or seen[-1])
+    return seen

@@ -13,6 +13,7 @@ import json
 
 import pytest
 import torch
+from day_pairs import EQUAL_PAIRS
 
 HEADS, HEAD_DIM = 4, 4
 PROJECTIONS = {"attention_query": "q_proj", "attention_key": "k_proj"}
@@ -21,14 +22,7 @@ MISSED = {"attention_query": 0.05, "attention_key": 0.0}
 # The norms divide by sqrt(mean(x²) + EPS): with EPS ≫ mean(x²) they are x/1e6, linear to a
 # relative 1e-12; their weights times 1e6 / rms(embeddings) keep the activations near unit rms.
 EPS = 1e12
-# Every prompt is 8 tokens on the tiny Llama: no padding, equal RoPE positions.
-PAIRS = [
-    ("If today is Monday, tomorrow is", "If today is Friday, tomorrow is", " Tuesday", " Saturday"),
-    ("If today is Friday, tomorrow is", "If today is Wednesday, tomorrow is", " Saturday",
-     " Thursday"),
-    ("If today is Wednesday, tomorrow is", "If today is Monday, tomorrow is", " Thursday",
-     " Tuesday"),
-]
+PAIRS = EQUAL_PAIRS
 
 
 @pytest.fixture(scope="module")

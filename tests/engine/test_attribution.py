@@ -12,15 +12,9 @@ import json
 
 import pytest
 import torch
+from day_pairs import EQUAL_PAIRS
 
-# Every prompt is 8 tokens on the tiny Llama, so integrated gradients can walk between them.
-PAIRS = [
-    ("If today is Monday, tomorrow is", "If today is Friday, tomorrow is", " Tuesday", " Saturday"),
-    ("If today is Friday, tomorrow is", "If today is Wednesday, tomorrow is", " Saturday",
-     " Thursday"),
-    ("If today is Wednesday, tomorrow is", "If today is Monday, tomorrow is", " Thursday",
-     " Tuesday"),
-]
+PAIRS = EQUAL_PAIRS
 # Prompts of other lengths, so the left padding differs between base and counterfactual.
 RAGGED = [
     ("If today is Monday, tomorrow is", "Today is Sunday, so tomorrow is", " Tuesday", " Monday"),

@@ -13,16 +13,6 @@ def _values(path) -> list:
     return [row["value"] for row in json.loads(path.read_text())]
 
 
-@pytest.fixture()
-def cuts(monkeypatch):
-    """Every row window the walk cut, recorded (the walk's own ``chunks``, unchanged)."""
-    from causalab.engine import forwards
-
-    seen, chunks = [], forwards.chunks
-    monkeypatch.setattr(forwards, "chunks",
-                        lambda rows, size: seen.append(chunks(rows, size)) or seen[-1])
-    return seen
-
 
 @pytest.mark.parametrize("family", ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"],
                          ids=["llama", "gpt2", "gemma2", "qwen2"])

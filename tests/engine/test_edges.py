@@ -13,15 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from causalab.engine import edges
+from day_pairs import EQUAL_PAIRS
 
-# Every prompt is 8 tokens on the tiny Llama: no padding, equal RoPE positions.
-PAIRS = [
-    ("If today is Monday, tomorrow is", "If today is Friday, tomorrow is", " Tuesday", " Saturday"),
-    ("If today is Friday, tomorrow is", "If today is Wednesday, tomorrow is", " Saturday",
-     " Thursday"),
-    ("If today is Wednesday, tomorrow is", "If today is Monday, tomorrow is", " Thursday",
-     " Tuesday"),
-]
+PAIRS = EQUAL_PAIRS
 # Scaled by 5, plain EAP (steps 1) ranks the 33 edges at Spearman 0.971 against exact edge
 # patching and EAP-IG (steps 5) at 0.997: far enough from linear that the steps matter.
 SCALE = 5.0

@@ -98,15 +98,6 @@ def _tight(resolved, tokens: int, grad: bool) -> str:
     return f"{(memory.used_bytes() + memory.weights_bytes(resolved.path) + room) // 1024}KiB"
 
 
-@pytest.fixture()
-def cuts(monkeypatch):
-    from causalab.engine import forwards
-
-    seen, chunks = [], forwards.chunks
-    monkeypatch.setattr(forwards, "chunks",
-                        lambda rows, size: seen.append(chunks(rows, size)) or seen[-1])
-    return seen
-
 
 @pytest.mark.parametrize("kind", ["patching", "attribution"])
 def test_a_tight_budget_cuts_smaller_windows_and_writes_the_same_tables(
