@@ -10,6 +10,7 @@ import dataclasses
 import importlib
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,10 @@ FORBIDDEN = {
     "models": {"mlflow", "hydra", "nnsight", "causalab.engine", "causalab.tracking",
                "causalab.cli"},
 }
-MAX_LINES = 400
+# Files are cut by meaning, not by size: past SOFT_LINES a file is worth a second look (a warning
+# in the test report), past HARD_LINES it is a room that lost its shape.
+SOFT_LINES = 400
+HARD_LINES = 1000
 MAX_FUNCTION_LINES = 60
 MAX_WALK_LINES = 300
 
@@ -156,11 +160,13 @@ def test_no_trace_body_names_a_client_side_object():
                     assert node.id not in client_side, f"{path.name}:{node.lineno} names {node.id}"
 
 
-def test_every_file_stays_under_the_hard_line_limit():
+def test_every_file_stays_under_the_hard_line_limit_and_long_ones_are_named():
     sizes = {p.relative_to(PACKAGE).as_posix(): len(p.read_text().splitlines()) for p in _sources()}
     assert sizes
-    too_long = {p: n for p, n in sizes.items() if n > MAX_LINES}
-    assert not too_long
+    for path, lines in sorted(sizes.items()):
+        if lines > SOFT_LINES:
+            warnings.warn(f"{path}: {lines} lines (over {SOFT_LINES}): still one meaning?")
+    assert not {p: n for p, n in sizes.items() if n > HARD_LINES}
 
 
 def test_the_walk_stays_a_walk():

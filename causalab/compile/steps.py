@@ -19,7 +19,7 @@ from causalab.document.schema import Fit as FitStep
 from causalab.document.schema import Observe as ObserveStep
 from causalab.document.schema import Save, Step
 from causalab.document.schema import Weights as WeightsStep
-from causalab.document.step_references import produced
+from causalab.document.references import produced
 from causalab.document.vocab import MAX_UPDATES, METRIC_KINDS, SAELENS_HOOKS
 from causalab.errors import CompileError
 from causalab.files import TENSOR_SUFFIX

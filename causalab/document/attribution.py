@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from causalab.document.references import Entry
+from causalab.document.interventions import Entry
 from causalab.document.schema import Attribute, Document
 from causalab.document.vocab import (ATTRIBUTION_UNITS, COMPONENTS, IDENTITY, METRIC_KINDS,
                                      ORIGINAL)

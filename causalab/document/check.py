@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from causalab.document.references import check_references
 from causalab.document.schema import Document
-from causalab.document.step_references import check_steps
+from causalab.document.references import check_steps
 from causalab.document.sweep import (Point, authored_path, find_wrappers, lower,
                                      refuse_near_wrappers)
 from causalab.errors import DocumentError, Path

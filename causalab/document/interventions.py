@@ -7,6 +7,7 @@ site is read-only or a metric's read is vocabulary-shaped needs two nodes and li
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal, Union
 
 from pydantic import Field, StrictInt, StrictStr, create_model, model_validator
@@ -15,6 +16,7 @@ from causalab.document.nodes import Name, Node, Number, refuse
 from causalab.document.positions import Pos
 from causalab.document.vocab import (IDENTITY, MECHANISMS, METRIC_KINDS, ORIGINAL,
                                      TOKEN_FORMS, VIEWS)
+from causalab.errors import Path
 
 
 class Ref(Node):
@@ -121,3 +123,12 @@ class Intervention(Node):
     models: dict[Name, InterventionModel] = {}
     metrics: dict[Name, Metric] = {}
     decode: Annotated[StrictInt, Field(ge=0)] = 0
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One intervention a step runs: its registered name, body and JSON path."""
+
+    name: str
+    body: Intervention
+    path: Path
