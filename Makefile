@@ -39,9 +39,10 @@ test-slow: setup
 test-all: setup
 	$(PY) -m pytest -q -m ''
 
-# The README's benchmark blocks, each run on a fast twin and its lines checked (tests/test_readme.py).
+# The README's terminal blocks, each run on a fast twin and its lines checked (tests/test_readme.py);
+# its command blocks run as pasted, in order, on a fresh copy (tests/test_readme_in_order.py).
 test-readme: setup
-	$(PY) -m pytest -q -m slow tests/test_readme.py
+	$(PY) -m pytest -q -m slow tests/test_readme.py tests/test_readme_in_order.py
 
 # Every command conf/experiment/*.yaml documents on a built-in weekday or tiny model, run to its end
 # (tests/platform/test_documented_commands.py; those on SmolLM2 and Gemma-3 are in test-slow).
