@@ -10,8 +10,8 @@ How one forward runs, and who owns what (docs/engine.md walks one through):
   trace is opened;
 * ``planner`` — every speed decision: which traces run over which rows, resumed where,
   the head over which columns, stopped where, and which sweep points fuse (``TraceJob``s
-  in stages, plain data, in ``jobs``);
-* ``passes`` — the pass assembly: each stage's values kept, the ``PassResult``, its
+  in stages, plain data, in ``trace_jobs``);
+* ``assembly`` — the pass assembly: each stage's values kept, the ``PassResult``, its
   metric table;
 * ``state`` — the typed state all three take (``WalkState``, ``PassContext``, ``Windows``);
 * ``taps`` — a job bound to its tensors; ``sites`` — how each vocabulary accessor is
@@ -21,19 +21,21 @@ How one forward runs, and who owns what (docs/engine.md walks one through):
   positions; ``resume`` / ``tail`` / ``generate`` — where a trace may enter, a fit's forward
   at the last column over kept keys, and decoding's generated frame;
 * ``metrics``, ``outputs``, ``steps``, ``fit`` — scoring, publishing, the steps around a pass;
-* ``load``, ``record``, ``bundles``, ``events`` — model loading, files, stamps, listeners;
+* ``weights``, ``record``, ``events`` — model loading, files, listeners; ``featurizers`` —
+  every featurizer kind, and ``featurizers.bundle_files`` their stamped tensor files;
+  ``attribution`` — gradient patching, AtP*'s corrections, ``verify``, edges (EAP-IG);
   ``budget`` — the memory budget as the planner spends it (each trace's estimated peak);
   ``traces`` — the schedule of a document without its weights (``explain --traces``);
   ``fidelity`` — the receipt that the engine's no-op forward is the plain model.
 
 The pipeline (``causalab.pipeline``, the CLI, ``run``, ``tracking``) may use only:
 ``walk.run_plan``, ``walk.prefetch``, ``walk.discard_prefetched``,
-``cache.DocumentCache``, ``planner.groups``, ``planner.alike_later``, ``load.load_model``, ``load.served_dtype``,
-``load.measure_budget``, ``load.budget_of`` (the memory budget, measured before the model loads),
+``cache.DocumentCache``, ``planner.groups``, ``planner.alike_later``, ``weights.load_model``, ``weights.served_dtype``,
+``weights.measure_budget``, ``weights.budget_of`` (the memory budget, measured before the model loads),
 ``record.write_json``, ``record.write_run_record``, ``events.Events``, ``events.Chain``,
 ``containment.check_plan``, ``containment.inside`` (writes stay under ``--out``),
-``bundles.check_plan_bundles`` (no NaN or Inf in a bundle file, before anything is written)
-``bundles.restamp`` (``causalab restamp``, an intended edit's new digest),
+``featurizers.bundle_files.check_plan_bundles`` (no NaN or Inf in a bundle file, before anything is written)
+``featurizers.bundle_files.restamp`` (``causalab restamp``, an intended edit's new digest),
 ``featurizers.subspace.export_basis`` (``causalab fetch --basis``),
 ``fidelity.receipt`` (the no-op forward against plain transformers, before the points) and
 ``traces.explain_traces`` (``causalab explain --traces``).

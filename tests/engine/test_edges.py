@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from causalab.engine import edges
+from causalab.engine.attribution import edges
 from day_pairs import EQUAL_PAIRS
 
 PAIRS = EQUAL_PAIRS
