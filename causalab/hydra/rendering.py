@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from causalab.errors import UsageError
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 SCAFFOLDING = ("site", "data", "shape", "method", "tracking", "run", "hydra")
 ORDER = ("header", "model", "roles", "sites", "featurizers", "interventions", "steps")
 
