@@ -53,7 +53,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     holds ``out`` from before the model loads to its end (``causalab.claims``): a second run
     into the same folder meanwhile is refused.
     """
-    from causalab.engine.featurizers.bundle_files import check_plan_bundles
+    from causalab.engine.bundle_files import check_plan_bundles
     from causalab.engine.containment import check_plan
     from causalab.engine.events import Events
     from causalab.errors import UsageError

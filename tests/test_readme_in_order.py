@@ -74,7 +74,15 @@ def _fresh_copy(root: Path) -> Path:
         if source.is_file():
             (clone / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, clone / name)  # mtimes kept: make sees the set-up as done
-    (clone / ".venv").symlink_to(REPO / ".venv")
+    # The set-up .venv, entry by entry, with a stamp of its own newer than every copied file:
+    # `make` in the copy finds its set-up done and never reinstalls into the shared .venv
+    # (an editable install there would point the checkout's own commands at the copy).
+    venv = clone / ".venv"
+    venv.mkdir()
+    for entry in (REPO / ".venv").iterdir():
+        if entry.name != ".installed":
+            (venv / entry.name).symlink_to(entry)
+    (venv / ".installed").touch()
     return clone
 
 
@@ -98,3 +106,6 @@ def test_the_readme_blocks_run_as_pasted_in_order_on_a_fresh_copy(tmp_path):
     listed = subprocess.run([".venv/bin/causalab", "runs"], cwd=clone, env=env,
                             capture_output=True, text=True, check=True).stdout
     assert "experiment=compare" in listed and "experiment=layer_sweep" in listed
+    found = subprocess.run([str(REPO / ".venv/bin/python"), "-c", "import causalab; print(causalab.__file__)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == str(REPO / "causalab" / "__init__.py")  # the .venv left alone

@@ -122,7 +122,7 @@ def _basis_of(uri: str) -> Callable[[str, str], None]:
 
 def verb_restamp(args: argparse.Namespace) -> dict:
     """Recompute a bundle's tensor digest after an intended edit (docs/format.md §8.3)."""
-    from causalab.engine.featurizers.bundle_files import restamp
+    from causalab.engine.bundle_files import restamp
 
     names = restamp(args.file)
     return {"text": f"restamped {args.file}: {', '.join(names)}", "file": args.file,

@@ -22,7 +22,7 @@ How one forward runs, and who owns what (docs/engine.md walks one through):
   at the last column over kept keys, and decoding's generated frame;
 * ``metrics``, ``outputs``, ``steps``, ``fit`` — scoring, publishing, the steps around a pass;
 * ``weights``, ``record``, ``events`` — model loading, files, listeners; ``featurizers`` —
-  every featurizer kind, and ``featurizers.bundle_files`` their stamped tensor files;
+  every featurizer kind, ``bundle_files`` their stamped tensor files;
   ``attribution`` — gradient patching, AtP*'s corrections, ``verify``, edges (EAP-IG);
   ``budget`` — the memory budget as the planner spends it (each trace's estimated peak);
   ``traces`` — the schedule of a document without its weights (``explain --traces``);
@@ -34,8 +34,8 @@ The pipeline (``causalab.pipeline``, the CLI, ``run``, ``tracking``) may use onl
 ``weights.measure_budget``, ``weights.budget_of`` (the memory budget, measured before the model loads),
 ``record.write_json``, ``record.write_run_record``, ``events.Events``, ``events.Chain``,
 ``containment.check_plan``, ``containment.inside`` (writes stay under ``--out``),
-``featurizers.bundle_files.check_plan_bundles`` (no NaN or Inf in a bundle file, before anything is written)
-``featurizers.bundle_files.restamp`` (``causalab restamp``, an intended edit's new digest),
+``bundle_files.check_plan_bundles`` (no NaN or Inf in a bundle file, before anything is written)
+``bundle_files.restamp`` (``causalab restamp``, an intended edit's new digest),
 ``featurizers.subspace.export_basis`` (``causalab fetch --basis``),
 ``fidelity.receipt`` (the no-op forward against plain transformers, before the points) and
 ``traces.explain_traces`` (``causalab explain --traces``).

@@ -15,7 +15,7 @@ from causalab.compile.featurizers import stamp as featurizer_stamp
 from causalab.compile.plan import Featurizers, Fit, Observe, Pass, SaveOp, Weights
 from causalab.engine import outputs as output_rules
 from causalab.engine import containment, record
-from causalab.engine.featurizers.bundle_files import document_stamp, stamp_metadata, step_source, weights_results
+from causalab.engine.bundle_files import document_stamp, stamp_metadata, step_source, weights_results
 from causalab.engine.assembly import PassResult, metric_rows
 from causalab.engine.state import WalkState
 from causalab.errors import CausalabError, RunError

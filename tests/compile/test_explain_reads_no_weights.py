@@ -77,8 +77,8 @@ def _retarget(document: dict, key: str, revision: str | None) -> dict:
 
 @pytest.fixture(scope="module")
 def explained(tmp_path_factory, smollm2_dir, gemma3_dir):
-    from causalab.models import BUILTINS, SCHEME
     from causalab.hydra.rendering import render
+    from causalab.models import BUILTINS, SCHEME, resolve
 
     root = tmp_path_factory.mktemp("explain")
     documents = [str(p) for p in sorted(DOCUMENTS.glob("*/*.json"))
@@ -89,6 +89,8 @@ def explained(tmp_path_factory, smollm2_dir, gemma3_dir):
             path.write_text(json.dumps(render([f"experiment={name}", f"model={model}"])))
             documents.append(str(path))
     targets = {name: (SCHEME + name, None) for name in BUILTINS}
+    for key, _ in targets.values():  # made before the probe: a built-in's first use builds it
+        resolve(key)
     targets.update(_local_directories(root / "local"))
     for name, (key, revision) in targets.items():
         for shipped in RETARGETED:

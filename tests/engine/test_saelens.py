@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from causalab.compile.plan import FeaturizerSpec
-from causalab.engine.featurizers.bundle_files import check_bundle
+from causalab.engine.bundle_files import check_bundle
 from causalab.engine.featurizers import build_featurizer, write_saelens_dir
 from causalab.engine.featurizers.sae import ARCHITECTURES
 from causalab.errors import CompileError

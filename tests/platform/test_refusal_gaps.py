@@ -196,7 +196,7 @@ def test_a_runs_uri_out_of_the_artifact_cache_is_refused_before_any_folder_is_ma
 
 
 def test_a_bundle_holding_nan_is_refused_by_explain_and_run_naming_the_tensor(tmp_path, monkeypatch):
-    from causalab.engine.featurizers.bundle_files import restamp
+    from causalab.engine.bundle_files import restamp
     from causalab.errors import CompileError
 
     shipped = REPO / "documents" / "artifacts" / "rot.safetensors"

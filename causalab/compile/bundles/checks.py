@@ -8,7 +8,7 @@ SAELens tensors in one file or SAELens's own directory (``cfg.json`` +
 ``sae_weights.safetensors``), whose cfg is its identity (compile/bundles/saelens.py). A ``runs:/``
 bundle is checked the same way once a resolver (the tracking layer's) gives its local path.
 Every refusal is a CompileError at ``featurizers.<name>.file_path``. Loading tensors is the
-engine's (engine/featurizers/bundle_files.py).
+engine's (engine/bundle_files.py).
 """
 from __future__ import annotations
 
