@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,6 +37,9 @@ from causalab.engine.metrics import score
 from causalab.engine.seam import Window, gather
 from causalab.engine.state import PassContext, Windows
 from causalab.errors import RunError
+
+if TYPE_CHECKING:  # annotations only
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclasses.dataclass
@@ -67,10 +70,11 @@ def estimand(metric: MetricOp, node: Attribute) -> str:
     return f"{metric.estimand_version} {method}{'+qk' if node.patterns else ''}"
 
 
-def open_step(ctx: PassContext, node: Attribute) -> PassContext:
+def open_step(ctx: PassContext, node: Attribute,
+              tokenizer: PreTrainedTokenizerBase) -> PassContext:
     """The step's first pass, opened, carrying its ``Sums``; every label's windows resolved
-    (and refused, R1/R2) before any trace runs."""
-    windows = [ctx.windows] + [window_rules.resolve_pass(pass_, ctx.model.tokenizer, ctx.state)
+    with ``tokenizer`` (and refused, R1/R2) before any trace runs."""
+    windows = [ctx.windows] + [window_rules.resolve_pass(pass_, tokenizer, ctx.state)
                                for pass_ in node.passes[1:]]
     return dataclasses.replace(ctx, attributed=Sums(node, windows))
 
@@ -82,12 +86,10 @@ def interpolated(ctx: PassContext, step: int) -> torch.Tensor:
     return start + (step / sums.node.steps) * (end - start)
 
 
-def keep(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+def keep(stage: Stage, traced: list[Traced], units: list[PassContext]) -> None:
     """One attribute trace kept: the counterfactual's site values, or a base forward's scores
     and gradients (summed over integrated gradients' steps); the window's effects once its
-    last forward has run. Nothing when only planned."""
-    if traced is None:
-        return
+    last forward has run."""
     sums, job, done = units[0].attributed, stage.jobs[0], traced[0]
     taps = list(zip(job.taps, done.values))
     embeddings = [value for tap, value in taps if tap.kind == "read" and tap.whole

@@ -5,8 +5,8 @@ point's walk. It holds only values that do not depend on any intervention: the p
 batches as tensors, resolved prompt windows, un-intervened reads (gathered, or the whole
 address tensor while a byte budget allows), and the results ``walk.prefetch`` computed for
 fused points ahead of their own walks. It never opens a trace and never decides what runs;
-the planner asks it what is known and the pass assembly tells it what was computed. When a
-schedule is only planned (``explain --traces``) its entries hold ``PLANNED`` instead.
+the planner asks it what is known and the pass assembly tells it what was computed (or,
+for ``explain --traces``, the dry runner that a value would be there).
 """
 from __future__ import annotations
 
@@ -27,8 +27,6 @@ from causalab.engine.resume import map_tensors
 WHOLE_BYTES, WHOLE_BUDGET = 32 * 2 ** 20, 512 * 2 ** 20
 # Bytes of un-intervened residuals kept per document for prefix resume (0 turns it off).
 RESUME_BUDGET = 256 * 2 ** 20
-# What a planned-only schedule keeps where a run keeps a tensor: the key is what counts.
-PLANNED = "planned"
 
 
 @dataclass(frozen=True)

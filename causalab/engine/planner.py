@@ -6,8 +6,8 @@ where, keeping what, on which batch an un-intervened forward runs, which sweep p
 one trace (fusion: alike jobs merged, rows stacked), and an attribute step's traces. It
 yields ``TraceJob``s in ``Stage``s, reading the cache's keys and budgets (never its tensors),
 the pass's windows and the model's facts; it never opens a trace. A stage generator resumes
-once the walk has kept what it yielded; ``explain --traces`` runs the same generators over a
-cache of ``PLANNED``. Fused points run the same prompt rows, one copy per point (left
+once the walk has kept what it yielded; ``explain --traces`` runs the same walk and
+generators over a cache the dry runner fills with placeholders. Fused points run the same prompt rows, one copy per point (left
 padding, the mask and position ids keep rows independent), only where that is plainly so
 (``signature``).
 """

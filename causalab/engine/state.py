@@ -22,7 +22,8 @@ class WalkState:
     A nested plan walks with a copy (``dataclasses.replace``) holding its own outputs
     namespace and windows; featurizers, specs and the cache are the same objects.
     ``fill_prefixes`` (a fit) asks an intervened forward that can resume to keep its
-    un-intervened prefix over every row first.
+    un-intervened prefix over every row first. ``where`` names the node being walked
+    (``point/step``), as ``explain --traces`` says it.
     """
 
     cache: DocumentCache = field(default_factory=DocumentCache)
@@ -37,6 +38,7 @@ class WalkState:
     batch_size: int | None = None
     entry: str | None = None
     fill_prefixes: bool = False
+    where: str = ""
 
 
 def new_state(*, cache: DocumentCache | None = None, model_ref: ModelRef | None = None,

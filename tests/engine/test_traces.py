@@ -1,6 +1,6 @@
 """``explain --traces``: the traces a run opens, planned from config and tokenizer alone.
 
-The oracle is the run itself: every job ``walk.run_trace`` is handed during
+The oracle is the run itself: every job ``runner.run_trace`` is handed during
 ``run_document``, recorded in order, must be the planned one (the tensors bound to a job are
 no part of its schedule), for every shipped corpus document and for the sweeps whose
 schedule is the subtlest (drawn counterfactuals, windows of rows, split fused runs, a fit in
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from causalab.cli import main
-from causalab.engine import planner, traces, walk
+from causalab.engine import dry_run, planner, runner
 from causalab.pipeline import compile_only, run_document
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,20 +36,20 @@ def _planned(document: dict, data_root: str, batch_size=None) -> list:
 
     plan = compile_only(copy.deepcopy(document), data_root)
     model = plan.model or plan.children[0].model
-    found = traces.schedule(plan, load_config(model.path), load_tokenizer(model.path),
+    found = dry_run.schedule(plan, load_config(model.path), load_tokenizer(model.path),
                             batch_size=batch_size)
     return [planned.job for planned in found]
 
 
 def _opened(document: dict, data_root: str, out: Path, monkeypatch, batch_size=None) -> list:
     seen = []
-    original = walk.run_trace
+    original = runner.run_trace
 
-    def record(model, job):
+    def record(model, job, live):
         seen.append(job)
-        return original(model, job)
+        return original(model, job, live)
     with monkeypatch.context() as patch:
-        patch.setattr(walk, "run_trace", record)
+        patch.setattr(runner, "run_trace", record)
         run_document(copy.deepcopy(document), out=str(out), data_root=data_root,
                      batch_size=batch_size)
     return seen
@@ -167,7 +167,7 @@ def test_explain_traces_prints_the_schedule_of_every_shipped_document(path, tmp_
     # the fit's caveat only where the document fits; its words said once, below the count
     fits = '"kind": "fit"' in json.dumps(raw)
     assert first.endswith("a fit counted to its last epoch)") == fits and int(first.split()[0]) > 0
-    assert legend == list(traces.LEGEND)
+    assert legend == list(dry_run.LEGEND)
     assert "  1. " in out and " head " not in out
 
 
@@ -211,11 +211,11 @@ def test_explain_counts_an_attribute_steps_forwards_and_graddrops_backwards(tiny
         "graddrop": True}}
     plan = compile_only(copy.deepcopy(document), data_root)
     model = plan.model or plan.children[0].model
-    found = traces.schedule(plan, load_config(model.path), load_tokenizer(model.path),
+    found = dry_run.schedule(plan, load_config(model.path), load_tokenizer(model.path),
                             batch_size=2)
     # Two windows of rows (2, then 1), each a counterfactual and a base forward; each base
     # forward one backward and one per dropped layer of the 2.
-    assert traces.text(found, batch_size=2).splitlines()[-1] == (
+    assert dry_run.text(found, batch_size=2).splitlines()[-1] == (
         "<root>/attribute: cost 4 forwards, 6 backwards per metric (GradDrop: 2 layers dropped one "
         "at a time)")
     _same([p.job for p in found],
@@ -234,7 +234,7 @@ def test_explain_plans_verifys_fused_exact_patches_on_stand_in_units(tiny, kit, 
         "verify": 2}}
     plan = compile_only(copy.deepcopy(document), data_root)
     model = plan.model or plan.children[0].model
-    found = traces.schedule(plan, load_config(model.path), load_tokenizer(model.path))
+    found = dry_run.schedule(plan, load_config(model.path), load_tokenizer(model.path))
     opened = _opened(document, data_root, tmp_path / "out", monkeypatch)
     # 2 N = 4 units, each patched once: fused copies of the rows, on stand-ins when planned
     # (how the copies split over traces depends on the layers of the units chosen).
@@ -243,5 +243,5 @@ def test_explain_plans_verifys_fused_exact_patches_on_stand_in_units(tiny, kit, 
     assert {p.where for p in found if p.job.kind != "attribute"} == {
         "<root>/attribute verify (4 units chosen at run time)"}
     checks = sum(p.job.kind != "attribute" for p in found)
-    assert traces.text(found).splitlines()[-1] == (
+    assert dry_run.text(found).splitlines()[-1] == (
         f"<root>/attribute: cost 2 forwards, 1 backwards per metric; verify {checks} traces")
