@@ -92,7 +92,7 @@ class DryRunner:
             _KEEP[stage.kind](stage, units)
 
     def take(self, ctx: PassContext, forward: Forward) -> None:
-        ctx.raw.clear()
+        ctx.produced.raw.clear()
 
     def result(self, ctx: PassContext) -> PassResult:
         """A result with no value: the step bodies that would read it do not run."""

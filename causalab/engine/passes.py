@@ -147,14 +147,14 @@ def _forward(stage: Stage, traced: list[Traced], units: list[PassContext]) -> No
                 pieces.setdefault(tap.unit, {}).setdefault(tap.op.name, []).append(value)
     for unit, own in pieces.items():
         ctx = units[unit]
-        ctx.raw.update(_gathered(ctx, stage.forwards[unit], ctx.rows, own))
+        ctx.produced.raw.update(_gathered(ctx, stage.forwards[unit], ctx.rows, own))
 
 
 def _keep_written(job: TraceJob, done: Traced, units: list[PassContext]) -> None:
     """Each write tap's ``seam.Written`` to its pass, with the rows it acted on."""
     for tap, value in zip(job.taps, done.values):
         if tap.kind == "write":
-            units[tap.unit].written.setdefault(tap.op.name, []).append((job.rows, value))
+            units[tap.unit].produced.written.setdefault(tap.op.name, []).append((job.rows, value))
 
 
 def _gathered(ctx: PassContext, forward: Forward, rows: tuple, pieces: dict) -> dict:
@@ -190,7 +190,7 @@ def _decode(stage: Stage, traced: list[Traced], units: list[PassContext]) -> Non
     out = _gathered(ctx, forward, rows, pieces)
     out[generate.GENERATED] = Published(torch.cat(tokens, 0), None, len(rows), "none")
     if not stage.kept:
-        ctx.raw.update(out)
+        ctx.produced.raw.update(out)
         return
     for read in forward.reads:
         fresh = out[read.name]
@@ -221,7 +221,7 @@ def _serve(stage: Stage, traced: list[Traced], units: list[PassContext]) -> None
         if forward.decode:
             found[generate.GENERATED] = cache.generated[(batch_key(batch), forward.decode)]
         every = ctx.rows == tuple(range(ctx.pass_.rows))
-        ctx.raw.update({name: value if every else value.slice_rows(ctx.rows)
+        ctx.produced.raw.update({name: value if every else value.slice_rows(ctx.rows)
                         for name, value in found.items()})
 
 
@@ -231,14 +231,14 @@ _FINISH = {"reads": _reads, "prefix": _prefixes, "keys": _keys, "forward": _forw
 
 def take_forward(ctx: PassContext, forward: Forward) -> None:
     """The forward's raw reads, a decode's generated frame cut, in their featurizers' spaces."""
-    raw = dict(ctx.raw)
-    ctx.raw.clear()
+    raw = dict(ctx.produced.raw)
+    ctx.produced.raw.clear()
     if forward.decode:
         ids = raw.pop(generate.GENERATED).value
-        ctx.generated.update({name: ids for name in generate.names(ctx.pass_, forward)})
+        ctx.produced.generated.update({name: ids for name in generate.names(ctx.pass_, forward)})
         raw = _cut_generated(ctx, forward, raw, ids)
     for read in forward.reads:
-        ctx.values[read.name] = featurized(raw[read.name], read, ctx.state)
+        ctx.produced.values[read.name] = featurized(raw[read.name], read, ctx.state)
 
 
 def _cut_generated(ctx: PassContext, forward: Forward, raw: dict, ids: torch.Tensor) -> dict:
@@ -268,9 +268,9 @@ def featurized(raw: Published, read: ReadOp, state: WalkState) -> Published:
 
 def result_of(ctx: PassContext) -> PassResult:
     """The pass's result from its featurized reads; a write that overflowed is refused first."""
-    overflow.refuse_overflowed(ctx.pass_, ctx.written)
+    overflow.refuse_overflowed(ctx.pass_, ctx.produced.written)
     rows, windows = ctx.rows, ctx.windows
-    reads = {name: published.value for name, published in ctx.values.items()}
+    reads = {name: published.value for name, published in ctx.produced.values.items()}
     layouts = {}
     for forward in ctx.pass_.forwards:
         for read in forward.reads:
@@ -285,7 +285,7 @@ def result_of(ctx: PassContext) -> PassResult:
         found = windows.read(metric.of).windows
         metrics[metric.name] = score(metric, reads[metric.of], [r for r in rows if found[r]])
     return PassResult(reads, layouts, metrics, dict(windows.provenance), rows, windows,
-                      dict(ctx.generated))
+                      dict(ctx.produced.generated))
 
 
 def metric_rows(pass_: Pass, result: PassResult, name: str, digest: str,

@@ -141,7 +141,7 @@ def _operand(write: WriteOp, ctx: PassContext, chunk: tuple, window: Window) -> 
         return None
     if operand.kind == "read":
         local = {row: i for i, row in enumerate(ctx.rows)}
-        return ctx.values[operand.name].slice_rows([local[r] for r in chunk]).value
+        return ctx.produced.values[operand.name].slice_rows([local[r] for r in chunk]).value
     published = ctx.state.published.get(operand.name)
     where = ("interventions", ctx.pass_.intervention, "writes", write.name, "operand")
     if published is None:
