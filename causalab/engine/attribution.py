@@ -24,11 +24,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from causalab.compile.plan import Address, Attribute, MetricOp
+from causalab.compile.plan import Address, Attribute, MetricOp, Pass
 from causalab.document.vocab import ATTRIBUTION_UNITS
 from causalab.engine import atp_star, record
 from causalab.engine import windows as window_rules
@@ -194,7 +194,7 @@ def _units(value: torch.Tensor, address: Address, unit: str) -> torch.Tensor:
     return value
 
 
-def _label_effects(sums: Sums, pass_: Any, windows: Windows, chunk: tuple,
+def _label_effects(sums: Sums, pass_: Pass, windows: Windows, chunk: tuple,
                    grads: list) -> torch.Tensor:
     """``(rows, units)`` over every address of one position label, addresses side by side."""
     node = sums.node

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +20,9 @@ from causalab.compile.plan import Attribute, MetricOp
 from causalab.engine import edges, record
 from causalab.engine.metrics import score
 from causalab.errors import RunError
+
+if TYPE_CHECKING:  # annotations only
+    from nnterp import StandardizedTransformer
 
 # Circuit sizes when the step names none, as fractions of the graph's edges.
 DEFAULT_FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -56,7 +59,7 @@ def _tables(found: edges.Graph, mean: torch.Tensor) -> tuple[list, list]:
     return edge_rows, node_rows
 
 
-def run(node: Attribute, model: Any, directory: Path, batch_size: int | None) -> list[str]:
+def run(node: Attribute, model: StandardizedTransformer, directory: Path, batch_size: int | None) -> list[str]:
     """The step's edge and node tables and faithfulness curve, per metric, into its results;
     rows in windows of ``batch_size`` (scores summed, then the mean over eligible rows)."""
     torch_model = getattr(model, "_model", model)

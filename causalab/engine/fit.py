@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
@@ -20,7 +20,7 @@ from torch import Tensor
 from causalab.errors import RunError
 
 if TYPE_CHECKING:  # the types only annotate; importing them pulls in the compiler
-    from causalab.compile.plan import Fit
+    from causalab.compile.plan import Fit, Plan
     from causalab.engine.passes import PassResult
     from causalab.engine.state import WalkState
 
@@ -160,7 +160,7 @@ def _eval_epoch(fit: Fit, model, featurizers: dict, state: WalkState,
 
 
 def run_fit(fit: Fit, model, featurizers: dict, state: WalkState, *, run_pass: Callable, events,
-            point: Any = None, step: str | None = None) -> dict:
+            point: Plan | None = None, step: str | None = None) -> dict:
     """Run a fit step and return its results.
 
     ``featurizers`` maps names to live featurizer objects (shared with the walk);

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,7 +50,7 @@ class PassResult(Mapping):
     resolved: Windows
     generated: dict = field(default_factory=dict)
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str) -> object:
         if name not in _FIELDS:
             raise KeyError(name)
         return getattr(self, name)
@@ -80,7 +80,7 @@ def finish(stage: Stage, traced: list[Traced], units: list[PassContext]) -> None
     _FINISH[stage.kind](stage, traced, units)
 
 
-def _cat(pieces: list) -> Any:
+def _cat(pieces: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
 
 

@@ -22,7 +22,7 @@ from causalab.engine import atp_star, forwards, generate, tail
 from causalab.engine.cache import DocumentCache, Prefix
 from causalab.engine.forwards import batch_key, read_key, tap_ops
 from causalab.engine.jobs import JobTap, NextPrefix, SiteOp, Stage, TraceJob, Wanted
-from causalab.engine.resume import (ahead_of, by_entry, deepest, entries_of, need_order,
+from causalab.engine.resume import (Resume, ahead_of, by_entry, deepest, entries_of, need_order,
                                     needs_of, resume_point)
 from causalab.engine.sites import HEAD_ROWS
 from causalab.engine.state import ModelFacts, PassContext
@@ -32,7 +32,7 @@ _FUSED_TOKENS = 16384
 _OPERANDS = ("literal", "read", "none")
 
 
-def signature(point: Any) -> tuple | None:
+def signature(point: Plan | object) -> tuple | None:
     """What a point's passes must share with another's to be fused, or None: a step other
     than ``Observe``, a decode, an operand from outside the pass (a literal, a read or none
     only), or no intervened forward (un-intervened ones are shared per document anyway)."""
@@ -361,7 +361,7 @@ def _missing_prefixes(cache: DocumentCache, facts: ModelFacts, batch: PromptBatc
 
 
 def _job(kind: str, batch: PromptBatch, rows: tuple, taps: tuple, units: list, *,
-         copies: int = 1, resume: Any = None, tail: bool = False, keep: tuple = (),
+         copies: int = 1, resume: Resume | None = None, tail: bool = False, keep: tuple = (),
          step: int | None = None, grad: bool = False) -> TraceJob:
     """A job with its head and stop decided: with no tap from the head and no cache or next
     token wanted, the blocks above the last tap are not run (a sweep at layer 3 of 30 runs

@@ -12,7 +12,7 @@ values kept), the cached values live in the document cache and the walk's trace 
 """
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple, Union
+from typing import Any, Callable, Literal, NamedTuple, Union
 
 import torch
 
@@ -103,7 +103,7 @@ def by_entry(entries: list, covered: set) -> dict:
     return runs
 
 
-def map_tensors(value: Any, change: Any) -> Any:
+def map_tensors(value: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """A module's output with ``change`` applied to each tensor in it (a tuple keeps its
     structure; ``None`` and other members pass through): how a kept output is copied and
     stacked."""

@@ -7,7 +7,7 @@ state's published values; never opens a trace or a file.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from causalab.compile import bundles as bundle_checks
 from causalab.compile.bundles import document_stamp, step_source
@@ -16,8 +16,11 @@ from causalab.engine.state import WalkState
 from causalab.errors import CompileError, RunError
 from causalab.files import TENSOR_KEY
 
+if TYPE_CHECKING:  # annotations only
+    from causalab.engine.outputs import Published
 
-def _stamp(node: Any, value: str, state: WalkState) -> dict[str, str]:
+
+def _stamp(node: Observe, value: str, state: WalkState) -> dict[str, str]:
     """What the producing step stamps on ``value``, as its saved bundle would carry."""
     from causalab.engine.steps import output_stamp
 
@@ -26,12 +29,12 @@ def _stamp(node: Any, value: str, state: WalkState) -> dict[str, str]:
     return document_stamp(state.specs[value])
 
 
-def _tensors(published: Any) -> dict:
+def _tensors(published: Published) -> dict:
     value = published.value
     return dict(value) if isinstance(value, dict) else {TENSOR_KEY: value}
 
 
-def build_from_step(node: Any, state: WalkState) -> None:
+def build_from_step(node: object, state: WalkState) -> None:
     """Build every featurizer whose ``file_path`` names ``node``'s step from what it published."""
     from causalab.engine.featurizers import FEATURIZERS
 

@@ -8,7 +8,7 @@ every row of the step, excluded ones included (docs/format.md §13).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from causalab.compile.featurizers import save_stamp, where
 from causalab.compile.featurizers import stamp as featurizer_stamp
@@ -22,8 +22,13 @@ from causalab.errors import CausalabError, RunError
 from causalab.files import SAELENS_CONFIG, SAELENS_WEIGHTS, TENSOR_KEY, TENSOR_SUFFIX
 from causalab.uncertainty import interval
 
+if TYPE_CHECKING:  # annotations only
+    from nnterp import StandardizedTransformer
 
-def build_featurizers(node: Featurizers, model: Any, state: WalkState) -> None:
+    from causalab.engine.runner import Runner
+
+
+def build_featurizers(node: Featurizers, model: StandardizedTransformer, state: WalkState) -> None:
     """Live featurizer objects on the model's device, shared by the plan's later steps."""
     from causalab.engine.featurizers import build_featurizer
 
@@ -152,7 +157,7 @@ def output_stamp(node: Observe, name: str, value: output_rules.Published,
                             state.model_ref, state.digest)
 
 
-def run_fit_step(node: Fit, model: Any, state: WalkState, directory: Path,
+def run_fit_step(node: Fit, model: Runner, state: WalkState, directory: Path,
                  run_pass: Callable) -> list[str]:
     """Train the fit's featurizers (``causalab.engine.fit``), then write its saves."""
     from causalab.engine.fit import run_fit
