@@ -1,15 +1,20 @@
-"""``explain --traces``: the traces a run opens, planned from config and tokenizer alone.
+"""``explain --traces``: the traces a run opens, listed by the run's own walk without weights.
 
-The oracle is the run itself: every job ``runner.run_trace`` is handed during
-``run_document``, recorded in order, must be the planned one (the tensors bound to a job are
-no part of its schedule), for every shipped corpus document and for the sweeps whose
-schedule is the subtlest (drawn counterfactuals, windows of rows, split fused runs, a fit in
-windows). ``explain --traces`` prints a schedule for every shipped document, weights never
-loaded.
+A run and ``explain --traces`` are one walk (``entry.walk_points``) through two runners:
+``runner.TraceRunner`` traces each job, ``dry_run.DryRunner`` records it. The oracle is the
+run itself: every job ``runner.run_trace`` is handed during ``run_document``, recorded in
+order, must equal the listed one in every field, for every corpus document and for the
+sweeps whose schedule is the subtlest (drawn counterfactuals, windows of rows, split fused
+runs, a fit in windows). Two things a run decides from numbers, and the tests say so where
+they meet them: a fit's early stop (turned off here, ``_without_early_stop``: the dry run
+lists every epoch) and which units ``verify`` patches (compared by count: the dry run patches
+the first ``2 N``). ``explain --traces`` prints a schedule for every shipped document, weights
+never loaded, and ``--json`` gives every job's fields.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,6 +22,7 @@ import pytest
 
 from causalab.cli import main
 from causalab.engine import dry_run, planner, runner
+from causalab.engine.jobs import TraceJob
 from causalab.pipeline import compile_only, run_document
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,6 +71,8 @@ def _without_early_stop(document: dict) -> dict:
 
 
 def _same(planned: list, opened: list) -> None:
+    """Equal in every field: no field of a job is left out of its comparison."""
+    assert all(field.compare for field in dataclasses.fields(TraceJob))
     assert opened, "the run opened no trace"
     assert len(planned) == len(opened)
     for index, (want, got) in enumerate(zip(planned, opened)):
@@ -245,3 +253,21 @@ def test_explain_plans_verifys_fused_exact_patches_on_stand_in_units(tiny, kit, 
     checks = sum(p.job.kind != "attribute" for p in found)
     assert dry_run.text(found).splitlines()[-1] == (
         f"<root>/attribute: cost 2 forwards, 1 backwards per metric; verify {checks} traces")
+
+
+def test_explain_traces_json_gives_every_field_of_every_job(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    document = REPO / "documents" / "v2" / "das_apply.json"
+    status = main(["explain", "--traces", "--json", str(document), "--data-root", str(DATA)])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    traces = json.loads(out)["traces"]
+    fields = {field.name for field in dataclasses.fields(TraceJob)}
+    assert len(traces) == 3 and all(set(trace["job"]) == fields for trace in traces)
+    read = traces[1]["job"]
+    assert (read["kind"], read["head"], read["stop"], read["rows"]) == ("reads", "none", True,
+                                                                         [0, 1])
+    assert read["batch"] == {"role": "counterfactual", "rows": 2, "tokens": 8}
+    tap = read["taps"][0]
+    assert (tap["kind"], tap["whole"], tap["op"]["name"]) == ("read", True, "v_cf")
+    assert tap["op"]["address"]["component"] == "block_output"
