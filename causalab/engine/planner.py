@@ -21,7 +21,7 @@ from causalab.document import vocab
 from causalab.engine import atp_star, forwards, generate, tail
 from causalab.engine.cache import DocumentCache, Prefix
 from causalab.engine.forwards import batch_key, read_key, tap_ops
-from causalab.engine.jobs import JobTap, NextPrefix, SiteOp, Stage, TraceJob, Wanted
+from causalab.engine.jobs import JobKind, JobTap, NextPrefix, SiteOp, Stage, TraceJob, Wanted
 from causalab.engine.resume import (Resume, ahead_of, by_entry, deepest, entries_of, need_order,
                                     needs_of, resume_point)
 from causalab.engine.sites import HEAD_ROWS
@@ -360,7 +360,7 @@ def _missing_prefixes(cache: DocumentCache, facts: ModelFacts, batch: PromptBatc
     return sorted(missing, key=need_order)
 
 
-def _job(kind: str, batch: PromptBatch, rows: tuple, taps: tuple, units: list, *,
+def _job(kind: JobKind, batch: PromptBatch, rows: tuple, taps: tuple, units: list, *,
          copies: int = 1, resume: Resume | None = None, tail: bool = False, keep: tuple = (),
          step: int | None = None, grad: bool = False) -> TraceJob:
     """A job with its head and stop decided: with no tap from the head and no cache or next

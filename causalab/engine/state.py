@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # annotations only: the types below import torch, nnterp, the
     from transformers import PretrainedConfig
 
     from causalab.engine.attribution import Sums
-    from causalab.engine.jobs import JobTap
+    from causalab.engine.jobs import JobTap, TapKind
     from causalab.engine.outputs import Published
     from causalab.engine.seam import Written
 
@@ -110,7 +110,7 @@ class Windows:
     def write(self, name: str, role: str) -> OpWindows:
         return self.writes[role][name]
 
-    def of(self, kind: str, name: str, role: str) -> OpWindows:
+    def of(self, kind: TapKind, name: str, role: str) -> OpWindows:
         """The windows of the tap ``(kind, name)`` of a forward on ``role``."""
         return self.write(name, role) if kind == "write" else self.read(name)
 
