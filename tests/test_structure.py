@@ -325,3 +325,13 @@ def test_job_kinds_taps_and_heads_are_literals_of_their_tables():
     assert set(get_args(jobs.Head)) == set(jobs.HEADS) == set(jobs.UNEMBED)
     assert set(get_args(jobs.StageKind)) == set(jobs.KINDS) | {"serve"}
     assert "live" not in {f.name for f in dataclasses.fields(jobs.TraceJob)}
+
+
+def test_both_runners_answer_every_call_of_the_runner_protocol():
+    runner = importlib.import_module("causalab.engine.runner")
+    dry_run = importlib.import_module("causalab.engine.dry_run")
+    calls = {name for name, value in vars(runner.Runner).items()
+             if callable(value) and not name.startswith("_")}
+    assert {"run", "at", "observe", "fit", "verify", "edges"} <= calls
+    for implementation in (runner.TraceRunner, dry_run.DryRunner):
+        assert all(callable(getattr(implementation, name, None)) for name in calls)

@@ -271,3 +271,15 @@ def test_explain_traces_json_gives_every_field_of_every_job(capsys, monkeypatch)
     tap = read["taps"][0]
     assert (tap["kind"], tap["whole"], tap["op"]["name"]) == ("read", True, "v_cf")
     assert tap["op"]["address"]["component"] == "block_output"
+
+
+def test_a_fit_that_may_stop_early_opens_a_prefix_of_the_listed_traces(tmp_path, monkeypatch):
+    """Early stopping follows the eval's numbers: the dry run lists every epoch, and a run
+    that stops opens the traces listed up to its last eval, in that order."""
+    document = json.loads((REPO / "documents/v2/das.json").read_text())
+    document["steps"]["fit"]["early_stop"]["patience"] = 1
+    monkeypatch.chdir(REPO)
+    planned = _planned(document, str(DATA))
+    opened = _opened(document, str(DATA), tmp_path / "out", monkeypatch)
+    assert opened and len(opened) <= len(planned)
+    assert planned[:len(opened)] == opened
