@@ -1,4 +1,4 @@
-"""``explain --traces``: the run's own walk through ``DryRunner``, which lists the traces it would open.
+"""``explain --traces``: the run's own walk through ``DryRunner``, listing the traces it would open.
 
 ``DryRunner`` takes the place of ``runner.TraceRunner`` on the same walk (``entry.walk_points``,
 ``walk``): it records each ``TraceJob`` the planner hands it, where the walk is and which pass

@@ -32,7 +32,8 @@ def points_of(plan: Plan) -> list[Plan]:
     return [plan]
 
 
-def run_document(plan: Plan, raw: dict, *, out: str, hold: Callable[[str], contextlib.AbstractContextManager],
+def run_document(plan: Plan, raw: dict, *, out: str,
+                 hold: Callable[[str], contextlib.AbstractContextManager],
                  batch_size: int | None = None, device_map: str = "cpu",
                  events: Events | None = None, resume_mib: int | None = None,
                  memory: str | None = None) -> list[str]:

@@ -4,7 +4,8 @@ Made from the values the walk's traces returned and the pass's windows; it never
 trace and decides nothing about which ones run. A stage's values go where the planner's
 stage says: un-intervened reads, whole tensors, prefixes and keys into the document cache,
 an intervened forward's reads to its pass (``explain --traces`` keeps none: its runner,
-``dry_run.DryRunner``, marks the cache's keys itself). Steps publish and save from a ``PassResult``, fits score it.
+``dry_run.DryRunner``, marks the cache's keys itself). Steps publish and save from a
+``PassResult``, fits score it.
 """
 from __future__ import annotations
 

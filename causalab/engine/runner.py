@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from causalab.compile.plan import Attribute, Featurizers, Fit, Forward, Observe, Pass, Plan, Weights
-from causalab.engine import atp_star, attribution, edge_step, fidelity, passes, record, steps, taps, verify
+from causalab.engine import (atp_star, attribution, edge_step, fidelity, passes, record, steps,
+                             taps, verify)
 from causalab.engine.generate import GENERATED
 from causalab.engine.jobs import JobTap, Need, Stage, Traced, TraceJob
 from causalab.engine.passes import PassResult
