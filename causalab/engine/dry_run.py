@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from causalab import memory
 from causalab.compile.plan import (Attribute, Featurizers, Fit, Forward, ModelRef, Observe, Plan,
                                    Weights)
-from causalab.engine import fidelity, verify
+from causalab.engine import edge_step, fidelity, verify
 from causalab.engine import fit as fit_loop
 from causalab.engine.budget import RESUME_SHARE, Budget, trace_bytes
 from causalab.engine.cache import RESUME_BUDGET, DocumentCache, Prefix, whole_id
@@ -143,6 +143,9 @@ class DryRunner:
         return []
 
     def edges(self, node: Attribute, state: WalkState, directory: Path) -> list[str]:
+        """An edges step's hooked torch forwards (``edge_step.forwards``): no trace, listed."""
+        jobs = edge_step.forwards(node, state.batch_size, self.facts)
+        self.found.extend(Planned(self.where, self.calls, job) for job in jobs)
         return []
 
 

@@ -28,6 +28,8 @@ KINDS = {
     "decode": "one step of a greedy decode over its own growing KV cache",
     "attribute": "a forward of an attribute step: its sites kept whole, shifted by zero leaves "
                  "under grad, the metric's read kept with its graph",
+    "edges": "a forward of an edges step: the transformers module under nnterp with plain torch "
+             "hooks, no nnsight trace (``edge_step.forwards`` lists them; no stage holds one)",
 }
 # tap kind -> what it does at its address.
 TAPS = {

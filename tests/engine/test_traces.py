@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from causalab.cli import main
 from causalab.engine import dry_run, planner, runner
@@ -283,3 +284,36 @@ def test_a_fit_that_may_stop_early_opens_a_prefix_of_the_listed_traces(tmp_path,
     opened = _opened(document, str(DATA), tmp_path / "out", monkeypatch)
     assert opened and len(opened) <= len(planned)
     assert planned[:len(opened)] == opened
+
+
+def test_an_edges_step_makes_the_hooked_forwards_explain_lists(tiny, kit, tmp_path,
+                                                               monkeypatch):
+    """An edges step opens no nnsight trace; its plain torch forwards (``edges._forward``)
+    are listed as ``edges`` jobs, each on the rows and under the grad a run gives it."""
+    from causalab.engine import edges
+    from causalab.models import load_config, load_tokenizer
+
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(EQUAL_PAIRS))
+    document = kit.patching_document(tiny("tiny-llama"), component="attention_output")
+    document["steps"] = {"circuit": {
+        "kind": "attribute", "interventions": "patch", "metrics": ["logit_diff"],
+        "rows": {"base": "pairs", "counterfactual": "pairs"}, "edges": True, "steps": 2,
+        "circuit_k": [4]}}
+    plan = compile_only(copy.deepcopy(document), data_root)
+    model = plan.model or plan.children[0].model
+    found = dry_run.schedule(plan, load_config(model.path), load_tokenizer(model.path),
+                             batch_size=2)
+    listed = [(tuple(job.batch.input_ids[r] for r in job.rows), job.grad)
+              for job in (p.job for p in found) if job.kind == "edges"]
+    made = []
+    original = edges._forward
+
+    def record(model, batch, *args, **kwargs):
+        made.append((tuple(map(tuple, batch["input_ids"].tolist())), torch.is_grad_enabled()))
+        return original(model, batch, *args, **kwargs)
+    monkeypatch.setattr(edges, "_forward", record)
+    opened = _opened(document, data_root, tmp_path / "out", monkeypatch, batch_size=2)
+    # 3 rows in windows of 2: per window cf, base, 2 steps; then base, cf and 3 circuit sizes.
+    assert len(listed) == 2 * (2 + 2) + 2 * (2 + 3)
+    assert made == listed
+    assert [p.job for p in found if p.job.kind != "edges"] == opened
