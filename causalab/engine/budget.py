@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only
-    from causalab.engine.jobs import TraceJob
+    from causalab.engine.trace_jobs import TraceJob
     from causalab.engine.state import ModelFacts
 
 # The share of the room one trace may fill, and the shares kept prefixes and whole reads take.

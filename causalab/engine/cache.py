@@ -23,7 +23,7 @@ from causalab.engine.forwards import batch_key
 from causalab.engine.resume import map_tensors
 
 if TYPE_CHECKING:  # annotations only: the pass assembly imports this module
-    from causalab.engine.passes import PassResult
+    from causalab.engine.assembly import PassResult
 # A kept prefix value: a residual, or a module's raw output (a tensor or a tuple of them).
 Kept = Union[torch.Tensor, tuple[torch.Tensor, ...], None]
 

@@ -25,15 +25,16 @@ from typing import TYPE_CHECKING, NamedTuple
 from causalab import memory
 from causalab.compile.plan import (Attribute, Featurizers, Fit, Forward, ModelRef, Observe, Plan,
                                    Weights)
-from causalab.engine import edge_step, fidelity, verify
+from causalab.engine import fidelity
+from causalab.engine.attribution import edge_step, verify
 from causalab.engine import fit as fit_loop
 from causalab.engine.budget import RESUME_SHARE, Budget, trace_bytes
 from causalab.engine.cache import RESUME_BUDGET, DocumentCache, Prefix, whole_id
 from causalab.engine.entry import points_of, receipt, walk_points
 from causalab.engine.events import Events
 from causalab.engine.forwards import batch_key, read_key
-from causalab.engine.jobs import Stage, TraceJob, describe
-from causalab.engine.passes import PassResult
+from causalab.engine.trace_jobs import Stage, TraceJob, describe
+from causalab.engine.assembly import PassResult
 from causalab.engine.runner import FusedRunner, PassRunner
 from causalab.engine.state import ModelFacts, PassContext, WalkState
 

@@ -41,7 +41,7 @@ def run_document(plan: Plan, raw: dict, *, out: str,
     paths in order: ``document.json``, ``run.json``, then every save. Its writes and
     bundles are checked before ``hold(out)`` (the pipeline's claim) is taken; a run whose
     every point was done before loads no model."""
-    from causalab.engine.bundles import check_plan_bundles
+    from causalab.engine.bundle_files import check_plan_bundles
     from causalab.engine.containment import check_plan
 
     events = events or Events()
@@ -72,7 +72,7 @@ def _loaded(ref, device_map: str, memory: str | None,
             resume_mib: int | None) -> tuple[Runner, DocumentCache]:
     """The model loaded within the memory budget (refused before any weight when its
     weights alone exceed it), its runner, and the document cache sized to the budget."""
-    from causalab.engine.load import budget_of, load_model, measure_budget
+    from causalab.engine.weights import budget_of, load_model, measure_budget
     from causalab.engine.runner import TraceRunner
 
     measured = measure_budget(ref, memory, device_map)
@@ -83,7 +83,7 @@ def _loaded(ref, device_map: str, memory: str | None,
 
 
 def _served(runner: Runner) -> str:
-    from causalab.engine.load import served_dtype
+    from causalab.engine.weights import served_dtype
 
     return served_dtype(runner.model)
 

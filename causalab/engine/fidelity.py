@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # annotations only: nnterp takes ~6 s to import
     from nnterp import StandardizedTransformer
     from transformers import PretrainedConfig
 
-    from causalab.engine.passes import PassResult
+    from causalab.engine.assembly import PassResult
 
 ROWS = 8
 # The most a no-op forward may move a logit, by the model's dtype: fp32 leaves room for a

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from causalab.compile.plan import Attribute, Featurizers, Fit, Forward, Observe, Pass, Plan, Weights
-from causalab.engine import (atp_star, attribution, edge_step, fidelity, passes, record, steps,
-                             taps, verify)
+from causalab.engine import fidelity, record, steps, taps
+from causalab.engine.attribution import atp_star, edge_step, patching as attribution, verify
+from causalab.engine import assembly as passes
 from causalab.engine.generate import GENERATED
-from causalab.engine.jobs import JobTap, Need, Stage, Traced, TraceJob
-from causalab.engine.passes import PassResult
+from causalab.engine.trace_jobs import JobTap, Need, Stage, Traced, TraceJob
+from causalab.engine.assembly import PassResult
 from causalab.engine.resume import PART_MODULES, Resume, map_tensors, need_order, need_place
 from causalab.engine.seam import apply_write, check_write, gather
 from causalab.engine.sites import Places, project_to_vocabulary

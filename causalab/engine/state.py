@@ -18,8 +18,8 @@ if TYPE_CHECKING:  # annotations only: the types below import torch, nnterp, the
     from nnterp import StandardizedTransformer
     from transformers import PretrainedConfig
 
-    from causalab.engine.attribution import Sums
-    from causalab.engine.jobs import JobTap, TapKind
+    from causalab.engine.attribution.patching import Sums
+    from causalab.engine.trace_jobs import JobTap, TapKind
     from causalab.engine.outputs import Published
     from causalab.engine.seam import Written
 

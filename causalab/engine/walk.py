@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from causalab.compile.plan import Attribute, Featurizers, Fit, Observe, Pass, Plan, Weights
-from causalab.engine import attribution, containment, planner
+from causalab.engine import containment, planner
+from causalab.engine.attribution import patching as attribution
 from causalab.engine.cache import DocumentCache
 from causalab.engine.events import Events
-from causalab.engine.passes import PassResult, open_pass
+from causalab.engine.assembly import PassResult, open_pass
 from causalab.engine.runner import Runner, TraceRunner
 from causalab.engine.state import PassContext, WalkState, new_state
 from causalab.errors import RunError

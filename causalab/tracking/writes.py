@@ -1,6 +1,6 @@
 """What the background lane does with the store: a tracked run's MLflow side, call by call.
 
-:class:`StoreWrites` is the half of :class:`~causalab.tracking.events.TrackingEvents` that
+:class:`StoreWrites` is the half of :class:`~causalab.tracking.listener.TrackingEvents` that
 runs on its lane, never on the run's own thread: the sweep's parent opened (or reattached),
 a point's run created, its numbers, files, config and loss plots uploaded, a done point
 linked into a new parent, the sweep's plots drawn, every run ended FINISHED, FAILED or

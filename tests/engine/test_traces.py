@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from causalab.cli import main
+from causalab.cli.main import main
 from causalab.engine import dry_run, planner, runner
-from causalab.engine.jobs import TraceJob
+from causalab.engine.trace_jobs import TraceJob
 from causalab.pipeline import compile_only, run_document
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,7 +158,7 @@ def _shipped(path: Path, tmp_path: Path, request) -> Path:
 @pytest.mark.parametrize("path", SHIPPED, ids=[f"{p.parent.name}-{p.stem}" for p in SHIPPED])
 def test_explain_traces_prints_the_schedule_of_every_shipped_document(path, tmp_path, capsys,
                                                                       monkeypatch, request):
-    import causalab.engine.load
+    import causalab.engine.weights
 
     raw = json.loads(path.read_text())
     if _bundles_missing(raw):
@@ -168,7 +168,7 @@ def test_explain_traces_prints_the_schedule_of_every_shipped_document(path, tmp_
 
     def no_weights(*args, **kwargs):
         raise AssertionError("explain --traces loaded weights")
-    monkeypatch.setattr(causalab.engine.load, "_load", no_weights)
+    monkeypatch.setattr(causalab.engine.weights, "_load", no_weights)
     status = main(["explain", "--traces", str(document), "--data-root", str(DATA)])
     out, err = capsys.readouterr()
     assert status == 0, err
@@ -290,7 +290,7 @@ def test_an_edges_step_makes_the_hooked_forwards_explain_lists(tiny, kit, tmp_pa
                                                                monkeypatch):
     """An edges step opens no nnsight trace; its plain torch forwards (``edges._forward``)
     are listed as ``edges`` jobs, each on the rows and under the grad a run gives it."""
-    from causalab.engine import edges
+    from causalab.engine.attribution import edges
     from causalab.models import load_config, load_tokenizer
 
     data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(EQUAL_PAIRS))

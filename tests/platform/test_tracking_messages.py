@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from causalab.cli import _error_line
+from causalab.cli.main import _error_line
 from causalab.errors import TrackingError
 from causalab.tracking import TrackingEvents
 from causalab.tracking import worker as workers

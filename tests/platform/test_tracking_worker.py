@@ -32,7 +32,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 _TRACKED_RUN = """
 import sys
-from causalab.cli import main
+from causalab.cli.main import main
 status = main(["run", sys.argv[1], "--out", sys.argv[2], "--data-root", sys.argv[3],
                "--tracking-uri", sys.argv[4]])
 import os
