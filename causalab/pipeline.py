@@ -6,11 +6,8 @@ in the order they were written: ``document.json``, ``run.json``, then every save
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from causalab.claims import claim
-from causalab.document.vocab import DTYPES
-from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT, DOCUMENT
+from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT
 
 
 def compile_only(raw: dict, data_root: str = DEFAULT_DATA_ROOT, resolver=None):
@@ -23,11 +20,9 @@ def compile_only(raw: dict, data_root: str = DEFAULT_DATA_ROOT, resolver=None):
 
 def points_of(plan) -> list:
     """The point plans of a compiled document: its children when swept, else the root."""
-    from causalab.compile.plan import Plan
+    from causalab.engine.entry import points_of as engine_points
 
-    if plan.document is None and plan.children and all(isinstance(c, Plan) for c in plan.children):
-        return list(plan.children)
-    return [plan]
+    return engine_points(plan)
 
 
 def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = None,
@@ -53,8 +48,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     holds ``out`` from before the model loads to its end (``causalab.claims``): a second run
     into the same folder meanwhile is refused.
     """
-    from causalab.engine.bundle_files import check_plan_bundles
-    from causalab.engine.containment import check_plan
+    from causalab.engine.entry import run_document as run_plan
     from causalab.engine.events import Events
     from causalab.errors import UsageError
 
@@ -66,13 +60,8 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     events = events or Events()
     plan = compile_only(raw, data_root, resolver=events.resolve)
     _unchecked(plan, events, strict)
-    points = points_of(plan)
-    check_plan(plan, out)
-    check_plan_bundles(plan, resolver=events.resolve)
-    with claim(out):
-        return _run_claimed(raw, plan, points, out=out, batch_size=batch_size,
-                            device_map=device_map, events=events, resume_mib=resume_mib,
-                            memory=memory)
+    return run_plan(plan, raw, out=out, hold=claim, batch_size=batch_size,
+                    device_map=device_map, events=events, resume_mib=resume_mib, memory=memory)
 
 
 def _check_memory(memory: str | None) -> None:
@@ -85,75 +74,6 @@ def _check_memory(memory: str | None) -> None:
         raise UsageError(("--memory",), str(error)) from None
 
 
-def _run_claimed(raw: dict, plan, points: list, *, out: str, batch_size: int | None,
-                 device_map: str, events, resume_mib: int | None,
-                 memory: str | None = None) -> list[str]:
-    """Run every point into ``out``, which this run holds; a run whose every point was done
-    before loads no model."""
-    from causalab.engine import record
-
-    events.run_start(raw, points)
-    verdicts = _leading_verdicts(events, points)
-    model, budget = None, None
-    if any(verdicts.values()):  # else every point was done before: no model, no torch
-        from causalab.engine.weights import budget_of, load_model, measure_budget
-
-        from causalab.engine.fidelity import receipt
-
-        ref = plan.model or points[0].model
-        measured = measure_budget(ref, memory, device_map)  # refused here, before any weight
-        model = load_model(ref, device_map=device_map)
-        budget = budget_of(measured, model)
-        events.receipt(receipt(model, points[0], ref.dtype))
-    written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
-    saves, engine, dtype = [], ENGINE, DTYPES[(plan.model or points[0].model).dtype]
-    if model is not None:
-        saves, engine, dtype = _run_points(model, points, verdicts, out=out, events=events,
-                                           batch_size=batch_size, resume_mib=resume_mib,
-                                           budget=budget)
-    written.append(record.write_run_record(out, engine, batch_size, dtype))
-    written += saves
-    events.run_end(written)
-    return written
-
-
-ENGINE = "StandardizedTransformer"  # what the engine loads a checkpoint as (run.json's engine)
-
-
-def _leading_verdicts(events, points: list) -> dict[int, bool]:
-    """``point_start`` of each point in order, up to the first that runs: a rerun whose
-    points are all done ends with these; otherwise the groups take the verdicts given."""
-    verdicts: dict[int, bool] = {}
-    for point in points:
-        verdicts[id(point)] = events.point_start(point) is not False
-        if verdicts[id(point)]:
-            break
-    return verdicts
-
-
-def _run_points(model, points: list, verdicts: dict[int, bool], *, out: str, events,
-                batch_size: int | None, resume_mib: int | None, budget=None):
-    """Run every fused group on ``model``: ``(saves, engine name, served dtype)``; the first
-    error is raised once every point has run. ``budget``: the memory budget
-    (``engine.budget.Budget``) the planner sizes windows to."""
-    from causalab.engine.cache import DocumentCache
-    from causalab.engine.weights import served_dtype
-    from causalab.engine.planner import alike_later, groups
-
-    saves: list[str] = []
-    cache = DocumentCache(None if resume_mib is None else resume_mib * 2 ** 20, memory=budget)
-    failed: Exception | None = None
-    runs = groups(points, batch_size, cache)
-    for group, ahead in zip(runs, alike_later(runs)):
-        done, error = _run_group(group, model, out=out, batch_size=batch_size, events=events,
-                                 cache=cache, ahead=ahead, verdicts=verdicts)
-        saves += done
-        failed = failed or error
-    if failed is not None:
-        raise failed
-    return saves, type(model).__name__, served_dtype(model)
-
-
 def _unchecked(plan, events, strict: bool) -> None:
     import causalab.compile
     from causalab.errors import CompileError, format_path
@@ -162,59 +82,3 @@ def _unchecked(plan, events, strict: bool) -> None:
         if strict:
             raise CompileError(path, why)
         events.note(f"{format_path(path)}: {why}")
-
-
-def _run_group(group: list, model, *, out: str, batch_size: int | None, events, cache,
-               ahead: list = (), verdicts: dict[int, bool] | None = None
-               ) -> tuple[list[str], Exception | None]:
-    """Start, compute and end one fused group of points: ``(their saves, first error)``.
-    ``ahead``: later points of the group's kind, whose shared values it computes too;
-    ``verdicts``: the points already asked whether they run (``point_start``)."""
-    from causalab.engine.walk import discard_prefetched, prefetch, run_plan
-
-    asked = verdicts or {}
-    started = [point for point in group
-               if (asked[id(point)] if id(point) in asked
-                   else events.point_start(point) is not False)]
-    try:
-        prefetch(started, model, batch_size=batch_size, cache=cache, ahead=ahead)
-    except BaseException as error:
-        _abandon(events, started, error)
-        raise
-    saves: list[str] = []
-    failed: Exception | None = None
-    for index, point in enumerate(started):
-        try:
-            done = run_plan(point, model, out=out, batch_size=batch_size, events=events,
-                            cache=cache)
-        except Exception as error:
-            events.point_end(point, [], error)
-            _release(point)
-            failed = failed or error
-            continue
-        except BaseException as error:
-            _abandon(events, started[index:], error)
-            raise
-        finally:
-            discard_prefetched(point, cache)
-        events.point_end(point, [str(Path(p).relative_to(out)) for p in done], None)
-        _release(point)
-        saves += done
-    return saves, failed
-
-
-def _release(node) -> None:
-    """Drop an ended point's results (reads, tables, fitted weights): its files hold them
-    now, and a 270-point head sweep would otherwise keep every point's logits (24 MB each
-    on SmolLM2) to the end of the run."""
-    results = getattr(node, "results", None)
-    if results is not None:
-        results.clear()
-    for child in getattr(node, "children", ()):
-        _release(child)
-
-
-def _abandon(events, points: list, error: BaseException) -> None:
-    """An interrupt: every started point that has not ended ends with it."""
-    for point in points:
-        events.point_end(point, [], error)

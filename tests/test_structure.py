@@ -155,7 +155,7 @@ def _trace_blocks() -> list[tuple[Path, ast.With]]:
 def test_only_the_walk_opens_a_tracing_context():
     blocks = _trace_blocks()
     assert blocks, "no tracing context found to check"
-    assert {p.relative_to(PACKAGE).as_posix() for p, _ in blocks} == {"engine/walk.py"}
+    assert {p.relative_to(PACKAGE).as_posix() for p, _ in blocks} == {"engine/runner.py"}
 
 
 def test_no_trace_body_names_a_client_side_object():
@@ -317,3 +317,49 @@ def test_every_featurizer_kind_lives_in_its_own_module():
     assert featurizers.FEATURIZERS
     for kind, cls in featurizers.FEATURIZERS.items():
         assert cls.__module__ == f"causalab.engine.featurizers.{kind}"
+
+
+def test_only_the_runner_module_names_a_trace_call():
+    called = {p.relative_to(PACKAGE).as_posix() for p in _engine_sources()
+              if ".trace(" in p.read_text()}
+    assert called == {"engine/runner.py"}
+
+
+def test_no_engine_module_but_the_dry_runner_branches_on_a_dry_run():
+    """A dry run is a runner (``dry_run.DryRunner``), not a branch: nothing else in the engine
+    names its placeholder or asks whether a trace ran."""
+    needles = ("PLANNED", "traced is None", "traced is not None", "model is None",
+               "model is not None")
+    hits = [f"{p.name}: {needle}" for p in _engine_sources() if p.name != "dry_run.py"
+            for needle in needles if needle in p.read_text()]
+    assert not hits
+
+
+def test_the_pipeline_calls_one_engine_function_to_run():
+    tree = ast.parse((PACKAGE / "pipeline.py").read_text())
+    imported = {f"{node.module}.{alias.name}" for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "causalab.engine") for alias in node.names}
+    assert imported - {"causalab.engine.events.Events", "causalab.engine.entry.points_of"} == {
+        "causalab.engine.entry.run_document"}
+
+
+def test_job_kinds_taps_and_heads_are_literals_of_their_tables():
+    from typing import get_args
+
+    jobs = importlib.import_module("causalab.engine.trace_jobs")
+    assert set(get_args(jobs.JobKind)) == set(jobs.KINDS)
+    assert set(get_args(jobs.TapKind)) == set(jobs.TAPS)
+    assert set(get_args(jobs.Head)) == set(jobs.HEADS) == set(jobs.UNEMBED)
+    assert set(get_args(jobs.StageKind)) == set(jobs.KINDS) | {"serve"}
+    assert "live" not in {f.name for f in dataclasses.fields(jobs.TraceJob)}
+
+
+def test_both_runners_answer_every_call_of_the_runner_protocol():
+    runner = importlib.import_module("causalab.engine.runner")
+    dry_run = importlib.import_module("causalab.engine.dry_run")
+    calls = {name for name, value in vars(runner.Runner).items()
+             if callable(value) and not name.startswith("_")}
+    assert {"run", "at", "observe", "fit", "verify", "edges"} <= calls
+    for implementation in (runner.TraceRunner, dry_run.DryRunner):
+        assert all(callable(getattr(implementation, name, None)) for name in calls)

@@ -165,7 +165,7 @@ def verb_explain(args: argparse.Namespace) -> dict:
                                              resolver=_known_store(args))
     _unchecked(causalab.compile.unchecked(plan) + _unchecked_pins(plan), args.strict)
     if args.traces:  # the traces a run opens, planned from config and tokenizer alone
-        from causalab.engine.traces import explain_traces
+        from causalab.engine.dry_run import explain_traces
 
         return explain_traces(plan, args.memory)
     if not args.json:  # the serialised plan costs as much as compiling it; text needs none

@@ -6,12 +6,15 @@ or a Hydra config and never imports mlflow; tracking listens through ``events.Ev
 
 How one forward runs, and who owns what (docs/engine.md walks one through):
 
-* ``walk`` — the tree walk, ``run_pass``, and ``run_trace``, the only place an nnsight
-  trace is opened;
+* ``entry`` — the one entry of a run (``run_document``) and the walk over a document's
+  points (``walk_points``); ``walk`` — the tree walk and ``pass_on``, through a runner;
+* ``runner`` — the ``Runner`` the walk runs through, and ``TraceRunner`` with ``run_trace``,
+  the only place an nnsight trace is opened; ``dry_run`` — ``DryRunner``, the same walk
+  listing the jobs it would open without weights (``explain --traces``);
 * ``planner`` — every speed decision: which traces run over which rows, resumed where,
   the head over which columns, stopped where, and which sweep points fuse (``TraceJob``s
-  in stages, plain data, in ``trace_jobs``);
-* ``assembly`` — the pass assembly: each stage's values kept, the ``PassResult``, its
+  in stages, plain data, in ``jobs``);
+* ``passes`` — the pass assembly: each stage's values kept, the ``PassResult``, its
   metric table;
 * ``state`` — the typed state all three take (``WalkState``, ``PassContext``, ``Windows``);
 * ``taps`` — a job bound to its tensors; ``sites`` — how each vocabulary accessor is
@@ -21,23 +24,16 @@ How one forward runs, and who owns what (docs/engine.md walks one through):
   positions; ``resume`` / ``tail`` / ``generate`` — where a trace may enter, a fit's forward
   at the last column over kept keys, and decoding's generated frame;
 * ``metrics``, ``outputs``, ``steps``, ``fit`` — scoring, publishing, the steps around a pass;
-* ``weights``, ``record``, ``events`` — model loading, files, listeners; ``featurizers`` —
-  every featurizer kind, ``bundle_files`` their stamped tensor files;
-  ``attribution`` — gradient patching, AtP*'s corrections, ``verify``, edges (EAP-IG);
+* ``load``, ``record``, ``bundles``, ``events`` — model loading, files, stamps, listeners;
   ``budget`` — the memory budget as the planner spends it (each trace's estimated peak);
-  ``traces`` — the schedule of a document without its weights (``explain --traces``);
   ``fidelity`` — the receipt that the engine's no-op forward is the plain model.
 
-The pipeline (``causalab.pipeline``, the CLI, ``run``, ``tracking``) may use only:
-``walk.run_plan``, ``walk.prefetch``, ``walk.discard_prefetched``,
-``cache.DocumentCache``, ``planner.groups``, ``planner.alike_later``, ``weights.load_model``, ``weights.served_dtype``,
-``weights.measure_budget``, ``weights.budget_of`` (the memory budget, measured before the model loads),
-``record.write_json``, ``record.write_run_record``, ``events.Events``, ``events.Chain``,
-``containment.check_plan``, ``containment.inside`` (writes stay under ``--out``),
-``bundle_files.check_plan_bundles`` (no NaN or Inf in a bundle file, before anything is written)
+Every module outside the rooms (the pipeline, the CLI, Hydra, tracking, plots) may use only:
+``entry.run_document`` (a run: checks, the model loaded, the receipt, every point walked),
+``entry.points_of``, ``events.Events``, ``events.Chain``, ``weights.load_model``,
+``record.write_json``, ``containment.inside`` (writes stay under ``--out``),
 ``bundle_files.restamp`` (``causalab restamp``, an intended edit's new digest),
 ``featurizers.subspace.export_basis`` (``causalab fetch --basis``),
-``fidelity.receipt`` (the no-op forward against plain transformers, before the points) and
-``traces.explain_traces`` (``causalab explain --traces``).
+``dry_run.explain_traces`` (``causalab explain --traces``).
 Nothing is imported here, so importing the room loads no torch.
 """

@@ -2,15 +2,16 @@
 
 Made from the values the walk's traces returned and the pass's windows; it never opens a
 trace and decides nothing about which ones run. A stage's values go where the planner's
-stage says: un-intervened reads, whole tensors, prefixes and keys into the document cache
-(``PLANNED`` in their place when the schedule is only planned), an intervened forward's
-reads to its pass. Steps publish and save from a ``PassResult``, fits score it.
+stage says: un-intervened reads, whole tensors, prefixes and keys into the document cache,
+an intervened forward's reads to its pass (``explain --traces`` keeps none: its runner,
+``dry_run.DryRunner``, marks the cache's keys itself). Steps publish and save from a
+``PassResult``, fits score it.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,13 +19,17 @@ from causalab.compile.plan import Forward, Pass, ReadOp
 from causalab.engine import generate, overflow, tail
 from causalab.engine.attribution import patching as attribution
 from causalab.engine import windows as window_rules
-from causalab.engine.cache import PLANNED, Prefix, whole_id
+from causalab.engine.cache import Prefix, whole_id
 from causalab.engine.forwards import batch_key, read_key
 from causalab.engine.trace_jobs import Stage, Traced, TraceJob
 from causalab.engine.metrics import metric_table, score
 from causalab.engine.outputs import Published
 from causalab.engine.seam import Window, express, gather
 from causalab.engine.state import ModelFacts, PassContext, WalkState, Windows
+
+if TYPE_CHECKING:  # annotations only: nnterp takes ~6 s to import
+    from nnterp import StandardizedTransformer
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,7 @@ class PassResult(Mapping):
     resolved: Windows
     generated: dict = field(default_factory=dict)
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str) -> object:
         if name not in _FIELDS:
             raise KeyError(name)
         return getattr(self, name)
@@ -62,27 +67,26 @@ class PassResult(Mapping):
 _FIELDS = tuple(f.name for f in fields(PassResult))
 
 
-def open_pass(model: Any, pass_: Pass, state: WalkState, rows=None, *, grad: bool = False,
-              tokenizer: Any = None, facts: ModelFacts | None = None) -> PassContext:
-    """A pass over ``rows`` (default: all), its windows resolved; the tokenizer and facts
-    are the model's unless given (a schedule planned without weights)."""
+def open_pass(model: StandardizedTransformer | None, pass_: Pass, state: WalkState, rows=None,
+              *, grad: bool = False, tokenizer: PreTrainedTokenizerBase,
+              facts: ModelFacts) -> PassContext:
+    """A pass over ``rows`` (default: all), its windows resolved with ``tokenizer``; the
+    model is absent (None) when nothing runs (``explain --traces``)."""
     run_rows = tuple(range(pass_.rows)) if rows is None else tuple(int(r) for r in rows)
-    tokenizer = model.tokenizer if tokenizer is None else tokenizer
-    facts = ModelFacts.of(model._model.config) if facts is None else facts
     windows = window_rules.resolve_pass(pass_, tokenizer, state)
     return PassContext(model, pass_, state, run_rows, windows, facts, grad)
 
 
-def finish(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
-    """Keep what ``stage``'s traces gave (``traced``, one per job; None when only planned)."""
+def finish(stage: Stage, traced: list[Traced], units: list[PassContext]) -> None:
+    """Keep what ``stage``'s traces gave (``traced``, one per job)."""
     _FINISH[stage.kind](stage, traced, units)
 
 
-def _cat(pieces: list) -> Any:
+def _cat(pieces: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(pieces, 0) if len(pieces) > 1 else pieces[0]
 
 
-def _prefixes(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+def _prefixes(stage: Stage, traced: list[Traced], units: list[PassContext]) -> None:
     """Each kept need of the stage's jobs, a ``Prefix`` over the windows they ran on."""
     jobs = stage.jobs
     if not jobs:
@@ -90,16 +94,16 @@ def _prefixes(stage: Stage, traced: list[Traced] | None, units: list[PassContext
     windows = tuple(job.rows for job in jobs)
     key = batch_key(jobs[0].batch)
     for need in jobs[0].keep:
-        pieces = [None] * len(jobs) if traced is None else [done.kept[need] for done in traced]
+        pieces = [done.kept[need] for done in traced]
         units[0].state.cache.prefixes[(key, need)] = Prefix(pieces, windows)
 
 
-def _keys(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
-    joined = PLANNED if traced is None else tail.Keys.joined([done.cache for done in traced])
+def _keys(stage: Stage, traced: list[Traced], units: list[PassContext]) -> None:
+    joined = tail.Keys.joined([done.cache for done in traced])
     units[0].state.cache.keys[batch_key(stage.jobs[0].batch)] = joined
 
 
-def _reads(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+def _reads(stage: Stage, traced: list[Traced], units: list[PassContext]) -> None:
     """Un-intervened reads into the document cache: whole tensors as tapped, gathered reads
     over every row of the fill's batch, and the reads served from a whole tensor."""
     cache = units[0].state.cache
@@ -107,10 +111,9 @@ def _reads(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) 
     if stage.jobs:
         batch, every = stage.jobs[0].batch, tuple(range(len(stage.jobs[0].batch.input_ids)))
         for index, tap in enumerate(stage.jobs[0].taps):
-            value = PLANNED if traced is None else _cat([done.values[index] for done in traced])
+            value = _cat([done.values[index] for done in traced])
             if tap.whole:
-                cache.wholes[whole_id(batch, tap.op)] = (
-                    value if traced is None else value.detach())
+                cache.wholes[whole_id(batch, tap.op)] = value.detach()
                 continue
             windows = units[tap.unit].windows.read(tap.op.name).windows
             counts = window_rules.layout(windows, every, tap.op.pos.ragged).flat_counts
@@ -118,9 +121,6 @@ def _reads(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) 
         _prefixes(stage, traced, units)
     order = None if stage.host is None else torch.tensor(stage.host, dtype=torch.long)
     for want in stage.wanted:
-        if traced is None:
-            cache.reads[want.key] = PLANNED
-            continue
         if want.whole is not None:
             tensor = cache.wholes[want.whole]
             tensor = tensor if order is None else tensor.index_select(0, order.to(tensor.device))
@@ -139,10 +139,8 @@ def _from_whole(tensor: torch.Tensor, ctx: PassContext, read: ReadOp) -> Publish
                      "none")
 
 
-def _forward(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+def _forward(stage: Stage, traced: list[Traced], units: list[PassContext]) -> None:
     """An intervened forward's raw reads, per unit concatenated in its run rows' order."""
-    if traced is None:
-        return
     pieces: dict = {}
     for job, done in zip(stage.jobs, traced):
         _keep_written(job, done, units)
@@ -151,14 +149,14 @@ def _forward(stage: Stage, traced: list[Traced] | None, units: list[PassContext]
                 pieces.setdefault(tap.unit, {}).setdefault(tap.op.name, []).append(value)
     for unit, own in pieces.items():
         ctx = units[unit]
-        ctx.raw.update(_gathered(ctx, stage.forwards[unit], ctx.rows, own))
+        ctx.produced.raw.update(_gathered(ctx, stage.forwards[unit], ctx.rows, own))
 
 
 def _keep_written(job: TraceJob, done: Traced, units: list[PassContext]) -> None:
     """Each write tap's ``seam.Written`` to its pass, with the rows it acted on."""
     for tap, value in zip(job.taps, done.values):
         if tap.kind == "write":
-            units[tap.unit].written.setdefault(tap.op.name, []).append((job.rows, value))
+            units[tap.unit].produced.written.setdefault(tap.op.name, []).append((job.rows, value))
 
 
 def _gathered(ctx: PassContext, forward: Forward, rows: tuple, pieces: dict) -> dict:
@@ -173,18 +171,12 @@ def _gathered(ctx: PassContext, forward: Forward, rows: tuple, pieces: dict) -> 
     return out
 
 
-def _decode(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+def _decode(stage: Stage, traced: list[Traced], units: list[PassContext]) -> None:
     """A greedy decode's raw reads (generated-frame ones stacked per step, still uncut) and
     its ids under ``GENERATED``: to its pass, or into the document cache (``kept``)."""
     ctx, forward = units[0], stage.forwards[0]
     batch = ctx.pass_.inputs[forward.input]
     cache = ctx.state.cache
-    if traced is None:
-        if stage.kept:
-            cache.generated[(batch_key(batch), forward.decode)] = PLANNED
-            cache.reads.update({read_key(batch, read, forward.decode): PLANNED
-                                for read in forward.reads})
-        return
     rows, pieces, tokens = (), {read.name: [] for read in forward.reads}, []
     for job, done in zip(stage.jobs, traced):
         _keep_written(job, done, units)
@@ -200,7 +192,7 @@ def _decode(stage: Stage, traced: list[Traced] | None, units: list[PassContext])
     out = _gathered(ctx, forward, rows, pieces)
     out[generate.GENERATED] = Published(torch.cat(tokens, 0), None, len(rows), "none")
     if not stage.kept:
-        ctx.raw.update(out)
+        ctx.produced.raw.update(out)
         return
     for read in forward.reads:
         fresh = out[read.name]
@@ -222,10 +214,8 @@ def _step_value(pass_: Pass, read: ReadOp, per_step: list, decode: int) -> torch
     return generate.stack([per_step[s][read.name] for s in range(decode)], where)
 
 
-def _serve(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+def _serve(stage: Stage, traced: list[Traced], units: list[PassContext]) -> None:
     """Un-intervened forwards' reads taken from the document cache over their run rows."""
-    if traced is None:
-        return
     for ctx, forward in zip(units, stage.forwards):
         batch, cache = ctx.pass_.inputs[forward.input], ctx.state.cache
         found = {read.name: cache.reads[read_key(batch, read, forward.decode)]
@@ -233,7 +223,7 @@ def _serve(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) 
         if forward.decode:
             found[generate.GENERATED] = cache.generated[(batch_key(batch), forward.decode)]
         every = ctx.rows == tuple(range(ctx.pass_.rows))
-        ctx.raw.update({name: value if every else value.slice_rows(ctx.rows)
+        ctx.produced.raw.update({name: value if every else value.slice_rows(ctx.rows)
                         for name, value in found.items()})
 
 
@@ -243,14 +233,14 @@ _FINISH = {"reads": _reads, "prefix": _prefixes, "keys": _keys, "forward": _forw
 
 def take_forward(ctx: PassContext, forward: Forward) -> None:
     """The forward's raw reads, a decode's generated frame cut, in their featurizers' spaces."""
-    raw = dict(ctx.raw)
-    ctx.raw.clear()
+    raw = dict(ctx.produced.raw)
+    ctx.produced.raw.clear()
     if forward.decode:
         ids = raw.pop(generate.GENERATED).value
-        ctx.generated.update({name: ids for name in generate.names(ctx.pass_, forward)})
+        ctx.produced.generated.update({name: ids for name in generate.names(ctx.pass_, forward)})
         raw = _cut_generated(ctx, forward, raw, ids)
     for read in forward.reads:
-        ctx.values[read.name] = featurized(raw[read.name], read, ctx.state)
+        ctx.produced.values[read.name] = featurized(raw[read.name], read, ctx.state)
 
 
 def _cut_generated(ctx: PassContext, forward: Forward, raw: dict, ids: torch.Tensor) -> dict:
@@ -280,9 +270,9 @@ def featurized(raw: Published, read: ReadOp, state: WalkState) -> Published:
 
 def result_of(ctx: PassContext) -> PassResult:
     """The pass's result from its featurized reads; a write that overflowed is refused first."""
-    overflow.refuse_overflowed(ctx.pass_, ctx.written)
+    overflow.refuse_overflowed(ctx.pass_, ctx.produced.written)
     rows, windows = ctx.rows, ctx.windows
-    reads = {name: published.value for name, published in ctx.values.items()}
+    reads = {name: published.value for name, published in ctx.produced.values.items()}
     layouts = {}
     for forward in ctx.pass_.forwards:
         for read in forward.reads:
@@ -297,7 +287,7 @@ def result_of(ctx: PassContext) -> PassResult:
         found = windows.read(metric.of).windows
         metrics[metric.name] = score(metric, reads[metric.of], [r for r in rows if found[r]])
     return PassResult(reads, layouts, metrics, dict(windows.provenance), rows, windows,
-                      dict(ctx.generated))
+                      dict(ctx.produced.generated))
 
 
 def metric_rows(pass_: Pass, result: PassResult, name: str, digest: str,

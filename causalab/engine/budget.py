@@ -14,7 +14,11 @@ warning, so the budget must hold by construction.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only
+    from causalab.engine.trace_jobs import TraceJob
+    from causalab.engine.state import ModelFacts
 
 # The share of the room one trace may fill, and the shares kept prefixes and whole reads take.
 TRACE_SHARE, RESUME_SHARE, WHOLE_SHARE = 0.5, 0.25, 0.25
@@ -38,7 +42,7 @@ class Budget:
     total: int
     held: int
     itemsize: int
-    facts: Any = None
+    facts: ModelFacts | None = None
 
     @property
     def room(self) -> int:
@@ -57,7 +61,7 @@ class Budget:
                                                                 self.itemsize, grad), 1))
 
 
-def row_bytes(facts: Any, tokens: int, itemsize: int, grad: bool = False) -> int:
+def row_bytes(facts: ModelFacts, tokens: int, itemsize: int, grad: bool = False) -> int:
     """The estimated bytes one row of ``tokens`` tokens adds to a trace: one block's transient
     values (a forward frees each block's as the next runs), the attention scores (float, every
     head), the head over every column; under grad, what every block keeps for the backward."""
@@ -72,7 +76,7 @@ def row_bytes(facts: Any, tokens: int, itemsize: int, grad: bool = False) -> int
     return block + scores + head + kept
 
 
-def trace_bytes(job: Any, facts: Any, itemsize: int) -> int:
+def trace_bytes(job: TraceJob, facts: ModelFacts, itemsize: int) -> int:
     """A ``jobs.TraceJob``'s estimate beyond what the process holds: its rows' costs, the
     whole tensors it keeps, the prefixes it keeps and, on a decode step, its KV cache."""
     rows = job.copies * len(job.rows)

@@ -5,30 +5,33 @@ point's walk. It holds only values that do not depend on any intervention: the p
 batches as tensors, resolved prompt windows, un-intervened reads (gathered, or the whole
 address tensor while a byte budget allows), and the results ``walk.prefetch`` computed for
 fused points ahead of their own walks. It never opens a trace and never decides what runs;
-the planner asks it what is known and the pass assembly tells it what was computed. When a
-schedule is only planned (``explain --traces``) its entries hold ``PLANNED`` instead.
+the planner asks it what is known and the pass assembly tells it what was computed (or,
+for ``explain --traces``, the dry runner that a value would be there).
 """
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Union
 
 import torch
 
-from causalab.compile.plan import Forward, Pass, ReadOp
+from causalab.compile.plan import Forward, Pass, PromptBatch, ReadOp
 from causalab.document import vocab
 from causalab.engine.budget import RESUME_SHARE, WHOLE_SHARE, Budget
 from causalab.engine.forwards import batch_key
 from causalab.engine.resume import map_tensors
+
+if TYPE_CHECKING:  # annotations only: the pass assembly imports this module
+    from causalab.engine.assembly import PassResult
+# A kept prefix value: a residual, or a module's raw output (a tensor or a tuple of them).
+Kept = Union[torch.Tensor, tuple[torch.Tensor, ...], None]
 
 # An un-intervened address tensor is kept whole when at most this big and while the
 # document's kept tensors fit the budget; otherwise its reads are kept gathered.
 WHOLE_BYTES, WHOLE_BUDGET = 32 * 2 ** 20, 512 * 2 ** 20
 # Bytes of un-intervened residuals kept per document for prefix resume (0 turns it off).
 RESUME_BUDGET = 256 * 2 ** 20
-# What a planned-only schedule keeps where a run keeps a tensor: the key is what counts.
-PLANNED = "planned"
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Prefix:
             return True
         return any_rows and all(row in self._where for row in chunk)
 
-    def rows(self, chunk: tuple, *, any_rows: bool = False) -> Any:
+    def rows(self, chunk: tuple, *, any_rows: bool = False) -> Kept:
         """The residual over ``chunk`` when it is one of the windows; with ``any_rows``, its
         rows gathered from the windows; else None."""
         for piece, window in zip(self.pieces, self.windows):
@@ -69,12 +72,12 @@ class Prefix:
         return {row: index for index, row in enumerate(rows)}
 
     @functools.cached_property
-    def _joined(self) -> Any:
+    def _joined(self) -> Kept:
         """The windows' values concatenated along rows, once (every minibatch gathers here)."""
         return _joined(self.pieces)
 
 
-def _joined(pieces: list) -> Any:
+def _joined(pieces: list) -> Kept:
     """The pieces' tensors concatenated along rows, a kept module output's tuple kept whole."""
     first = pieces[0]
     if len(pieces) == 1 or first is None:
@@ -128,7 +131,7 @@ class DocumentCache:
         fits = self.memory.rows(tokens, grad)
         return min(batch_size, fits) if batch_size else fits
 
-    def prefix_room(self, batch: Any, layers: int, width: int) -> bool:
+    def prefix_room(self, batch: PromptBatch, layers: int, width: int) -> bool:
         """Whether ``layers`` more residuals of ``batch`` (``width`` wide, fp32) fit the
         resume budget; if so they are charged to it."""
         if layers > self.prefixes_left(batch, width):
@@ -136,13 +139,13 @@ class DocumentCache:
         self.resume_bytes += _residual_bytes(batch, width) * layers
         return True
 
-    def prefixes_left(self, batch: Any, width: int) -> int:
+    def prefixes_left(self, batch: PromptBatch, width: int) -> int:
         """How many more residuals of ``batch`` (``width`` wide, fp32) the budget holds."""
         size = _residual_bytes(batch, width)
         return max(self.resume_budget - self.resume_bytes, 0) // size if size else 2 ** 62
 
     def whole_key(self, pass_: Pass, forward: Forward, read: ReadOp,
-                  pending: frozenset | set = frozenset(), batch: Any = None) -> tuple | None:
+                  pending: frozenset | set = frozenset(), batch: PromptBatch | None = None) -> tuple | None:
         """The key of ``read``'s whole address tensor over ``batch`` (default: the forward's
         input; a new one, not already ``pending`` in this trace, is charged to the budget),
         or None: only plain prompt reads of known width (not vocabulary, not keys) are kept
@@ -159,7 +162,7 @@ class DocumentCache:
         self.whole_bytes += size
         return key
 
-    def wholes_fit(self, batch: Any, reads: list) -> bool:
+    def wholes_fit(self, batch: PromptBatch, reads: list) -> bool:
         """Whether every one of ``reads`` can be kept whole over ``batch`` (nothing charged)."""
         new = {}
         for read in reads:
@@ -170,10 +173,10 @@ class DocumentCache:
         return (all(size <= WHOLE_BYTES for size in new.values())
                 and self.whole_bytes + sum(new.values()) <= self.whole_budget)
 
-    def keep_prefetched(self, pass_: Pass, result: Any) -> None:
+    def keep_prefetched(self, pass_: Pass, result: PassResult) -> None:
         self.prefetched[id(pass_)] = (pass_, result)
 
-    def take_prefetched(self, pass_: Pass) -> Any:
+    def take_prefetched(self, pass_: Pass) -> PassResult | None:
         """The result ``prefetch`` left for exactly this pass (removed), or None."""
         kept = self.prefetched.pop(id(pass_), None)
         return kept[1] if kept is not None and kept[0] is pass_ else None
@@ -190,14 +193,14 @@ def keeps_whole(read: ReadOp) -> bool:
             and read.pos.frame == "prompt" and address.component not in vocab.FROM_LOGITS)
 
 
-def whole_id(batch: Any, read: ReadOp) -> tuple:
+def whole_id(batch: PromptBatch, read: ReadOp) -> tuple:
     """The key of ``read``'s address kept whole over ``batch``."""
     return (batch_key(batch), read.address.component, read.address.layer)
 
 
-def _whole_bytes(batch: Any, read: ReadOp) -> int:
+def _whole_bytes(batch: PromptBatch, read: ReadOp) -> int:
     return _residual_bytes(batch, read.address.full_width)
 
 
-def _residual_bytes(batch: Any, width: int) -> int:
+def _residual_bytes(batch: PromptBatch, width: int) -> int:
     return len(batch.input_ids) * batch.tokens * width * 4

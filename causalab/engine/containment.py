@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from causalab.errors import CausalabError, Path as JsonPath, RunError
+
+if TYPE_CHECKING:  # annotations only
+    from causalab.compile.plan import Plan
 
 OUT_FLAG: JsonPath = ("--out",)
 
@@ -39,7 +42,7 @@ def under(real_root: str, real: str) -> bool:
     return real == real_root or real.startswith(real_root.rstrip(os.sep) + os.sep)
 
 
-def _saves(node: Any, document: dict | None) -> Iterator[tuple[str, JsonPath]]:
+def _saves(node: object, document: dict | None) -> Iterator[tuple[str, JsonPath]]:
     """(file path, JSON path of its save) for a step node's saves and eval saves."""
     step = ((document or {}).get("steps") or {}).get(getattr(node, "name", None)) or {}
     for attribute, where in (("saves", ("saves",)), ("eval_saves", ("eval", "saves"))):
@@ -50,7 +53,7 @@ def _saves(node: Any, document: dict | None) -> Iterator[tuple[str, JsonPath]]:
             yield save.file_path, ("steps", node.name) + where + (index, "file_path")
 
 
-def check_plan(plan: Any, out: str | os.PathLike, document: dict | None = None) -> None:
+def check_plan(plan: Plan, out: str | os.PathLike, document: dict | None = None) -> None:
     """Refuse, before any write, a plan directory or save that would resolve outside ``out``."""
     from causalab.compile.plan import Plan
 

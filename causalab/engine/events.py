@@ -7,26 +7,29 @@ veto a point (resume: the point already has a finished run).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only
+    from causalab.compile.plan import Plan
 
 
 class Events:
     """No-op listener. Subclass and override what you need."""
 
-    def run_start(self, document: dict, points: list[Any]) -> None:
+    def run_start(self, document: dict, points: list[Plan]) -> None:
         """Before the first point; ``points`` are the compiled point plans in order."""
 
-    def point_start(self, point: Any) -> bool:
+    def point_start(self, point: Plan | None) -> bool:
         """Before a point runs. Return False to skip it (it is already done elsewhere)."""
         return True
 
-    def point_end(self, point: Any, written: list[str], error: BaseException | None) -> None:
+    def point_end(self, point: Plan | None, written: list[str], error: BaseException | None) -> None:
         """After a point: the files it wrote (relative to --out); ``error`` if it raised."""
 
-    def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
+    def metric(self, point: Plan | None, step: str, name: str, mean: float | None, eligible: int) -> None:
         """A saved or computed metric table of a point: mean over eligible rows and count."""
 
-    def interval(self, point: Any, step: str, name: str, low: float, high: float) -> None:
+    def interval(self, point: Plan | None, step: str, name: str, low: float, high: float) -> None:
         """The 95 % bootstrap interval of the mean just reported by :meth:`metric`
         (``causalab.uncertainty``)."""
 
@@ -34,10 +37,10 @@ class Events:
         """The fidelity receipt of the loaded model (``causalab.engine.fidelity``), before
         the first point computes; None when the run has no observed metric to compare."""
 
-    def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
+    def fit_update(self, point: Plan | None, step: str, update: int, loss: float) -> None:
         """One optimizer update of a fit (0-based over the whole fit)."""
 
-    def fit_epoch(self, point: Any, step: str, epoch: int, eval_mean: float, kept: float | None) -> None:
+    def fit_epoch(self, point: Plan | None, step: str, epoch: int, eval_mean: float, kept: float | None) -> None:
         """End of an epoch's eval pass: the watched metric's mean; a gate's kept fraction."""
 
     def run_end(self, written: list[str]) -> None:
@@ -62,22 +65,22 @@ class Chain(Events):
     def __init__(self, *listeners: Events):
         self.listeners = tuple(listener for listener in listeners if listener is not None)
 
-    def run_start(self, document: dict, points: list[Any]) -> None:
+    def run_start(self, document: dict, points: list[Plan]) -> None:
         for listener in self.listeners:
             listener.run_start(document, points)
 
-    def point_start(self, point: Any) -> bool:
+    def point_start(self, point: Plan | None) -> bool:
         return all([listener.point_start(point) for listener in self.listeners])
 
-    def point_end(self, point: Any, written: list[str], error: BaseException | None) -> None:
+    def point_end(self, point: Plan | None, written: list[str], error: BaseException | None) -> None:
         for listener in self.listeners:
             listener.point_end(point, written, error)
 
-    def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
+    def metric(self, point: Plan | None, step: str, name: str, mean: float | None, eligible: int) -> None:
         for listener in self.listeners:
             listener.metric(point, step, name, mean, eligible)
 
-    def interval(self, point: Any, step: str, name: str, low: float, high: float) -> None:
+    def interval(self, point: Plan | None, step: str, name: str, low: float, high: float) -> None:
         for listener in self.listeners:
             listener.interval(point, step, name, low, high)
 
@@ -85,11 +88,11 @@ class Chain(Events):
         for listener in self.listeners:
             listener.receipt(found)
 
-    def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
+    def fit_update(self, point: Plan | None, step: str, update: int, loss: float) -> None:
         for listener in self.listeners:
             listener.fit_update(point, step, update, loss)
 
-    def fit_epoch(self, point: Any, step: str, epoch: int, eval_mean: float, kept: float | None) -> None:
+    def fit_epoch(self, point: Plan | None, step: str, epoch: int, eval_mean: float, kept: float | None) -> None:
         for listener in self.listeners:
             listener.fit_epoch(point, step, epoch, eval_mean, kept)
 

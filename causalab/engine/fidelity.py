@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from importlib import metadata
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -20,6 +20,12 @@ from causalab.compile.addresses import resolve_address
 from causalab.compile.plan import Observe, Pass, Plan, PositionSpec
 from causalab.document.vocab import IDENTITY
 from causalab.errors import RunError
+
+if TYPE_CHECKING:  # annotations only: nnterp takes ~6 s to import
+    from nnterp import StandardizedTransformer
+    from transformers import PretrainedConfig
+
+    from causalab.engine.assembly import PassResult
 
 ROWS = 8
 # The most a no-op forward may move a logit, by the model's dtype: fp32 leaves room for a
@@ -29,7 +35,7 @@ TOLERANCE = {"fp32": 1e-4, "bf16": 0.25}
 LIBRARIES = ("torch", "transformers", "nnsight", "nnterp", "causalab")
 
 
-def first_pass(plan: Any) -> Pass | None:
+def first_pass(plan: Plan | Observe) -> Pass | None:
     """The first observed pass with a metric, depth first (a sweep's first point first)."""
     if isinstance(plan, Observe):
         return plan.pass_ if plan.pass_.metrics else None
@@ -41,7 +47,7 @@ def first_pass(plan: Any) -> Pass | None:
     return None
 
 
-def no_op_pass(pass_: Pass, config: Any) -> tuple[Pass, str, str]:
+def no_op_pass(pass_: Pass, config: PretrainedConfig) -> tuple[Pass, str, str]:
     """``pass_`` as one forward with no write that reads the model's final logits (the
     ``logits`` component, whatever the metric reads: a logit lens reads a block) at the last
     prompt token, on its first metric's input: ``(pass, read name, input role)``."""
@@ -65,9 +71,9 @@ class NoOp(NamedTuple):
     rows: tuple[int, ...]
 
 
-def receipt_pass(plan: Any, config: Any) -> NoOp | None:
+def receipt_pass(plan: Plan, config: PretrainedConfig) -> NoOp | None:
     """The pass the receipt runs for ``plan`` (None: no observed metric): one function, so
-    a run and ``explain --traces`` (engine/traces.py) open the same trace."""
+    a run and ``explain --traces`` open the same trace."""
     pass_ = first_pass(plan)
     if pass_ is None:
         return None
@@ -75,7 +81,7 @@ def receipt_pass(plan: Any, config: Any) -> NoOp | None:
     return NoOp(no_op, name, role, tuple(range(min(ROWS, pass_.rows))))
 
 
-def plain_logits(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def plain_logits(model: StandardizedTransformer, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The last token's logits of a plain ``transformers`` forward of nnterp's model."""
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
@@ -94,17 +100,11 @@ def versions() -> dict[str, str]:
     return found
 
 
-def receipt(model: Any, plan: Any, dtype: str) -> dict[str, Any] | None:
-    """``{"max_abs_dlogit", "rows", "dtype", "versions"}`` of ``plan``'s first pass (None:
-    it has no observed metric); refused above the dtype's :data:`TOLERANCE`."""
-    from causalab.engine.walk import run_pass
-
-    found = receipt_pass(plan, model._model.config)
-    if found is None:
-        return None
+def check(model: StandardizedTransformer, found: NoOp, result: PassResult,
+          dtype: str) -> dict:
+    """The receipt of the engine's no-op pass ``result`` against a plain forward of its rows."""
     rows = found.rows
-    engine = run_pass(model, found.pass_, None, rows=rows).reads[found.name]
-    engine = engine.reshape(len(rows), -1).float()
+    engine = result.reads[found.name].reshape(len(rows), -1).float()
     batch = found.pass_.inputs[found.role]
     device = model._model.get_input_embeddings().weight.device
     ids = torch.tensor([batch.input_ids[r] for r in rows], dtype=torch.long, device=device)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
@@ -20,7 +20,7 @@ from torch import Tensor
 from causalab.errors import RunError
 
 if TYPE_CHECKING:  # the types only annotate; importing them pulls in the compiler
-    from causalab.compile.plan import Fit
+    from causalab.compile.plan import Fit, Plan
     from causalab.engine.assembly import PassResult
     from causalab.engine.state import WalkState
 
@@ -107,28 +107,45 @@ class _FitProgress:
             self._bar.stop()
 
 
-def _train_epoch(fit: Fit, model, featurizers: dict, state: WalkState, batches,
-                 context: dict) -> None:
-    """One epoch of updates; appends losses and per-update results into ``context``."""
+def loop(fit: Fit, update: Callable[[tuple], None], evaluate: Callable[[int], bool]) -> None:
+    """A fit's passes in the order they run: each epoch's updates (``update(rows)``), then
+    its eval; ``evaluate(epoch)`` says whether to stop (a run: its patience spent;
+    ``explain --traces``: never, so a fit is listed to its last epoch)."""
+    for epoch in range(fit.epochs):
+        for batch in fit.batches[epoch]:
+            update(batch)
+        if evaluate(epoch):
+            return
+
+
+def _update(fit: Fit, model, featurizers: dict, state: WalkState, batch: tuple,
+            context: dict) -> None:
+    """One update; appends its loss and result into ``context``."""
     for name in fit.params:
         featurizers[name].training = True
-    for batch in batches:
-        update = len(context["losses"])
-        for gate, (start, end) in fit.anneal.items():
-            featurizers[gate].T = anneal_temperature(start, end, update, context["updates"])
-        result = context["run_pass"](model, fit.train, state, rows=batch, grad=True)
-        loss = objective_loss(fit, result, featurizers)
-        if loss.requires_grad:
-            torch.autograd.backward(loss)
-        context["optimizer"].step()
-        context["optimizer"].zero_grad(set_to_none=True)
-        value = float(loss.detach())
-        context["losses"].append(value)
-        context["passes"].append(_metrics_only(result))
-        context["events"].fit_update(context["point"], context["step"], update, value)
-        context["progress"].update(loss=f"update {update + 1} loss {value:.4g}")
-    for name in fit.params:
-        featurizers[name].training = False
+    update = len(context["losses"])
+    for gate, (start, end) in fit.anneal.items():
+        featurizers[gate].T = anneal_temperature(start, end, update, context["updates"])
+    result = context["run_pass"](model, fit.train, state, rows=batch, grad=True)
+    loss = objective_loss(fit, result, featurizers)
+    if loss.requires_grad:
+        torch.autograd.backward(loss)
+    context["optimizer"].step()
+    context["optimizer"].zero_grad(set_to_none=True)
+    value = float(loss.detach())
+    context["losses"].append(value)
+    context["passes"].append(_metrics_only(result))
+    context["events"].fit_update(context["point"], context["step"], update, value)
+    context["progress"].update(loss=f"update {update + 1} loss {value:.4g}")
+
+
+def _stopped(fit: Fit, value: float, context: dict) -> bool:
+    """Whether the watched eval has not improved for ``patience`` epochs."""
+    if _improved(value, context.get("best"), fit.early_stop_mode):
+        context["best"], context["stale"] = value, 0
+        return False
+    context["stale"] = context.get("stale", 0) + 1
+    return context["stale"] >= fit.patience
 
 
 def _eval_epoch(fit: Fit, model, featurizers: dict, state: WalkState,
@@ -143,7 +160,7 @@ def _eval_epoch(fit: Fit, model, featurizers: dict, state: WalkState,
 
 
 def run_fit(fit: Fit, model, featurizers: dict, state: WalkState, *, run_pass: Callable, events,
-            point: Any = None, step: str | None = None) -> dict:
+            point: Plan | None = None, step: str | None = None) -> dict:
     """Run a fit step and return its results.
 
     ``featurizers`` maps names to live featurizer objects (shared with the walk);
@@ -163,20 +180,19 @@ def run_fit(fit: Fit, model, featurizers: dict, state: WalkState, *, run_pass: C
         "losses": [], "passes": [], "evals": [],
         "progress": _FitProgress(fit.name, fit.epochs),
     }
-    rows, best, stale = [], None, 0
+    rows: list[list[float]] = []
+
+    def evaluate(epoch: int) -> bool:
+        for name in fit.params:
+            featurizers[name].training = False
+        rows.append(_eval_epoch(fit, model, featurizers, state, context))
+        row = rows[-1]
+        events.fit_epoch(point, context["step"], epoch, row[0], row[1] if len(row) > 1 else None)
+        context["progress"].update(advance=1, eval=f"eval {fit.early_stop_metric} {row[0]:.4g}")
+        return _stopped(fit, row[0], context)
     try:
-        for epoch in range(fit.epochs):
-            _train_epoch(fit, model, featurizers, state, fit.batches[epoch], context)
-            row = _eval_epoch(fit, model, featurizers, state, context)
-            rows.append(row)
-            events.fit_epoch(point, context["step"], epoch, row[0], row[1] if len(row) > 1 else None)
-            context["progress"].update(advance=1, eval=f"eval {fit.early_stop_metric} {row[0]:.4g}")
-            if _improved(row[0], best, fit.early_stop_mode):
-                best, stale = row[0], 0
-            else:
-                stale += 1
-                if stale >= fit.patience:
-                    break
+        loop(fit, lambda batch: _update(fit, model, featurizers, state, batch, context),
+             evaluate)
     finally:
         context["progress"].close()
         columns = 1 + len(_gates(fit, featurizers))

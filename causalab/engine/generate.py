@@ -11,13 +11,16 @@ can be generated and the frame is cut after it, while the batch stays rectangula
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
 from causalab.compile.plan import Forward, Pass, PositionSpec
 from causalab.engine.forwards import tap_ops
 from causalab.errors import RunError
+
+if TYPE_CHECKING:  # annotations only
+    from nnterp import StandardizedTransformer
 
 # The walk's per-forward results carry the generated ids under this name; a read name never
 # holds "@" (names are identifiers), so it cannot collide.
@@ -62,7 +65,7 @@ def names(pass_: Pass, forward: Forward) -> tuple[str, ...]:
     return (f"{forward.model}.generated", qualified) if len(inputs) == 1 else (qualified,)
 
 
-def eos_ids(model: Any) -> tuple[int, ...]:
+def eos_ids(model: StandardizedTransformer) -> tuple[int, ...]:
     """Every stop-token id the checkpoint declares (generation config, config, tokenizer)."""
     found: list[int] = []
     sources = (getattr(model._model, "generation_config", None), model._model.config,

@@ -8,19 +8,22 @@ here a wrong name is a ``TypeError``.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Union
 
 import torch
 
 
-def _like(operand: Any, f: torch.Tensor) -> torch.Tensor:
+# A write's operand: a read or a featurizer's value (a tensor), or a literal number.
+Operand = Union[torch.Tensor, float, None]
+
+def _like(operand: Operand, f: torch.Tensor) -> torch.Tensor:
     """The operand as a tensor of f's shape: a number is broadcast, a tensor expanded."""
     if isinstance(operand, (int, float)):
         return f.new_full(f.shape, float(operand))
     return torch.broadcast_to(operand.to(device=f.device, dtype=f.dtype), f.shape)
 
 
-def swap(f: torch.Tensor, operand: Any, *, f0: torch.Tensor | None = None) -> torch.Tensor:
+def swap(f: torch.Tensor, operand: Operand, *, f0: torch.Tensor | None = None) -> torch.Tensor:
     """``operand`` in place of f.
 
     >>> swap(torch.ones(2, 3), 0.0).tolist()
@@ -29,19 +32,19 @@ def swap(f: torch.Tensor, operand: Any, *, f0: torch.Tensor | None = None) -> to
     return _like(operand, f)
 
 
-def add_scaled(f: torch.Tensor, operand: Any, *, f0: torch.Tensor | None = None,
+def add_scaled(f: torch.Tensor, operand: Operand, *, f0: torch.Tensor | None = None,
                scale: float = 1.0) -> torch.Tensor:
     """``f + scale · operand``."""
     return f + scale * _like(operand, f)
 
 
-def lerp(f: torch.Tensor, operand: Any, *, f0: torch.Tensor | None = None,
+def lerp(f: torch.Tensor, operand: Operand, *, f0: torch.Tensor | None = None,
          t: float) -> torch.Tensor:
     """``(1 − t) · f + t · operand``: ``t = 1`` is a swap and ``t = 0`` leaves f as it was."""
     return (1.0 - t) * f + t * _like(operand, f)
 
 
-def gaussian(f: torch.Tensor, operand: Any = None, *, f0: torch.Tensor | None = None,
+def gaussian(f: torch.Tensor, operand: Operand = None, *, f0: torch.Tensor | None = None,
              seed: float, scale: float = 1.0) -> torch.Tensor:
     """``f + scale · ε`` with ε ~ N(0, 1) of f's shape, drawn on a CPU generator from ``seed``
     and then moved, so one seed is one noise tensor on every device."""
@@ -50,7 +53,7 @@ def gaussian(f: torch.Tensor, operand: Any = None, *, f0: torch.Tensor | None = 
     return f + scale * noise
 
 
-def clamp(f: torch.Tensor, operand: Any = None, *, f0: torch.Tensor | None = None,
+def clamp(f: torch.Tensor, operand: Operand = None, *, f0: torch.Tensor | None = None,
           lo: float | None = None, hi: float | None = None) -> torch.Tensor:
     """``min(max(f, lo), hi)``; an omitted bound is open."""
     if lo is not None and hi is not None and lo == hi:
@@ -60,7 +63,7 @@ def clamp(f: torch.Tensor, operand: Any = None, *, f0: torch.Tensor | None = Non
     return torch.clamp(f, min=lo, max=hi)
 
 
-def renormalize(f: torch.Tensor, operand: Any = None, *, f0: torch.Tensor | None = None
+def renormalize(f: torch.Tensor, operand: Operand = None, *, f0: torch.Tensor | None = None
                 ) -> torch.Tensor:
     """``f · ‖f0‖ / ‖f‖``, norms over the feature axis per position; f0 is the value before
     any write of this forward. A zero f stays zero."""

@@ -8,12 +8,15 @@ rows; a mean or a basis has no row axis and every batch shares it whole.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from causalab.compile.plan import OutputOp
 from causalab.errors import RunError
+
+if TYPE_CHECKING:  # annotations only
+    from causalab.engine.seam import Window
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,7 @@ class Published:
     ``rows`` is its row count; ``counts`` each row's window width when it is flat
     ``(total, width)`` and None when it is rectangular ``(rows, w, width)``."""
 
-    value: Any  # a tensor; for ``sae`` the dictionary's {W_enc, W_dec, b_enc, b_dec}
+    value: torch.Tensor | dict[str, torch.Tensor]  # ``sae``: {W_enc, W_dec, b_enc, b_dec}
     counts: tuple[int, ...] | None
     rows: int | None
     reduce: str
@@ -71,7 +74,7 @@ def _basis(value: torch.Tensor, output: OutputOp) -> torch.Tensor:
     return basis * torch.where(signs == 0, torch.ones_like(signs), signs)
 
 
-def reduce(value: torch.Tensor, output: OutputOp, layout: Any) -> Published:
+def reduce(value: torch.Tensor, output: OutputOp, layout: Window) -> Published:
     """Publish a gathered read as ``output`` asks (docs/format.md §9.3).
 
     ``layout`` is the read's :class:`~causalab.engine.seam.Window` over all its rows

@@ -6,8 +6,8 @@ where, keeping what, on which batch an un-intervened forward runs, which sweep p
 one trace (fusion: alike jobs merged, rows stacked), and an attribute step's traces. It
 yields ``TraceJob``s in ``Stage``s, reading the cache's keys and budgets (never its tensors),
 the pass's windows and the model's facts; it never opens a trace. A stage generator resumes
-once the walk has kept what it yielded; ``explain --traces`` runs the same generators over a
-cache of ``PLANNED``. Fused points run the same prompt rows, one copy per point (left
+once the walk has kept what it yielded; ``explain --traces`` runs the same walk and
+generators over a cache the dry runner fills with placeholders. Fused points run the same prompt rows, one copy per point (left
 padding, the mask and position ids keep rows independent), only where that is plainly so
 (``signature``).
 """
@@ -22,8 +22,8 @@ from causalab.engine import forwards, generate, tail
 from causalab.engine.attribution import atp_star
 from causalab.engine.cache import DocumentCache, Prefix
 from causalab.engine.forwards import batch_key, read_key, tap_ops
-from causalab.engine.trace_jobs import JobTap, NextPrefix, SiteOp, Stage, TraceJob, Wanted
-from causalab.engine.resume import (ahead_of, by_entry, deepest, entries_of, need_order,
+from causalab.engine.trace_jobs import JobKind, JobTap, NextPrefix, SiteOp, Stage, TraceJob, Wanted
+from causalab.engine.resume import (Resume, ahead_of, by_entry, deepest, entries_of, need_order,
                                     needs_of, resume_point)
 from causalab.engine.sites import HEAD_ROWS
 from causalab.engine.state import ModelFacts, PassContext
@@ -33,7 +33,7 @@ _FUSED_TOKENS = 16384
 _OPERANDS = ("literal", "read", "none")
 
 
-def signature(point: Any) -> tuple | None:
+def signature(point: Plan | object) -> tuple | None:
     """What a point's passes must share with another's to be fused, or None: a step other
     than ``Observe``, a decode, an operand from outside the pass (a literal, a read or none
     only), or no intervened forward (un-intervened ones are shared per document anyway)."""
@@ -361,8 +361,8 @@ def _missing_prefixes(cache: DocumentCache, facts: ModelFacts, batch: PromptBatc
     return sorted(missing, key=need_order)
 
 
-def _job(kind: str, batch: PromptBatch, rows: tuple, taps: tuple, units: list, *,
-         copies: int = 1, resume: Any = None, tail: bool = False, keep: tuple = (),
+def _job(kind: JobKind, batch: PromptBatch, rows: tuple, taps: tuple, units: list, *,
+         copies: int = 1, resume: Resume | None = None, tail: bool = False, keep: tuple = (),
          step: int | None = None, grad: bool = False) -> TraceJob:
     """A job with its head and stop decided: with no tap from the head and no cache or next
     token wanted, the blocks above the last tap are not run (a sweep at layer 3 of 30 runs

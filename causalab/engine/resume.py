@@ -12,11 +12,11 @@ values kept), the cached values live in the document cache and the walk's trace 
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple, Union
 
 import torch
 
-from causalab.compile.plan import Forward
+from causalab.compile.plan import Address, Forward
 from causalab.document import vocab
 from causalab.engine.forwards import tap_ops
 
@@ -29,6 +29,9 @@ _DONE_AT = {"attention": vocab.COMPONENTS["attention_output"]["order"][1],
 PART_MODULES = {"attention": "attentions", "mlp": "mlps"}
 _BLOCK_OUTPUT = vocab.COMPONENTS["block_output"]["accessor"]
 _BLOCK_OUTPUT_ORDER = vocab.COMPONENTS["block_output"]["order"][1]
+Part = Literal[PARTS]
+# A kept value a resumed trace needs: the residual leaving a block, or a block's part output.
+Need = Union[int, tuple[int, Part]]
 
 
 class Resume(NamedTuple):
@@ -36,16 +39,16 @@ class Resume(NamedTuple):
     ``layer − 1``), with ``parts`` of that block served from their cached outputs."""
 
     layer: int
-    parts: tuple[str, ...] = ()
+    parts: tuple[Part, ...] = ()
 
-    def needs(self) -> tuple:
+    def needs(self) -> tuple[Need, ...]:
         """The cached values this entry takes: ``layer − 1`` (a residual) and ``(layer, part)``
         per part."""
         return ((self.layer - 1,) if self.layer else ()) + tuple(
             (self.layer, part) for part in self.parts)
 
 
-def _entry(address: Any) -> Resume:
+def _entry(address: Address) -> Resume:
     layer, n = address.order
     if address.accessor == _BLOCK_OUTPUT:
         return Resume(layer + 1)
@@ -100,7 +103,7 @@ def by_entry(entries: list, covered: set) -> dict:
     return runs
 
 
-def map_tensors(value: Any, change: Any) -> Any:
+def map_tensors(value: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     """A module's output with ``change`` applied to each tensor in it (a tuple keeps its
     structure; ``None`` and other members pass through): how a kept output is copied and
     stacked."""
@@ -109,12 +112,12 @@ def map_tensors(value: Any, change: Any) -> Any:
     return change(value) if isinstance(value, torch.Tensor) else value
 
 
-def need_order(need: Any) -> tuple:
+def need_order(need: Need) -> tuple[int, int]:
     """Forward order of a cached value: block L's attention, then its MLP, then its output."""
     return (need, len(PARTS)) if isinstance(need, int) else (need[0], PARTS.index(need[1]))
 
 
-def need_place(need: Any) -> tuple:
+def need_place(need: Need) -> tuple[int, int]:
     """A cached value's place in address order (``Address.order``): where its module's
     output is complete (a sandwich norm behind the part sorts at the same place, later)."""
     if isinstance(need, int):

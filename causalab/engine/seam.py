@@ -22,13 +22,22 @@ own layout with only those groups replaced.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
 import torch
 
 from causalab.compile.plan import Address, WriteOp
-from causalab.engine.mechanisms import MECHANISMS, NEEDS_F0
+from causalab.engine.mechanisms import MECHANISMS, NEEDS_F0, Operand
 from causalab.errors import RunError
+
+
+class Featurizer(Protocol):
+    """What the seam asks of a featurizer (engine/featurizers): its space and back."""
+
+    def featurize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def inverse(self, f: torch.Tensor, err: torch.Tensor | None,
+                x: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -160,7 +169,7 @@ def _no_autocast(device: torch.device):
     return torch.autocast(device_type=device.type, enabled=False)
 
 
-def express(featurizer: Any, x: torch.Tensor) -> torch.Tensor:
+def express(featurizer: Featurizer | None, x: torch.Tensor) -> torch.Tensor:
     """A gathered value in ``featurizer``'s space, in float32 with autocast off (what a read
     with a featurizer yields). ``featurizer=None`` means identity."""
     with _no_autocast(x.device):
@@ -168,7 +177,8 @@ def express(featurizer: Any, x: torch.Tensor) -> torch.Tensor:
         return x32 if featurizer is None else featurizer.featurize(x32)[0]
 
 
-def _operand(operand: Any, f: torch.Tensor, full: int, features: torch.Tensor | None) -> Any:
+def _operand(operand: Operand, f: torch.Tensor, full: int,
+             features: torch.Tensor | None) -> Operand:
     """Move a tensor operand to f's device in float32, align its layout, cut it to ``features``."""
     if operand is None or isinstance(operand, (int, float)):
         return operand
@@ -182,8 +192,8 @@ def _operand(operand: Any, f: torch.Tensor, full: int, features: torch.Tensor | 
     return op
 
 
-def apply_write(activation: torch.Tensor, write: WriteOp, window: Window, featurizer: Any,
-                operand: Any, original: torch.Tensor | None = None) -> torch.Tensor:
+def apply_write(activation: torch.Tensor, write: WriteOp, window: Window,
+                featurizer: Featurizer | None, operand: Operand, original: torch.Tensor | None = None) -> torch.Tensor:
     """``write = inverse(do(featurize(x)), err, x)`` at ``write.address`` over ``window``.
 
     ``activation`` is the address's tensor as the previous write left it; ``original`` is

@@ -28,6 +28,9 @@ from causalab.compile.plan import Address
 from causalab.document import vocab
 from causalab.errors import RunError
 
+# In a trace, a value (nnsight proxy) and a module (envoy) have no type a signature can name.
+Proxy = Envoy = Any
+
 _OUT_PROJECTION = ("o_proj", "c_proj", "out_proj", "dense")
 _ACTIVATION = ("act_fn", "act", "activation_fn", "activation")
 _DOWN_PROJECTION = ("down_proj", "c_proj", "fc2", "dense_4h_to_h")
@@ -50,25 +53,25 @@ class Places:
     is the value before the first write (f₀).
     """
 
-    def __init__(self, model: Any, nested_layers: frozenset, head_rows: int | None = None):
+    def __init__(self, model: Envoy, nested_layers: frozenset, head_rows: int | None = None):
         self.model = model
         self.nested_layers = nested_layers
         self.head_rows = head_rows
         self.current: dict = {}
         self.original: dict = {}
-        self.written_logits: Any = None
+        self.written_logits: Proxy = None
         self._interface: dict = {}
         self._unsettled: set[int] = set()
-        self._head: Any = None
+        self._head: Proxy = None
 
-    def get(self, address: Address) -> Any:
+    def get(self, address: Address) -> Proxy:
         key = (address.component, address.layer)
         if key not in self.current:
             self.current[key] = _fetch(self, address)
             self.original[key] = self.current[key]
         return self.current[key]
 
-    def put(self, address: Address, value: Any) -> None:
+    def put(self, address: Address, value: Proxy) -> None:
         if address.read_only:
             raise RunError((address.component,), f"{address.component} cannot be written here")
         self.current[(address.component, address.layer)] = value
@@ -99,7 +102,7 @@ class Places:
             self.original.setdefault(("block_output", layer), value)
             self.put(output, value)
 
-    def head_output(self) -> Any:
+    def head_output(self) -> Proxy:
         """The output head's value, asked of the tracer once for every tap computed from it.
 
         With ``head_rows`` the forward keeps the last column's logits alone
@@ -115,12 +118,12 @@ class Places:
                 self._head = head.output[:self.head_rows]
         return self._head
 
-    def put_head(self, value: Any) -> None:
+    def put_head(self, value: Proxy) -> None:
         """A write at the head's output: the logits are then computed from ``value``."""
         self.model.lm_head.output = value
         self._head = value
 
-    def interface(self, layer: int) -> Any:
+    def interface(self, layer: int) -> Proxy:
         """The ``attention_interface(`` call of block ``layer`` (docs/format.md §18).
 
         When the forward also taps a pattern at this layer, the call's own source is opened
@@ -140,7 +143,7 @@ class Places:
 HEAD_ROWS = 512
 
 
-def _padded(value: Any, rows: int) -> Any:
+def _padded(value: Proxy, rows: int) -> Proxy:
     """``value`` with zero rows appended up to ``rows`` rows (unchanged when it has as many)."""
     import torch
 
@@ -157,16 +160,16 @@ def _place(component: str, layer: int) -> Address:
                    full_width=None)
 
 
-def _mlp_branch(places: Places, layer: int) -> Any:
+def _mlp_branch(places: Places, layer: int) -> Proxy:
     """What block ``layer`` adds to its residual after the MLP, as the forward computed it."""
     return places.get(_place("mlp_output", layer))
 
 
-def _children(envoy: Any) -> dict:
+def _children(envoy: Envoy) -> dict:
     return dict(envoy._module.named_children())
 
 
-def _child(envoy: Any, names: tuple[str, ...], what: str, address: Address) -> Any:
+def _child(envoy: Envoy, names: tuple[str, ...], what: str, address: Address) -> Proxy:
     children = _children(envoy)
     for name in names:
         if name in children:
@@ -174,12 +177,12 @@ def _child(envoy: Any, names: tuple[str, ...], what: str, address: Address) -> A
     raise RunError((address.component,), f"no {what} module found among {sorted(children)}")
 
 
-def _first_input(envoy: Any) -> Any:
+def _first_input(envoy: Envoy) -> Proxy:
     args, kwargs = envoy.inputs
     return args[0] if args else next(iter(kwargs.values()))
 
 
-def _set_first_input(envoy: Any, value: Any) -> None:
+def _set_first_input(envoy: Envoy, value: Proxy) -> None:
     args, kwargs = envoy.inputs
     if args:
         envoy.inputs = ((value, *args[1:]), kwargs)
@@ -188,7 +191,7 @@ def _set_first_input(envoy: Any, value: Any) -> None:
         envoy.inputs = ((), {**kwargs, first: value})
 
 
-def _softcapped(model: Any, logits: Any) -> Any:
+def _softcapped(model: Envoy, logits: Proxy) -> Proxy:
     import torch
 
     cap = getattr(model._model.config, "final_logit_softcapping", None)
@@ -198,17 +201,17 @@ def _softcapped(model: Any, logits: Any) -> Any:
 class Reach(NamedTuple):
     """``fetch(places, address) -> value`` and ``store(places, address, value)`` (None: read-only)."""
 
-    fetch: Callable[[Places, Address], Any]
-    store: Callable[[Places, Address, Any], None] | None
+    fetch: Callable[[Places, Address], Proxy]
+    store: Callable[[Places, Address, Proxy], None] | None
 
 
-def _boundary(locate: Callable[[Places, Address], tuple[Any, str]]) -> Reach:
+def _boundary(locate: Callable[[Places, Address], tuple[Envoy, str]]) -> Reach:
     """A tensor on a submodule's boundary: ``locate`` gives (envoy, "input"|"output")."""
-    def fetch(places: Places, address: Address) -> Any:
+    def fetch(places: Places, address: Address) -> Proxy:
         envoy, side = locate(places, address)
         return _first_input(envoy) if side == "input" else envoy.output
 
-    def store(places: Places, address: Address, value: Any) -> None:
+    def store(places: Places, address: Address, value: Proxy) -> None:
         envoy, side = locate(places, address)
         if side == "input":
             _set_first_input(envoy, value)
@@ -219,10 +222,10 @@ def _boundary(locate: Callable[[Places, Address], tuple[Any, str]]) -> Reach:
 
 def _standard(accessor: str) -> Reach:
     """One of nnterp's per-layer standardized accessors (``layers_output[l]``)."""
-    def fetch(places: Places, address: Address) -> Any:
+    def fetch(places: Places, address: Address) -> Proxy:
         return getattr(places.model, accessor)[address.layer]
 
-    def store(places: Places, address: Address, value: Any) -> None:
+    def store(places: Places, address: Address, value: Proxy) -> None:
         getattr(places.model, accessor)[address.layer] = value
     return Reach(fetch, store)
 
@@ -237,15 +240,15 @@ def _sublayer(accessor: str, post_norm: str) -> Reach:
     sandwich-norm block, nnterp's standardized accessor elsewhere."""
     plain = _standard(accessor)
 
-    def locate(places: Places, address: Address) -> Any:
+    def locate(places: Places, address: Address) -> Proxy:
         block = places.model.layers[address.layer]
         return getattr(block, post_norm) if _POST_MLP_NORM in _children(block) else None
 
-    def fetch(places: Places, address: Address) -> Any:
+    def fetch(places: Places, address: Address) -> Proxy:
         norm = locate(places, address)
         return plain.fetch(places, address) if norm is None else norm.output
 
-    def store(places: Places, address: Address, value: Any) -> None:
+    def store(places: Places, address: Address, value: Proxy) -> None:
         norm = locate(places, address)
         if norm is None:
             plain.store(places, address, value)
@@ -254,7 +257,7 @@ def _sublayer(accessor: str, post_norm: str) -> Reach:
     return Reach(fetch, store)
 
 
-def _pre_mlp(places: Places, address: Address) -> tuple[Any, str]:
+def _pre_mlp(places: Places, address: Address) -> tuple[Envoy, str]:
     """(envoy, side) holding ``block_mid``: the input of the norm in front of the MLP, or of
     the MLP itself on a post-norm block that has none."""
     model = places.model
@@ -266,7 +269,7 @@ def _pre_mlp(places: Places, address: Address) -> tuple[Any, str]:
     return model.mlps[address.layer], "input"
 
 
-def _z(places: Places, address: Address, value: Any = None) -> Any:
+def _z(places: Places, address: Address, value: Proxy = None) -> Proxy:
     """The kernel's return value, held by transformers as ``(batch, seq, heads, head_dim)``."""
     call = places.interface(address.layer)
     if value is None:
@@ -279,7 +282,7 @@ def _z(places: Places, address: Address, value: Any = None) -> Any:
     return None
 
 
-def _interior(places: Places, address: Address, value: Any = None) -> Any:
+def _interior(places: Places, address: Address, value: Proxy = None) -> Proxy:
     call = places.interface(address.layer)
     index = _INTERIOR_ARGUMENT[address.component]
     args, kwargs = call.inputs
@@ -291,7 +294,7 @@ def _interior(places: Places, address: Address, value: Any = None) -> Any:
     return None
 
 
-def _scores(places: Places, address: Address, value: Any = None) -> Any:
+def _scores(places: Places, address: Address, value: Proxy = None) -> Proxy:
     op = places.interface(address.layer).source.nn_functional_softmax_0
     if value is None:
         return op.input
@@ -308,7 +311,7 @@ def _probabilities() -> Reach:
     """nnterp's pattern accessor; the interface is opened first, in case its source is needed."""
     plain = _standard("attention_probabilities")
 
-    def fetch(places: Places, address: Address) -> Any:
+    def fetch(places: Places, address: Address) -> Proxy:
         places.interface(address.layer)
         return plain.fetch(places, address)
     return Reach(fetch, plain.store)
@@ -325,19 +328,19 @@ def _inside(stack: str, names: tuple[str, ...], what: str, side: str) -> Reach:
         _child(getattr(places.model, stack)[address.layer], names, what, address), side))
 
 
-def _logits_fetch(places: Places, address: Address) -> Any:
+def _logits_fetch(places: Places, address: Address) -> Proxy:
     return _softcapped(places.model, places.head_output())
 
 
-def _head_store(places: Places, address: Address, value: Any) -> None:
+def _head_store(places: Places, address: Address, value: Proxy) -> None:
     places.put_head(value)
 
 
-def _logits_store(places: Places, address: Address, value: Any) -> None:
+def _logits_store(places: Places, address: Address, value: Proxy) -> None:
     """Nothing downstream of the logits to store into; ``Places.put`` keeps the value."""
 
 
-def _probabilities_of_next(places: Places, address: Address) -> Any:
+def _probabilities_of_next(places: Places, address: Address) -> Proxy:
     return _logits_fetch(places, address).softmax(-1)
 
 
@@ -377,18 +380,18 @@ def _reach(address: Address) -> Reach:
     return reach
 
 
-def _fetch(places: Places, address: Address) -> Any:
+def _fetch(places: Places, address: Address) -> Proxy:
     return _reach(address).fetch(places, address)
 
 
-def _store(places: Places, address: Address, value: Any) -> None:
+def _store(places: Places, address: Address, value: Proxy) -> None:
     reach = _reach(address)
     if reach.store is None:
         raise RunError((address.component,), f"{address.component} cannot be written here")
     reach.store(places, address, value)
 
 
-def project_to_vocabulary(model: Any, hidden: Any) -> Any:
+def project_to_vocabulary(model: Envoy, hidden: Proxy) -> Proxy:
     """``view: "logits"``: a gathered residual through the final norm, the head and any
     softcap, ``(…, d) -> (…, vocab)``. The raw modules are called, not their envoys, so the
     projection leaves the tracer's call counts (and later taps at those modules) alone."""

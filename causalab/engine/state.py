@@ -7,11 +7,21 @@ and the events seam). It holds no logic beyond reading its own fields, and it ne
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from causalab.compile.plan import ModelRef, Pass, Plan
+from causalab.compile.plan import ModelRef, Pass, Plan, PromptBatch
 from causalab.engine.cache import DocumentCache
 from causalab.engine.events import Events
+
+if TYPE_CHECKING:  # annotations only: the types below import torch, nnterp, the seam
+    import torch
+    from nnterp import StandardizedTransformer
+    from transformers import PretrainedConfig
+
+    from causalab.engine.attribution.patching import Sums
+    from causalab.engine.trace_jobs import JobTap, TapKind
+    from causalab.engine.outputs import Published
+    from causalab.engine.seam import Written
 
 
 @dataclass(frozen=True)
@@ -22,7 +32,8 @@ class WalkState:
     A nested plan walks with a copy (``dataclasses.replace``) holding its own outputs
     namespace and windows; featurizers, specs and the cache are the same objects.
     ``fill_prefixes`` (a fit) asks an intervened forward that can resume to keep its
-    un-intervened prefix over every row first.
+    un-intervened prefix over every row first. ``where`` names the node being walked
+    (``point/step``), as ``explain --traces`` says it.
     """
 
     cache: DocumentCache = field(default_factory=DocumentCache)
@@ -37,6 +48,7 @@ class WalkState:
     batch_size: int | None = None
     entry: str | None = None
     fill_prefixes: bool = False
+    where: str = ""
 
 
 def new_state(*, cache: DocumentCache | None = None, model_ref: ModelRef | None = None,
@@ -60,7 +72,7 @@ class ModelFacts(NamedTuple):
     vocab: int = 0
 
     @classmethod
-    def of(cls, config: Any) -> "ModelFacts":
+    def of(cls, config: PretrainedConfig) -> "ModelFacts":
         config = getattr(config, "text_config", None) or config
         hidden = int(getattr(config, "hidden_size", None) or getattr(config, "n_embd"))
         heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head")
@@ -98,11 +110,11 @@ class Windows:
     def write(self, name: str, role: str) -> OpWindows:
         return self.writes[role][name]
 
-    def of(self, kind: str, name: str, role: str) -> OpWindows:
+    def of(self, kind: TapKind, name: str, role: str) -> OpWindows:
         """The windows of the tap ``(kind, name)`` of a forward on ``role``."""
         return self.write(name, role) if kind == "write" else self.read(name)
 
-    def positions(self, tap: Any, role: str, rows: tuple) -> list[int]:
+    def positions(self, tap: JobTap, role: str, rows: tuple) -> list[int]:
         """The padded positions a job's ``tap`` acts at on ``rows`` (none for a whole tensor)."""
         if tap.whole:
             return []
@@ -110,30 +122,37 @@ class Windows:
         return [position for row in rows for position in windows[row]]
 
 
+@dataclass
+class Produced:
+    """What a pass's forwards have produced so far, filled as they run: ``values`` (read
+    name -> featurized ``Published``), ``raw`` (the forward being run: read name -> raw
+    ``Published``), ``generated`` (result name -> ids) and ``written`` (write name -> per
+    trace its rows and ``seam.Written``, checked when the result is read)."""
+
+    values: dict[str, Published] = field(default_factory=dict)
+    raw: dict[str, Published] = field(default_factory=dict)
+    generated: dict[str, torch.Tensor] = field(default_factory=dict)
+    written: dict[str, list[tuple[tuple[int, ...], Written]]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class PassContext:
-    """One pass over its run rows: the model (None when only planning, ``explain --traces``),
+    """One pass over its run rows: the model (None when nothing runs, ``explain --traces``),
     the walk state, the pass's windows, the model facts, whether the graph is kept (a fit's
-    update), and what its forwards produced so far: ``values`` (read name -> featurized
-    ``Published``), ``raw`` (the forward being run: read name -> raw ``Published``) and
-    ``generated`` (result name -> ids), ``written`` (write name -> per trace its rows and
-    ``seam.Written``, checked when the result is read); an attribute step's running sums
-    (``attribution.Sums``) in ``attributed``."""
+    update); what its forwards produced so far in ``produced``, the one part that changes;
+    an attribute step's running sums (``attribution.Sums``, mutable) in ``attributed``."""
 
-    model: Any
+    model: StandardizedTransformer | None
     pass_: Pass
     state: WalkState
     rows: tuple[int, ...]
     windows: Windows
     facts: ModelFacts
     grad: bool = False
-    values: dict = field(default_factory=dict)
-    raw: dict = field(default_factory=dict)
-    generated: dict = field(default_factory=dict)
-    written: dict = field(default_factory=dict)
-    attributed: Any = None
+    produced: Produced = field(default_factory=Produced)
+    attributed: Sums | None = None
 
-    def window(self, batch: Any, grad: bool = False, decode: int = 0) -> int | None:
+    def window(self, batch: PromptBatch, grad: bool = False, decode: int = 0) -> int | None:
         """Rows per trace over ``batch``: the run's batch size within the memory budget. One
         size per batch and grad, so the prefixes a fill keeps cover the windows that resume."""
         return self.state.cache.window(self.state.batch_size, batch.tokens + decode, grad)

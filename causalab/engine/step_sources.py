@@ -7,31 +7,33 @@ state's published values; never opens a trace or a file.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from causalab.compile.bundles import checks as bundle_checks
 from causalab.compile.bundles.checks import document_stamp, step_source
-from causalab.compile.plan import Observe
+from causalab.compile.featurizers import stamp as featurizer_stamp
+from causalab.compile.plan import Observe, Pass
 from causalab.engine.state import WalkState
 from causalab.errors import CompileError, RunError
 from causalab.files import TENSOR_KEY
 
+if TYPE_CHECKING:  # annotations only
+    from causalab.engine.outputs import Published
 
-def _stamp(node: Any, value: str, state: WalkState) -> dict[str, str]:
+
+def _stamp(node: Observe, value: str, state: WalkState) -> dict[str, str]:
     """What the producing step stamps on ``value``, as its saved bundle would carry."""
-    from causalab.engine.steps import output_stamp
-
     if isinstance(node, Observe):
         return output_stamp(node, value, state.published[value], state)
     return document_stamp(state.specs[value])
 
 
-def _tensors(published: Any) -> dict:
+def _tensors(published: Published) -> dict:
     value = published.value
     return dict(value) if isinstance(value, dict) else {TENSOR_KEY: value}
 
 
-def build_from_step(node: Any, state: WalkState) -> None:
+def build_from_step(node: object, state: WalkState) -> None:
     """Build every featurizer whose ``file_path`` names ``node``'s step from what it published."""
     from causalab.engine.featurizers import FEATURIZERS
 
@@ -56,3 +58,19 @@ def build_from_step(node: Any, state: WalkState) -> None:
         for parameter in featurizer.parameters():
             parameter.requires_grad_(spec.trained_by is not None)
         state.featurizers[name] = featurizer
+
+
+def find_read(pass_: Pass, name: str):
+    """The read called ``name`` among ``pass_``'s forwards."""
+    return next(read for forward in pass_.forwards for read in forward.reads if read.name == name)
+
+
+def output_stamp(node: Observe, name: str, value: Published,
+                 state: WalkState) -> dict[str, str]:
+    """The identity a published basis or dictionary carries, as its saved bundle would."""
+    output = next(o for o in node.outputs if o.name == name)
+    read = find_read(node.pass_, output.read)
+    weight = value.value["W_enc"] if value.reduce == "sae" else value.value
+    d, k = weight.shape
+    return featurizer_stamp(name, value.reduce, k, d, read.site, read.address,
+                            state.model_ref, state.digest)

@@ -8,22 +8,27 @@ every row of the step, excluded ones included (docs/format.md §13).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from causalab.compile.featurizers import save_stamp, where
-from causalab.compile.featurizers import stamp as featurizer_stamp
-from causalab.compile.plan import Featurizers, Fit, Observe, Pass, SaveOp, Weights
+from causalab.compile.plan import Featurizers, Fit, Observe, SaveOp, Weights
 from causalab.engine import outputs as output_rules
 from causalab.engine import containment, record
 from causalab.engine.bundle_files import document_stamp, stamp_metadata, step_source, weights_results
 from causalab.engine.assembly import PassResult, metric_rows
 from causalab.engine.state import WalkState
+from causalab.engine.step_sources import find_read, output_stamp
 from causalab.errors import CausalabError, RunError
 from causalab.files import SAELENS_CONFIG, SAELENS_WEIGHTS, TENSOR_KEY, TENSOR_SUFFIX
 from causalab.uncertainty import interval
 
+if TYPE_CHECKING:  # annotations only
+    from nnterp import StandardizedTransformer
 
-def build_featurizers(node: Featurizers, model: Any, state: WalkState) -> None:
+    from causalab.engine.runner import Runner
+
+
+def build_featurizers(node: Featurizers, model: StandardizedTransformer, state: WalkState) -> None:
     """Live featurizer objects on the model's device, shared by the plan's later steps."""
     from causalab.engine.featurizers import build_featurizer
 
@@ -40,10 +45,6 @@ def build_featurizers(node: Featurizers, model: Any, state: WalkState) -> None:
                 raise
             raise type(error)(("featurizers", spec.name) + error.path, error.message) from None
     node.results.update(featurizers=dict(state.featurizers))
-
-
-def _find_read(pass_: Pass, name: str):
-    return next(read for forward in pass_.forwards for read in forward.reads if read.name == name)
 
 
 def _publish(node: Observe, result: PassResult, state: WalkState) -> dict:
@@ -110,7 +111,7 @@ def _save_output(node: Observe, value: output_rules.Published, name: str, save: 
         metadata = stamp_metadata(output_stamp(node, name, value, state),
                                   produced_by=state.digest)
     else:
-        read = _find_read(node.pass_, next(o for o in node.outputs if o.name == name).read)
+        read = find_read(node.pass_, next(o for o in node.outputs if o.name == name).read)
         metadata = save_stamp(name, where(read.site, read.address), state.model_ref,
                               state.digest)
     if value.reduce == "sae":
@@ -134,25 +135,14 @@ def _save_dictionary(node: Observe, name: str, value: output_rules.Published, sa
     from causalab.engine.featurizers import write_saelens_dir
 
     output = next(o for o in node.outputs if o.name == name)
-    address = _find_read(node.pass_, output.read).address
+    address = find_read(node.pass_, output.read).address
     containment.inside(directory, path)
     cfg = {"hook_name": hook_name(address.component, address.layer)}
     folder = Path(write_saelens_dir(path, value.value, cfg, stamp=metadata))
     return [str(folder / SAELENS_WEIGHTS), str(folder / SAELENS_CONFIG)]
 
 
-def output_stamp(node: Observe, name: str, value: output_rules.Published,
-                 state: WalkState) -> dict[str, str]:
-    """The identity a published basis or dictionary carries, as its saved bundle would."""
-    output = next(o for o in node.outputs if o.name == name)
-    read = _find_read(node.pass_, output.read)
-    weight = value.value["W_enc"] if value.reduce == "sae" else value.value
-    d, k = weight.shape
-    return featurizer_stamp(name, value.reduce, k, d, read.site, read.address,
-                            state.model_ref, state.digest)
-
-
-def run_fit_step(node: Fit, model: Any, state: WalkState, directory: Path,
+def run_fit_step(node: Fit, model: Runner, state: WalkState, directory: Path,
                  run_pass: Callable) -> list[str]:
     """Train the fit's featurizers (``causalab.engine.fit``), then write its saves."""
     from causalab.engine.fit import run_fit

@@ -13,13 +13,20 @@ tensors; the planner decides, the walk runs the traces.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from causalab.compile.plan import Forward
 from causalab.engine.forwards import tap_ops
 from causalab.engine.resume import map_tensors
+
+if TYPE_CHECKING:  # annotations only
+    from nnterp import StandardizedTransformer
+    from transformers import DynamicCache
+
+    from causalab.engine.cache import Kept
+    from causalab.engine.seam import Window
 
 
 def at_last_column(forward: Forward) -> bool:
@@ -41,7 +48,7 @@ class Keys(NamedTuple):
 
     layers: list
 
-    def cache(self, chunk: tuple, model: Any):
+    def cache(self, chunk: tuple, model: StandardizedTransformer) -> DynamicCache:
         """A fresh KV cache holding the rows ``chunk`` (the trace appends the last column)."""
         index = torch.tensor(chunk, dtype=torch.long)
         cache = kv_cache(model)
@@ -69,17 +76,17 @@ def all_last(positions, width: int) -> bool:
     return all(position == width - 1 for position in positions)
 
 
-def moved(window: Any) -> Any:
+def moved(window: Window) -> Window:
     """A tap's window moved onto a trace of the last column alone (its column 0)."""
     return dataclasses.replace(window, positions=torch.zeros_like(window.positions))
 
 
-def last_of(value: Any) -> Any:
+def last_of(value: Kept) -> Kept:
     """A kept module output cut to its last column."""
     return map_tensors(value, lambda tensor: tensor[:, -1:])
 
 
-def kv_cache(model: Any):
+def kv_cache(model: StandardizedTransformer) -> DynamicCache:
     """An empty KV cache laid out for the loaded model's layers (sliding ones included)."""
     from transformers import DynamicCache
 

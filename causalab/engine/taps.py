@@ -8,7 +8,7 @@ last-column trace, or to the step's last index in a decode.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -20,9 +20,14 @@ from causalab.engine import windows as window_rules
 from causalab.engine.forwards import batch_key
 from causalab.engine.trace_jobs import JobTap, Traced, TraceJob
 from causalab.engine.resume import map_tensors
-from causalab.engine.seam import Window
+from causalab.engine.mechanisms import Operand
+from causalab.engine.seam import Featurizer, Window
 from causalab.engine.state import PassContext
 from causalab.errors import RunError
+
+if TYPE_CHECKING:  # annotations only
+    from nnterp import StandardizedTransformer
+    from transformers import Cache
 
 
 class PreparedTap(NamedTuple):
@@ -30,8 +35,8 @@ class PreparedTap(NamedTuple):
     and, for a write, its featurizer (None: identity) and operand."""
 
     window: Window | None
-    featurizer: Any = None
-    operand: Any = None
+    featurizer: Featurizer | None = None
+    operand: Operand = None
 
 
 class Live(NamedTuple):
@@ -42,7 +47,7 @@ class Live(NamedTuple):
     position_ids: torch.Tensor
     prepared: tuple[PreparedTap, ...]
     resume: dict | None
-    cache: Any
+    cache: Cache | None
 
 
 def bind(job: TraceJob, units: list[PassContext], carry: Live | None = None) -> Live:
@@ -80,7 +85,7 @@ def _inputs(ctx: PassContext, job: TraceJob) -> tuple[dict, torch.Tensor]:
     return inputs, position_ids
 
 
-def _cache(ctx: PassContext, job: TraceJob) -> Any:
+def _cache(ctx: PassContext, job: TraceJob) -> Cache | None:
     if job.tail:
         return ctx.state.cache.keys[batch_key(job.batch)].cache(job.rows, ctx.model)
     if job.kind in ("keys", "decode"):
@@ -134,7 +139,7 @@ def _prepared(job: TraceJob, tap: JobTap, units: list[PassContext], width: int) 
     return PreparedTap(placed, featurizer, _operand(op, ctx, job.rows, window))
 
 
-def _operand(write: WriteOp, ctx: PassContext, chunk: tuple, window: Window) -> Any:
+def _operand(write: WriteOp, ctx: PassContext, chunk: tuple, window: Window) -> Operand:
     operand = write.operand
     if operand.kind == "literal":
         return operand.value
@@ -142,7 +147,7 @@ def _operand(write: WriteOp, ctx: PassContext, chunk: tuple, window: Window) -> 
         return None
     if operand.kind == "read":
         local = {row: i for i, row in enumerate(ctx.rows)}
-        return ctx.values[operand.name].slice_rows([local[r] for r in chunk]).value
+        return ctx.produced.values[operand.name].slice_rows([local[r] for r in chunk]).value
     published = ctx.state.published.get(operand.name)
     where = ("interventions", ctx.pass_.intervention, "writes", write.name, "operand")
     if published is None:
@@ -157,7 +162,7 @@ def _operand(write: WriteOp, ctx: PassContext, chunk: tuple, window: Window) -> 
     return sliced.value
 
 
-def prompt_inputs(model: Any, batch: PromptBatch, chunk: tuple,
+def prompt_inputs(model: StandardizedTransformer, batch: PromptBatch, chunk: tuple,
                   kept: dict) -> tuple[dict, torch.Tensor]:
     """The rows ``chunk`` as model inputs, position ids taken from the mask (docs/format.md §18).
 

@@ -1,17 +1,23 @@
 """Trace jobs: one nnterp trace as frozen plain data, and the stages the planner groups them in.
 
-``causalab.engine.planner`` makes them and makes every speed decision in them; the walk binds
-each to its tensors (``taps.bind``) and runs it through ``walk.run_trace``; the pass assembly
+``causalab.engine.planner`` makes them and makes every speed decision in them; the runner binds
+each to its tensors (``taps.bind``) and runs it through ``runner.run_trace``; the pass assembly
 (``causalab.engine.assembly``) keeps what a stage's traces produced. A job names no tensor and
-no live object, so ``explain --traces`` prints the jobs a run opens without loading weights.
+no live object (the runner binds those beside it, ``taps.Live``), so ``explain --traces``
+lists the jobs a run opens without loading weights.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from causalab.compile.plan import Address, Forward, PromptBatch, ReadOp, WriteOp
-from causalab.engine.resume import Resume, need_order, need_place
+from causalab.engine.resume import Need, Resume, need_order, need_place
+
+if TYPE_CHECKING:  # annotations only
+    import torch
+    from transformers import Cache
+
 
 # kind -> what a trace of that kind is for.
 KINDS = {
@@ -22,6 +28,8 @@ KINDS = {
     "decode": "one step of a greedy decode over its own growing KV cache",
     "attribute": "a forward of an attribute step: its sites kept whole, shifted by zero leaves "
                  "under grad, the metric's read kept with its graph",
+    "edges": "a forward of an edges step: the transformers module under nnterp with plain torch "
+             "hooks, no nnsight trace (``edge_step.forwards`` lists them; no stage holds one)",
 }
 # tap kind -> what it does at its address.
 TAPS = {
@@ -40,6 +48,14 @@ HEADS = {
     "last": "over the last column alone, its rows padded to sites.HEAD_ROWS",
     "none": "over the last position only (logits_to_keep=1): no tap reads the head",
 }
+# The tables' keys as types, built from them as the schema's are (STYLE.md habit 4).
+JobKind = Literal[tuple(KINDS)]
+TapKind = Literal[tuple(TAPS)]
+Head = Literal[tuple(HEADS)]
+StageKind = Literal[(*KINDS, "serve")]
+# A site op's role: the site itself or an AtP* correction's tensor.
+ROLES = ("site", "partner", "scores", "pattern", "gate")
+Role = Literal[ROLES]
 # How ``explain --traces`` says a job's head: the model's final norm and unembedding.
 UNEMBED = {"all": "unembed every position", "last": "unembed the last position",
            "none": "unembed unread"}
@@ -51,7 +67,7 @@ class JobTap:
     (``unit``: a fused point, or one of a fill's forwards), the stacked copy of the job's
     rows it acts on (``slot``), and whether it acts on the address's whole tensor."""
 
-    kind: str
+    kind: TapKind
     op: ReadOp | WriteOp | SiteOp
     unit: int = 0
     slot: int = 0
@@ -69,7 +85,7 @@ class SiteOp:
     address: Address
     index: int = -1
     step: int = 0
-    role: str = "site"
+    role: Role = "site"
 
 
 @dataclass(frozen=True)
@@ -80,22 +96,20 @@ class TraceJob:
     and values (``tail``, the KV-tail handle), how the head runs (``head``, a key of
     ``HEADS``), whether it stops after its last tap, the prefix needs it keeps, its decode
     ``step``, and whether autograd records it (``grad``: a fit's update; a gradient-taking
-    job asks the same of its kept reads). ``live`` holds the tensors bound to it just
-    before it runs; it is no part of the schedule and compares equal always."""
+    job asks the same of its kept reads)."""
 
-    kind: str
+    kind: JobKind
     batch: PromptBatch = field(repr=False)
     rows: tuple[int, ...]
     taps: tuple[JobTap, ...] = ()
     copies: int = 1
     resume: Resume | None = None
     tail: bool = False
-    head: str = "all"
+    head: Head = "all"
     stop: bool = False
-    keep: tuple = ()
+    keep: tuple[Need, ...] = ()
     step: int | None = None
     grad: bool = False
-    live: Any = field(default=None, compare=False, repr=False)
 
 
 class Wanted(NamedTuple):
@@ -117,7 +131,7 @@ class Stage:
     forward's own batch its row there (``host``); ``kept``: a decode whose values go into
     the document cache (an un-intervened one) rather than to its pass."""
 
-    kind: str
+    kind: StageKind
     jobs: tuple[TraceJob, ...] = ()
     forwards: tuple[Forward, ...] = ()
     wanted: tuple[Wanted, ...] = ()
@@ -140,16 +154,16 @@ class Traced(NamedTuple):
     the next token of a decode step, and the KV cache a ``keys`` job filled."""
 
     values: tuple
-    kept: dict
-    token: Any = None
-    cache: Any = None
+    kept: dict[Need, object]
+    token: torch.Tensor | None = None
+    cache: Cache | None = None
 
 
-def _address(address: Any) -> str:
+def _address(address: Address) -> str:
     return address.component if address.layer is None else f"{address.component}[{address.layer}]"
 
 
-def _need(need: Any) -> str:
+def _need(need: Need) -> str:
     return f"block {need} output" if isinstance(need, int) else f"block {need[0]} {need[1]}"
 
 

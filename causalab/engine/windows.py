@@ -10,7 +10,7 @@ since the points of a sweep share it.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from causalab.compile import positions as position_rules
 from causalab.compile.plan import Pass, PromptBatch, ReadOp, WriteOp
@@ -19,8 +19,11 @@ from causalab.engine.seam import Window
 from causalab.engine.state import OpWindows, WalkState, Windows
 from causalab.errors import RunError
 
+if TYPE_CHECKING:  # annotations only
+    from transformers import PreTrainedTokenizerBase
 
-def decoder(tokenizer: Any):
+
+def decoder(tokenizer: PreTrainedTokenizerBase):
     """``ids -> text`` with the model's tokenizer (what a scoped position matches against)."""
     return lambda ids: tokenizer.decode(list(ids))
 
@@ -37,7 +40,7 @@ def layout(windows: tuple, rows, ragged: bool) -> Window:
     return Window.from_windows([windows[r] for r in rows], ragged=flat)
 
 
-def resolve_pass(pass_: Pass, tokenizer: Any, state: WalkState) -> Windows:
+def resolve_pass(pass_: Pass, tokenizer: PreTrainedTokenizerBase, state: WalkState) -> Windows:
     """Windows of every read and write over ALL rows of the pass, resolved once
     (docs/format.md §6.2, §6.4), with the provenance of a dynamic pass's reads; kept in
     ``state.windows`` per pass."""
@@ -77,7 +80,7 @@ def resolve_pass(pass_: Pass, tokenizer: Any, state: WalkState) -> Windows:
 
 
 def resolve_generated(found: Windows, pass_: Pass, read: ReadOp, rows: tuple,
-                      generated: Sequence[Sequence[int]], tokenizer: Any,
+                      generated: Sequence[Sequence[int]], tokenizer: PreTrainedTokenizerBase,
                       stops: Sequence[int]) -> list[tuple[tuple[int, ...], str]]:
     """A generated-frame read on each of ``rows`` once their continuation (``generated``, one
     id sequence per row) is known: per row the decode steps it keeps and the reason
@@ -119,7 +122,7 @@ def _windows(spec, batch: PromptBatch, rows: int, decode, where: tuple,
     return result
 
 
-def _check_tokenizer(tokenizer: Any, batch: PromptBatch, pass_: Pass) -> None:
+def _check_tokenizer(tokenizer: PreTrainedTokenizerBase, batch: PromptBatch, pass_: Pass) -> None:
     """R4: row 0's ids must decode to the prompt recorded at compile time."""
     if not batch.prompts:
         return

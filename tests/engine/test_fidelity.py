@@ -28,7 +28,7 @@ def test_the_receipt_is_the_plain_transformers_forward(name, tiny, oracle, kit, 
     data_root = kit.write_table(tmp_path, "pairs", kit.pair_rows())
     plan = causalab.compile.compile_document(kit.patching_document(resolved), data_root=data_root)
     model = load_model(plan.model)
-    found = fidelity.receipt(model, plan, "fp32")
+    found = entry.receipt(TraceRunner(model), plan, "fp32")
     assert found["max_abs_dlogit"] <= FP32 and found["rows"] == len(kit.PAIRS)
     assert found["dtype"] == "fp32" and set(found["versions"]) == set(fidelity.LIBRARIES)
 
@@ -48,4 +48,4 @@ def test_a_receipt_over_its_tolerance_refuses_the_run_naming_it(tiny, kit, tmp_p
     plan = causalab.compile.compile_document(kit.patching_document(resolved), data_root=data_root)
     monkeypatch.setitem(fidelity.TOLERANCE, "fp32", -1.0)  # any difference, even 0, is over
     with pytest.raises(RunError, match="fidelity receipt 0: .* than -1, the tolerance for fp32"):
-        fidelity.receipt(load_model(plan.model), plan, "fp32")
+        entry.receipt(TraceRunner(load_model(plan.model)), plan, "fp32")

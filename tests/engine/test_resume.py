@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from causalab.engine import cache as cache_module
-from causalab.engine import planner, walk
+from causalab.engine import planner, runner
 from causalab.pipeline import run_document
 
 pytestmark = pytest.mark.usefixtures("no_receipt")
@@ -50,12 +50,12 @@ def _resolved(family, tiny, request):
 def resumed(monkeypatch):
     """Counts traces that skipped a prefix."""
     seen = {"resumed": 0}
-    original = walk.run_trace
+    original = runner.run_trace
 
-    def counting(model, job):
+    def counting(model, job, live):
         seen["resumed"] += job.resume is not None
-        return original(model, job)
-    monkeypatch.setattr(walk, "run_trace", counting)
+        return original(model, job, live)
+    monkeypatch.setattr(runner, "run_trace", counting)
     return seen
 
 
@@ -312,8 +312,8 @@ def test_a_das_fit_runs_each_update_at_the_last_column_and_fits_what_the_full_fo
     fit.update(pairs=pairs, rows={"base": "weekdays_full/data", "counterfactual": "weekdays_full/data"})
     fit["optimizer"]["lr"] = 1e-2
     last = []
-    monkeypatch.setattr(walk, "run_trace", _counted(walk.run_trace, last,
-                                                    when=lambda model, job: job.tail))
+    monkeypatch.setattr(runner, "run_trace", _counted(runner.run_trace, last,
+                                                    when=lambda model, job, live: job.tail))
     got, want = _both(document, tmp_path, monkeypatch, str(REPO / "documents" / "data"),
                       batch_size)
     updates = -(-42 // pairs) * 2

@@ -1,22 +1,29 @@
-"""``explain --traces``: the traces a run opens, planned from config and tokenizer alone.
+"""``explain --traces``: the traces a run opens, listed by the run's own walk without weights.
 
-The oracle is the run itself: every job ``walk.run_trace`` is handed during
-``run_document``, recorded in order, must be the planned one (the tensors bound to a job are
-no part of its schedule), for every shipped corpus document and for the sweeps whose
-schedule is the subtlest (drawn counterfactuals, windows of rows, split fused runs, a fit in
-windows). ``explain --traces`` prints a schedule for every shipped document, weights never
-loaded.
+A run and ``explain --traces`` are one walk (``entry.walk_points``) through two runners:
+``runner.TraceRunner`` traces each job, ``dry_run.DryRunner`` records it. The oracle is the
+run itself: every job ``runner.run_trace`` is handed during ``run_document``, recorded in
+order, must equal the listed one in every field, for every corpus document and for the
+sweeps whose schedule is the subtlest (drawn counterfactuals, windows of rows, split fused
+runs, a fit in windows). Two things a run decides from numbers, and the tests say so where
+they meet them: a fit's early stop (turned off here, ``_without_early_stop``: the dry run
+lists every epoch) and which units ``verify`` patches (compared by count: the dry run patches
+the first ``2 N``). ``explain --traces`` prints a schedule for every shipped document, weights
+never loaded, and ``--json`` gives every job's fields.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from causalab.cli.main import main
-from causalab.engine import planner, traces, walk
+from causalab.engine import dry_run, planner, runner
+from causalab.engine.trace_jobs import TraceJob
 from causalab.pipeline import compile_only, run_document
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,20 +43,20 @@ def _planned(document: dict, data_root: str, batch_size=None) -> list:
 
     plan = compile_only(copy.deepcopy(document), data_root)
     model = plan.model or plan.children[0].model
-    found = traces.schedule(plan, load_config(model.path), load_tokenizer(model.path),
+    found = dry_run.schedule(plan, load_config(model.path), load_tokenizer(model.path),
                             batch_size=batch_size)
     return [planned.job for planned in found]
 
 
 def _opened(document: dict, data_root: str, out: Path, monkeypatch, batch_size=None) -> list:
     seen = []
-    original = walk.run_trace
+    original = runner.run_trace
 
-    def record(model, job):
+    def record(model, job, live):
         seen.append(job)
-        return original(model, job)
+        return original(model, job, live)
     with monkeypatch.context() as patch:
-        patch.setattr(walk, "run_trace", record)
+        patch.setattr(runner, "run_trace", record)
         run_document(copy.deepcopy(document), out=str(out), data_root=data_root,
                      batch_size=batch_size)
     return seen
@@ -65,6 +72,8 @@ def _without_early_stop(document: dict) -> dict:
 
 
 def _same(planned: list, opened: list) -> None:
+    """Equal in every field: no field of a job is left out of its comparison."""
+    assert all(field.compare for field in dataclasses.fields(TraceJob))
     assert opened, "the run opened no trace"
     assert len(planned) == len(opened)
     for index, (want, got) in enumerate(zip(planned, opened)):
@@ -167,7 +176,7 @@ def test_explain_traces_prints_the_schedule_of_every_shipped_document(path, tmp_
     # the fit's caveat only where the document fits; its words said once, below the count
     fits = '"kind": "fit"' in json.dumps(raw)
     assert first.endswith("a fit counted to its last epoch)") == fits and int(first.split()[0]) > 0
-    assert legend == list(traces.LEGEND)
+    assert legend == list(dry_run.LEGEND)
     assert "  1. " in out and " head " not in out
 
 
@@ -211,11 +220,11 @@ def test_explain_counts_an_attribute_steps_forwards_and_graddrops_backwards(tiny
         "graddrop": True}}
     plan = compile_only(copy.deepcopy(document), data_root)
     model = plan.model or plan.children[0].model
-    found = traces.schedule(plan, load_config(model.path), load_tokenizer(model.path),
+    found = dry_run.schedule(plan, load_config(model.path), load_tokenizer(model.path),
                             batch_size=2)
     # Two windows of rows (2, then 1), each a counterfactual and a base forward; each base
     # forward one backward and one per dropped layer of the 2.
-    assert traces.text(found, batch_size=2).splitlines()[-1] == (
+    assert dry_run.text(found, batch_size=2).splitlines()[-1] == (
         "<root>/attribute: cost 4 forwards, 6 backwards per metric (GradDrop: 2 layers dropped one "
         "at a time)")
     _same([p.job for p in found],
@@ -234,7 +243,7 @@ def test_explain_plans_verifys_fused_exact_patches_on_stand_in_units(tiny, kit, 
         "verify": 2}}
     plan = compile_only(copy.deepcopy(document), data_root)
     model = plan.model or plan.children[0].model
-    found = traces.schedule(plan, load_config(model.path), load_tokenizer(model.path))
+    found = dry_run.schedule(plan, load_config(model.path), load_tokenizer(model.path))
     opened = _opened(document, data_root, tmp_path / "out", monkeypatch)
     # 2 N = 4 units, each patched once: fused copies of the rows, on stand-ins when planned
     # (how the copies split over traces depends on the layers of the units chosen).
@@ -243,5 +252,68 @@ def test_explain_plans_verifys_fused_exact_patches_on_stand_in_units(tiny, kit, 
     assert {p.where for p in found if p.job.kind != "attribute"} == {
         "<root>/attribute verify (4 units chosen at run time)"}
     checks = sum(p.job.kind != "attribute" for p in found)
-    assert traces.text(found).splitlines()[-1] == (
+    assert dry_run.text(found).splitlines()[-1] == (
         f"<root>/attribute: cost 2 forwards, 1 backwards per metric; verify {checks} traces")
+
+
+def test_explain_traces_json_gives_every_field_of_every_job(capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    document = REPO / "documents" / "v2" / "das_apply.json"
+    status = main(["explain", "--traces", "--json", str(document), "--data-root", str(DATA)])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    traces = json.loads(out)["traces"]
+    fields = {field.name for field in dataclasses.fields(TraceJob)}
+    assert len(traces) == 3 and all(set(trace["job"]) == fields for trace in traces)
+    read = traces[1]["job"]
+    assert (read["kind"], read["head"], read["stop"], read["rows"]) == ("reads", "none", True,
+                                                                         [0, 1])
+    assert read["batch"] == {"role": "counterfactual", "rows": 2, "tokens": 8}
+    tap = read["taps"][0]
+    assert (tap["kind"], tap["whole"], tap["op"]["name"]) == ("read", True, "v_cf")
+    assert tap["op"]["address"]["component"] == "block_output"
+
+
+def test_a_fit_that_may_stop_early_opens_a_prefix_of_the_listed_traces(tmp_path, monkeypatch):
+    """Early stopping follows the eval's numbers: the dry run lists every epoch, and a run
+    that stops opens the traces listed up to its last eval, in that order."""
+    document = json.loads((REPO / "documents/v2/das.json").read_text())
+    document["steps"]["fit"]["early_stop"]["patience"] = 1
+    monkeypatch.chdir(REPO)
+    planned = _planned(document, str(DATA))
+    opened = _opened(document, str(DATA), tmp_path / "out", monkeypatch)
+    assert opened and len(opened) <= len(planned)
+    assert planned[:len(opened)] == opened
+
+
+def test_an_edges_step_makes_the_hooked_forwards_explain_lists(tiny, kit, tmp_path,
+                                                               monkeypatch):
+    """An edges step opens no nnsight trace; its plain torch forwards (``edges._forward``)
+    are listed as ``edges`` jobs, each on the rows and under the grad a run gives it."""
+    from causalab.engine.attribution import edges
+    from causalab.models import load_config, load_tokenizer
+
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(EQUAL_PAIRS))
+    document = kit.patching_document(tiny("tiny-llama"), component="attention_output")
+    document["steps"] = {"circuit": {
+        "kind": "attribute", "interventions": "patch", "metrics": ["logit_diff"],
+        "rows": {"base": "pairs", "counterfactual": "pairs"}, "edges": True, "steps": 2,
+        "circuit_k": [4]}}
+    plan = compile_only(copy.deepcopy(document), data_root)
+    model = plan.model or plan.children[0].model
+    found = dry_run.schedule(plan, load_config(model.path), load_tokenizer(model.path),
+                             batch_size=2)
+    listed = [(tuple(job.batch.input_ids[r] for r in job.rows), job.grad)
+              for job in (p.job for p in found) if job.kind == "edges"]
+    made = []
+    original = edges._forward
+
+    def record(model, batch, *args, **kwargs):
+        made.append((tuple(map(tuple, batch["input_ids"].tolist())), torch.is_grad_enabled()))
+        return original(model, batch, *args, **kwargs)
+    monkeypatch.setattr(edges, "_forward", record)
+    opened = _opened(document, data_root, tmp_path / "out", monkeypatch, batch_size=2)
+    # 3 rows in windows of 2: per window cf, base, 2 steps; then base, cf and 3 circuit sizes.
+    assert len(listed) == 2 * (2 + 2) + 2 * (2 + 3)
+    assert made == listed
+    assert [p.job for p in found if p.job.kind != "edges"] == opened

@@ -15,13 +15,16 @@ table's ``graddrop``, is ``(1/(L−1)) Σ_l |ĉ_l(u)|`` per row.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from causalab.compile.plan import Attribute
 from causalab.engine.trace_jobs import JobTap, SiteOp
 from causalab.engine.seam import Window
+
+if TYPE_CHECKING:  # annotations only
+    from nnterp import StandardizedTransformer
 
 QUERY = "attention_query"
 
@@ -55,7 +58,7 @@ def combined(per_layer: torch.Tensor) -> torch.Tensor:
     return per_layer.abs().sum(0) / max(layers - 1, 1)
 
 
-def scaling(model: Any, layer: int) -> float:
+def scaling(model: StandardizedTransformer, layer: int) -> float:
     """The attention's score scale at ``layer``, as the module applies it."""
     return float(model.attentions[layer]._module.scaling)
 

@@ -12,15 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from causalab.compile.plan import Attribute, MetricOp
 from causalab.engine import record
 from causalab.engine.attribution import edges
+from causalab.engine.trace_jobs import TraceJob
 from causalab.engine.metrics import score
 from causalab.errors import RunError
+
+if TYPE_CHECKING:  # annotations only
+    from nnterp import StandardizedTransformer
+
+    from causalab.engine.state import ModelFacts
 
 # Circuit sizes when the step names none, as fractions of the graph's edges.
 DEFAULT_FRACTIONS = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -57,7 +63,39 @@ def _tables(found: edges.Graph, mean: torch.Tensor) -> tuple[list, list]:
     return edge_rows, node_rows
 
 
-def run(node: Attribute, model: Any, directory: Path, batch_size: int | None) -> list[str]:
+def _chunks(node: Attribute, batch_size: int | None) -> list[tuple[int, ...]]:
+    """The step's rows in windows of ``batch_size`` (default ``WINDOW``)."""
+    rows = tuple(range(node.passes[0].rows))
+    size = batch_size or WINDOW
+    return [rows[i:i + size] for i in range(0, len(rows), size)]
+
+
+def _scored(node: Attribute) -> list[MetricOp]:
+    return [metric for metric in node.passes[0].metrics if metric.name in node.metrics]
+
+
+def forwards(node: Attribute, batch_size: int | None, facts: ModelFacts) -> list[TraceJob]:
+    """The hooked forwards ``run`` makes, in its order, as ``edges`` jobs (what ``explain
+    --traces`` lists): per metric, per window the counterfactual's, the base's and ``steps``
+    base forwards under grad (``edges.scores``); then per window the base's, the
+    counterfactual's and one patched base forward per circuit size (``edges.faithfulness``).
+    The graph is counted from the config's shape; a layout ``run`` refuses is refused there."""
+    ks = sizes(node, int(edges.graph_of(facts.layers, facts.heads).mask.sum()))
+    base, cf = (node.passes[0].inputs[role] for role in (node.base, node.counterfactual))
+    chunks = _chunks(node, batch_size)
+    found = []
+    for _ in _scored(node):
+        for rows in chunks:
+            found += [TraceJob("edges", cf, rows), TraceJob("edges", base, rows)]
+            found += [TraceJob("edges", base, rows, grad=True)] * node.steps
+        for rows in chunks:
+            found += [TraceJob("edges", base, rows), TraceJob("edges", cf, rows)]
+            found += [TraceJob("edges", base, rows)] * len(ks)
+    return found
+
+
+def run(node: Attribute, model: StandardizedTransformer, directory: Path,
+        batch_size: int | None) -> list[str]:
     """The step's edge and node tables and faithfulness curve, per metric, into its results;
     rows in windows of ``batch_size`` (scores summed, then the mean over eligible rows)."""
     torch_model = getattr(model, "_model", model)
@@ -67,15 +105,12 @@ def run(node: Attribute, model: Any, directory: Path, batch_size: int | None) ->
         raise RunError((node.name, "edges"), str(error)) from None
     device = next(torch_model.parameters()).device
     rows = tuple(range(node.passes[0].rows))
-    size = batch_size or WINDOW
-    chunks = [rows[i:i + size] for i in range(0, len(rows), size)]
+    chunks = _chunks(node, batch_size)
     batches = [(_batch(node, node.base, c, device), _batch(node, node.counterfactual, c, device))
                for c in chunks]
     ks = sizes(node, int(found.mask.sum()))
     written, report = [], {}
-    for metric in node.passes[0].metrics:
-        if metric.name not in node.metrics:
-            continue
+    for metric in _scored(node):
         windows = [(base, cf, _metric(metric, c)) for (base, cf), c in zip(batches, chunks)]
         total = sum(edges.scores(torch_model, *window, steps=node.steps).sum(0)
                     for window in windows)

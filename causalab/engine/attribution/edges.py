@@ -64,16 +64,22 @@ def _layout(model) -> tuple:
 def graph(model) -> Graph:
     """The model's senders, receivers and edges."""
     _, layers, _, heads, _ = _layout(model)
+    return graph_of(len(layers), heads)
+
+
+def graph_of(layers: int, heads: int) -> Graph:
+    """The graph of a Llama-like model of ``layers`` blocks of ``heads`` heads (its config's
+    shape alone: ``explain --traces`` counts the edges with no weights)."""
     senders, order = ["embeddings"], [(-1, 0)]
-    for l in range(len(layers)):
+    for l in range(layers):
         senders += [f"L{l}H{h}" for h in range(heads)] + [f"L{l}MLP"]
         order += [(l, 0)] * heads + [(l, 1)]
     receivers, places = [], []
-    for l in range(len(layers)):
+    for l in range(layers):
         receivers += [f"L{l}.attention", f"L{l}.mlp"]
         places += [(l, 0), (l, 1)]
     receivers.append("logits")
-    places.append((len(layers), 0))
+    places.append((layers, 0))
     mask = torch.tensor([[s < r for r in places] for s in order])
     return Graph(tuple(senders), tuple(receivers), mask)
 

@@ -24,11 +24,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from causalab.compile.plan import Address, Attribute, MetricOp
+from causalab.compile.plan import Address, Attribute, MetricOp, Pass
 from causalab.document.vocab import ATTRIBUTION_UNITS
 from causalab.engine import record
 from causalab.engine.attribution import atp_star
@@ -38,6 +38,9 @@ from causalab.engine.metrics import score
 from causalab.engine.seam import Window, gather
 from causalab.engine.state import PassContext, Windows
 from causalab.errors import RunError
+
+if TYPE_CHECKING:  # annotations only
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclasses.dataclass
@@ -68,10 +71,11 @@ def estimand(metric: MetricOp, node: Attribute) -> str:
     return f"{metric.estimand_version} {method}{'+qk' if node.patterns else ''}"
 
 
-def open_step(ctx: PassContext, node: Attribute) -> PassContext:
+def open_step(ctx: PassContext, node: Attribute,
+              tokenizer: PreTrainedTokenizerBase) -> PassContext:
     """The step's first pass, opened, carrying its ``Sums``; every label's windows resolved
-    (and refused, R1/R2) before any trace runs."""
-    windows = [ctx.windows] + [window_rules.resolve_pass(pass_, ctx.model.tokenizer, ctx.state)
+    with ``tokenizer`` (and refused, R1/R2) before any trace runs."""
+    windows = [ctx.windows] + [window_rules.resolve_pass(pass_, tokenizer, ctx.state)
                                for pass_ in node.passes[1:]]
     return dataclasses.replace(ctx, attributed=Sums(node, windows))
 
@@ -83,12 +87,10 @@ def interpolated(ctx: PassContext, step: int) -> torch.Tensor:
     return start + (step / sums.node.steps) * (end - start)
 
 
-def keep(stage: Stage, traced: list[Traced] | None, units: list[PassContext]) -> None:
+def keep(stage: Stage, traced: list[Traced], units: list[PassContext]) -> None:
     """One attribute trace kept: the counterfactual's site values, or a base forward's scores
     and gradients (summed over integrated gradients' steps); the window's effects once its
-    last forward has run. Nothing when only planned."""
-    if traced is None:
-        return
+    last forward has run."""
     sums, job, done = units[0].attributed, stage.jobs[0], traced[0]
     taps = list(zip(job.taps, done.values))
     embeddings = [value for tap, value in taps if tap.kind == "read" and tap.whole
@@ -193,7 +195,7 @@ def _units(value: torch.Tensor, address: Address, unit: str) -> torch.Tensor:
     return value
 
 
-def _label_effects(sums: Sums, pass_: Any, windows: Windows, chunk: tuple,
+def _label_effects(sums: Sums, pass_: Pass, windows: Windows, chunk: tuple,
                    grads: list) -> torch.Tensor:
     """``(rows, units)`` over every address of one position label, addresses side by side."""
     node = sums.node

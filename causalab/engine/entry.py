@@ -1,0 +1,197 @@
+"""The engine's one entry for a run: checks, the model loaded once, the receipt, every point walked.
+
+``run_document`` is what the pipeline calls; ``walk_points`` is the walk over a document's
+points (fused groups first, then each point's own walk) that a run and ``explain --traces``
+share, each through its runner (``causalab.engine.runner``). It never compiles, never parses
+flags and never tracks: the pipeline hands it a compiled plan, an ``Events`` listener and the
+claim that holds ``--out``.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+
+from causalab.compile.plan import Plan
+from causalab.document.vocab import DTYPES
+from causalab.engine import record
+from causalab.engine.cache import DocumentCache
+from causalab.engine.events import Events
+from causalab.engine.runner import Runner
+from causalab.files import DOCUMENT
+
+ENGINE = "StandardizedTransformer"  # what the engine loads a checkpoint as (run.json's engine)
+# The fidelity receipt's pass, as explain --traces names it.
+RECEIPT = "fidelity receipt (no write, against a plain transformers forward)"
+
+
+def points_of(plan: Plan) -> list[Plan]:
+    """The point plans of a compiled document: its children when swept, else the root."""
+    if plan.document is None and plan.children and all(isinstance(c, Plan) for c in plan.children):
+        return list(plan.children)
+    return [plan]
+
+
+def run_document(plan: Plan, raw: dict, *, out: str,
+                 hold: Callable[[str], contextlib.AbstractContextManager],
+                 batch_size: int | None = None, device_map: str = "cpu",
+                 events: Events | None = None, resume_mib: int | None = None,
+                 memory: str | None = None) -> list[str]:
+    """Run a compiled ``plan`` (of the document ``raw``) into ``out`` and return the written
+    paths in order: ``document.json``, ``run.json``, then every save. Its writes and
+    bundles are checked before ``hold(out)`` (the pipeline's claim) is taken; a run whose
+    every point was done before loads no model."""
+    from causalab.engine.bundle_files import check_plan_bundles
+    from causalab.engine.containment import check_plan
+
+    events = events or Events()
+    points = points_of(plan)
+    check_plan(plan, out)
+    check_plan_bundles(plan, resolver=events.resolve)
+    with hold(out):
+        events.run_start(raw, points)
+        verdicts = _leading_verdicts(events, points)
+        ref = plan.model or points[0].model
+        runner, cache = None, None
+        if any(verdicts.values()):  # else every point was done before: no model, no torch
+            runner, cache = _loaded(ref, device_map, memory, resume_mib)
+            events.receipt(receipt(runner, points[0], ref.dtype))
+        written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
+        saves, engine, dtype = [], ENGINE, DTYPES[ref.dtype]
+        if runner is not None:
+            saves = walk_points(runner, points, out=out, batch_size=batch_size,
+                                events=events, cache=cache, verdicts=verdicts)
+            engine, dtype = type(runner.model).__name__, _served(runner)
+        written.append(record.write_run_record(out, engine, batch_size, dtype))
+        written += saves
+        events.run_end(written)
+        return written
+
+
+def _loaded(ref, device_map: str, memory: str | None,
+            resume_mib: int | None) -> tuple[Runner, DocumentCache]:
+    """The model loaded within the memory budget (refused before any weight when its
+    weights alone exceed it), its runner, and the document cache sized to the budget."""
+    from causalab.engine.weights import budget_of, load_model, measure_budget
+    from causalab.engine.runner import TraceRunner
+
+    measured = measure_budget(ref, memory, device_map)
+    model = load_model(ref, device_map=device_map)
+    budget = budget_of(measured, model)
+    cache = DocumentCache(None if resume_mib is None else resume_mib * 2 ** 20, memory=budget)
+    return TraceRunner(model), cache
+
+
+def _served(runner: Runner) -> str:
+    from causalab.engine.weights import served_dtype
+
+    return served_dtype(runner.model)
+
+
+def receipt(runner: Runner, point: Plan, dtype: str) -> dict | None:
+    """The fidelity receipt (``causalab.engine.fidelity``): its no-op pass walked through
+    ``runner`` on a state of its own, then checked by it; None without an observed metric."""
+    from causalab.engine import fidelity
+    from causalab.engine.walk import pass_on
+
+    found = fidelity.receipt_pass(point, runner.config)
+    if found is None:
+        return None
+    with runner.at(RECEIPT):
+        result = pass_on(runner, found.pass_, None, rows=found.rows)
+    return runner.receipt(found, result, dtype)
+
+
+def walk_points(runner: Runner, points: list[Plan], *, out: str, batch_size: int | None,
+                events: Events, cache: DocumentCache,
+                verdicts: dict[int, bool] | None = None) -> list[str]:
+    """Every fused group of ``points`` walked through ``runner``: their saves; the first
+    error is raised once every point has run.
+
+    Points whose intervened forwards fuse (``causalab.engine.planner``) are started together,
+    computed together, then written and ended one by one; each point still sees
+    ``point_start``, its metrics and ``point_end`` in that order. A point that raises is
+    reported to ``point_end`` with its error and the other points still run. An interrupt
+    stops at once, ending every started point.
+    """
+    from causalab.engine.planner import alike_later, groups
+
+    saves: list[str] = []
+    failed: Exception | None = None
+    runs = groups(points, batch_size, cache)
+    for group, ahead in zip(runs, alike_later(runs)):
+        done, error = _run_group(group, runner, out=out, batch_size=batch_size,
+                                 events=events, cache=cache, ahead=ahead,
+                                 verdicts=verdicts or {})
+        saves += done
+        failed = failed or error
+    if failed is not None:
+        raise failed
+    return saves
+
+
+def _leading_verdicts(events: Events, points: list[Plan]) -> dict[int, bool]:
+    """``point_start`` of each point in order, up to the first that runs: a rerun whose
+    points are all done ends with these; otherwise the groups take the verdicts given."""
+    verdicts: dict[int, bool] = {}
+    for point in points:
+        verdicts[id(point)] = events.point_start(point) is not False
+        if verdicts[id(point)]:
+            break
+    return verdicts
+
+
+def _run_group(group: list[Plan], runner: Runner, *, out: str, batch_size: int | None,
+               events: Events, cache: DocumentCache, ahead: list[Plan],
+               verdicts: dict[int, bool]) -> tuple[list[str], Exception | None]:
+    """Start, compute and end one fused group of points: ``(their saves, first error)``.
+    ``ahead``: later points of the group's kind, whose shared values it computes too;
+    ``verdicts``: the points already asked whether they run (``point_start``)."""
+    from causalab.engine.walk import discard_prefetched, prefetch, walk_plan
+
+    started = [point for point in group
+               if (verdicts[id(point)] if id(point) in verdicts
+                   else events.point_start(point) is not False)]
+    try:
+        prefetch(started, runner, batch_size=batch_size, cache=cache, ahead=ahead)
+    except BaseException as error:
+        _abandon(events, started, error)
+        raise
+    saves: list[str] = []
+    failed: Exception | None = None
+    for index, point in enumerate(started):
+        try:
+            done = walk_plan(point, runner, out=out, batch_size=batch_size, events=events,
+                             cache=cache)
+        except Exception as error:
+            events.point_end(point, [], error)
+            _release(point)
+            failed = failed or error
+            continue
+        except BaseException as error:
+            _abandon(events, started[index:], error)
+            raise
+        finally:
+            discard_prefetched(point, cache)
+        events.point_end(point, [str(Path(p).relative_to(out)) for p in done], None)
+        _release(point)
+        saves += done
+    return saves, failed
+
+
+def _release(node: Plan) -> None:
+    """Drop an ended point's results (reads, tables, fitted weights): its files hold them
+    now, and a 270-point head sweep would otherwise keep every point's logits (24 MB each
+    on SmolLM2) to the end of the run."""
+    results = getattr(node, "results", None)
+    if results is not None:
+        results.clear()
+    for child in getattr(node, "children", ()):
+        _release(child)
+
+
+def _abandon(events: Events, points: list[Plan], error: BaseException) -> None:
+    """An interrupt: every started point that has not ended ends with it."""
+    for point in points:
+        events.point_end(point, [], error)
+
