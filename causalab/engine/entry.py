@@ -14,11 +14,15 @@ from pathlib import Path
 
 from causalab.compile.plan import Plan
 from causalab.document.vocab import DTYPES
+from typing import TYPE_CHECKING
+
 from causalab.engine import record
-from causalab.engine.cache import DocumentCache
 from causalab.engine.events import Events
-from causalab.engine.runner import Runner
 from causalab.files import DOCUMENT
+
+if TYPE_CHECKING:  # annotations only: a rerun of done points imports no torch
+    from causalab.engine.cache import DocumentCache
+    from causalab.engine.runner import Runner
 
 ENGINE = "StandardizedTransformer"  # what the engine loads a checkpoint as (run.json's engine)
 # The fidelity receipt's pass, as explain --traces names it.
@@ -72,8 +76,9 @@ def _loaded(ref, device_map: str, memory: str | None,
             resume_mib: int | None) -> tuple[Runner, DocumentCache]:
     """The model loaded within the memory budget (refused before any weight when its
     weights alone exceed it), its runner, and the document cache sized to the budget."""
-    from causalab.engine.weights import budget_of, load_model, measure_budget
+    from causalab.engine.cache import DocumentCache
     from causalab.engine.runner import TraceRunner
+    from causalab.engine.weights import budget_of, load_model, measure_budget
 
     measured = measure_budget(ref, memory, device_map)
     model = load_model(ref, device_map=device_map)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import causalab.compile
-from causalab.engine import fidelity
+from causalab.engine import entry, fidelity
+from causalab.engine.runner import TraceRunner
 from causalab.engine.weights import load_model
 from causalab.engine.walk import run_pass
 from causalab.errors import RunError
