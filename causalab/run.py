@@ -13,12 +13,13 @@ This module holds no experiment logic: the pipeline runs, tracking logs.
 """
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
 import types
 import warnings
-from contextlib import nullcontext
+from contextlib import nullcontext, redirect_stdout
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -137,6 +138,9 @@ def _run(config) -> None:
     out = options.out or HydraConfig.get().runtime.output_dir
     events = tracking_events(config, out, options)
     summary = Summary()
+    # A multirun job says everything in one write at its end: jobs a parallel launcher runs
+    # side by side never interleave their lines.
+    block = io.StringIO() if _multirun() else None
     with events if events is not None else nullcontext():
         written = run_document(document, out=out, batch_size=options.batch_size,
                                device_map=options.device_map, data_root=options.data_root,
@@ -144,8 +148,13 @@ def _run(config) -> None:
                                             SweepPictures(out)),
                                resume_mib=options.resume_mib, memory=options.memory)
         # The numbers are shown now; leaving the block waits for MLflow to store them.
-        _report(out, written, summary, _job_line(document))
-    _report_tracking(events)
+        with redirect_stdout(block) if block is not None else nullcontext():
+            _report(out, written, summary, _job_line(document))
+    with redirect_stdout(block) if block is not None else nullcontext():
+        _report_tracking(events)
+    if block is not None:
+        sys.stdout.write(block.getvalue())
+        sys.stdout.flush()
 
 
 class JobFailed(CompactHydraException):

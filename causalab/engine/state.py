@@ -24,13 +24,14 @@ if TYPE_CHECKING:  # annotations only: the types below import torch, nnterp, the
     from causalab.engine.seam import Written
 
 
-@dataclass(frozen=True)
+@dataclass
 class WalkState:
     """What a plan's walk carries: live featurizers and their specs, the outputs published
     so far, resolved windows per pass, the document cache, and where the walk is.
 
-    A nested plan walks with a copy (``dataclasses.replace``) holding its own outputs
-    namespace and windows; featurizers, specs and the cache are the same objects.
+    Mutable, and meant to be: featurizers, specs, published outputs and windows fill in as
+    the walk goes. A nested plan walks with a copy (``dataclasses.replace``) holding its own
+    outputs namespace and windows; featurizers, specs and the cache are the same objects.
     ``fill_prefixes`` (a fit) asks an intervened forward that can resume to keep its
     un-intervened prefix over every row first. ``where`` names the node being walked
     (``point/step``), as ``explain --traces`` says it.

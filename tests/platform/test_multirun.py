@@ -3,6 +3,7 @@ with one child per job, whichever launcher ran the jobs."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,15 @@ def test_a_joblib_multirun_of_three_jobs_is_one_parent_with_three_finished_child
         assert {"document.json", "run.json", "hydra_config.yaml", "iia.json"} <= names
         assert "logit_diff/patch" in child.data.metrics
     assert "mlflow ui" not in done.stdout and "see them" in done.stdout
+    # Two jobs ran side by side; each says its block in one piece: the job line, its table,
+    # its files, its store, in that order, never cut by the other job's lines.
+    blocks = re.split(r"^(?=job \d+: )", done.stdout, flags=re.M)[1:]
+    assert len(blocks) == 3
+    for block in blocks:
+        lines = block.splitlines()
+        files = [i for i, line in enumerate(lines) if re.match(r"causalab: \d+ files in ", line)]
+        stored = [i for i, line in enumerate(lines) if line.startswith("mlflow: ")]
+        assert len(files) == 1 and len(stored) == 1 and files[0] < stored[0], block
 
 
 @pytest.mark.slow
