@@ -25,6 +25,7 @@ from causalab.cli.main import main
 from causalab.engine import dry_run, planner, runner
 from causalab.engine.trace_jobs import TraceJob
 from causalab.pipeline import compile_only, run_document
+from day_pairs import EQUAL_PAIRS
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "documents" / "data"
@@ -180,14 +181,6 @@ def test_explain_traces_prints_the_schedule_of_every_shipped_document(path, tmp_
     assert "  1. " in out and " head " not in out
 
 
-# Prompts of one length (8 tokens on the tiny Llama): integrated gradients walks between them.
-EQUAL_PAIRS = [
-    ("If today is Monday, tomorrow is", "If today is Friday, tomorrow is", " Tuesday", " Saturday"),
-    ("If today is Friday, tomorrow is", "If today is Wednesday, tomorrow is", " Saturday",
-     " Thursday"),
-    ("If today is Wednesday, tomorrow is", "If today is Monday, tomorrow is", " Thursday",
-     " Tuesday"),
-]
 
 
 def test_an_attribute_step_in_windows_opens_the_traces_its_schedule_lists(tiny, kit, tmp_path,
