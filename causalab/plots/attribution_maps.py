@@ -11,10 +11,12 @@ Knows no engine: it reads plan results and runs.
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -176,11 +178,27 @@ def send_grids(listener: Any, run: Any, point: Any) -> None:
     if grids:
         listener.lane.send(lambda: run.sending(listener.call, log_grids, run.run_id, grids,
                                                title=run.title))
-    reports = verify_plots.reports_of(point)
-    if reports:
-        listener.lane.send(lambda: run.sending(listener.call, verify_plots.log_reports,
-                                               run.run_id, reports, title=run.title))
-    edges = edge_plots.reports_of(point)
-    if edges:
-        listener.lane.send(lambda: run.sending(listener.call, edge_plots.log_reports,
-                                               run.run_id, edges, title=run.title))
+    for module, name in ((verify_plots, "verify"), (edge_plots, "faithfulness")):
+        reports = module.reports_of(point)
+        if reports:
+            listener.lane.send(functools.partial(
+                run.sending, listener.call, log_step_pictures, run.run_id, reports, module.figure,
+                name, title=run.title))
+
+
+def log_step_pictures(mlflow, run_id: str, reports: Mapping[str, Any], draw, name: str, *,
+                      title: str) -> dict[str, int]:
+    """Each step's report drawn by ``draw`` as ``plots/<step>_<name>.png`` on its run (an edge
+    step's faithfulness areas beside it as metrics); returns what was sent."""
+    from causalab.tracking import artifacts
+
+    if name == "faithfulness":
+        now = int(time.time() * 1000)
+        store.log_batch(mlflow, run_id, metrics=[store.metric(key, value, 0, now) for key, value
+                                                 in edge_plots.areas(reports).items()])
+    sent: dict[str, int] = {}
+    for step, report in reports.items():
+        png = draw(report, title=title)
+        if png is not None:
+            sent.update(artifacts.log_bytes(mlflow, run_id, png, f"plots/{step}_{name}.png"))
+    return sent

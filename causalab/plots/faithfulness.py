@@ -8,7 +8,6 @@ area is logged as the metric ``<step>/<metric>/faithfulness_area``. Knows no eng
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Mapping
 
 from causalab.plots import curves as plots
@@ -45,18 +44,7 @@ def figure(reports: Mapping[str, dict], *, title: str = "") -> bytes:
     return plots.png(canvas)
 
 
-def log_reports(mlflow, run_id: str, reports: Mapping[str, Mapping[str, dict]], *,
-                title: str) -> dict[str, int]:
-    """Each edge step's plot and areas on its run; returns what was sent."""
-    from causalab.tracking import artifacts
-    from causalab.tracking import runs as store
-
-    sent: dict[str, int] = {}
-    now = int(time.time() * 1000)
-    areas = [store.metric(f"{step}/{metric}/faithfulness_area", report["curve"]["area"], 0, now)
-             for step, per_metric in reports.items() for metric, report in per_metric.items()]
-    store.log_batch(mlflow, run_id, metrics=areas)
-    for step, report in reports.items():
-        png = figure(report, title=title)
-        sent.update(artifacts.log_bytes(mlflow, run_id, png, f"plots/{step}_faithfulness.png"))
-    return sent
+def areas(reports: Mapping[str, Mapping[str, dict]]) -> dict[str, float]:
+    """``<step>/<metric>/faithfulness_area`` of each edge step's curve: one number a sweep compares."""
+    return {f"{step}/{metric}/faithfulness_area": report["curve"]["area"]
+            for step, per_metric in reports.items() for metric, report in per_metric.items()}

@@ -55,16 +55,3 @@ def figure(reports: Mapping[str, dict], *, title: str = "") -> bytes | None:
         axes.grid(alpha=0.3)
     canvas.suptitle(title or "verified units: attribution against exact patching")
     return plots.png(canvas)
-
-
-def log_reports(mlflow, run_id: str, reports: Mapping[str, Mapping[str, dict]], *,
-                title: str) -> dict[str, int]:
-    """Each verifying step's plot on its run; returns what was sent."""
-    from causalab.tracking import artifacts
-
-    sent: dict[str, int] = {}
-    for step, report in reports.items():
-        png = figure(report, title=title)
-        if png is not None:
-            sent.update(artifacts.log_bytes(mlflow, run_id, png, f"plots/{step}_verify.png"))
-    return sent
