@@ -314,10 +314,11 @@ def explain_traces(plan: Plan, memory_text: str | None = None) -> dict:
     """``causalab explain --traces``: the schedule of a compiled document, as text and data,
     sized to the memory budget ``memory_text`` (None: the default) with each trace's peak;
     ``jobs`` holds every job's fields (``job_fields``)."""
-    from causalab.models import load_config, load_tokenizer
+    from causalab.models import load_tokenizer
+    from causalab.models.readers import read_config
 
     model = plan.model or points_of(plan)[0].model
-    config = load_config(model.path)
+    config = read_config(model.path)  # from its files, as compile reads it: no transformers
     sized = planned_budget(model, config, memory_text)
     found = schedule(plan, config, load_tokenizer(model.path), budget=sized.budget)
     return {"text": text(found, memory=sized, fitted=_fits(plan)),
