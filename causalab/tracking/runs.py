@@ -10,11 +10,12 @@ file store is never used.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple
 from urllib.parse import urlparse
 
 from causalab.document.names import MAX_ENTITY_KEY_LENGTH, mlflow_key
@@ -42,15 +43,16 @@ OVERRIDES = "causalab.overrides"
 REUSED_FROM = "causalab.reused_from"
 JOB = "causalab.job"
 # A point claimed at its run's start: "waiting" until the run starts computing it, then
-# "started" (tracking/point_claims.py); a dead owner's waiting claim held nothing.
+# "started" (tracking/claims.py); a dead owner's waiting claim held nothing.
 CLAIM = "causalab.claim"
 # MLflow 3 opens an experiment on its GenAI pages unless this tag names a training-style kind.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
-# MLflow's limits (mlflow.utils.validation, checked against it in the tests), here so that a
-# run's main process names params and keys without importing MLflow (tracking/worker.py).
+# MLflow's limits (mlflow.utils.validation, checked against it in the tests), here so that
+# params and keys are named before MLflow is imported.
 MAX_PARAM_VAL_LENGTH = 6000
 MAX_TAG_VAL_LENGTH = 8000
 MAX_METRICS_PER_BATCH = 1000
+MAX_ENTITIES_PER_BATCH = 1000
 MAX_PARAMS_TAGS_PER_BATCH = 100
 
 
@@ -152,20 +154,63 @@ def code_version() -> str:
 
 def client(uri: str) -> MlflowClient:
     """A client of the store at ``uri``; MLflow opens the store here (and makes a new SQLite
-    store's tables, saying so unless ``CAUSALAB_QUIET=1``). Its calls carry MLflow's HTTP
-    deadlines (``reach.DEADLINES``) unless the process set its own."""
-    from mlflow import MlflowClient
+    store's tables under its lock, :func:`_first_use`, saying so unless ``CAUSALAB_QUIET=1``).
+    Its calls carry MLflow's HTTP deadlines (``reach.DEADLINES``) unless the process set its
+    own; what failed is said once, by the run, not by MLflow's loggers too."""
+    import logging
 
     from causalab.progress import mlflow_notes
 
     os.environ.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
+    # MLflow's tries are its own (reach.DEADLINES), and a database error it raises is the
+    # one said: its logged traceback (hundreds of lines on a full disk) is not.
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     database = sqlite_file(uri)
+    if database is None or uri in _OPENED:
+        return _client_of(uri, database)
+    with _first_use(database):
+        found = _client_of(uri, database)
+        with mlflow_notes():
+            found.search_experiments(max_results=1)  # the tables made or migrated now
+    _OPENED.add(uri)
+    return found
+
+
+# The SQLite stores this process has opened once, under their lock.
+_OPENED: set[str] = set()
+
+
+def _client_of(uri: str, database: Path | None) -> MlflowClient:
+    from mlflow import MlflowClient
+
+    from causalab.progress import mlflow_notes
+
     if database is not None and database.is_file():  # a store moved since: rebased first
         from causalab.tracking.moved import rebase
 
         rebase(database)
     with mlflow_notes():
         return MlflowClient(tracking_uri=uri)
+
+
+@contextlib.contextmanager
+def _first_use(database: Path) -> Iterator[None]:
+    """Hold ``<database>.lock`` while the store is first opened: MLflow makes a new SQLite
+    store's tables and runs its migrations then, and two processes doing so at once on one
+    file fail (``table _alembic_tmp_experiments already exists``)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on the platforms causalab runs on
+        yield
+        return
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.with_name(database.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def experiment_id(mlflow: MlflowClient, name: str, uri: str) -> str:
@@ -292,26 +337,31 @@ def descendants(mlflow: MlflowClient, experiment: str, parent: str) -> list:
 
 
 def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Point] = (),
-              params: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None):
-    """Log in as few requests as MLflow's batch limits allow: one, when everything fits."""
+              params: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
+              synchronous: bool = True) -> list:
+    """Log in as few requests as MLflow's batch limits allow: one, when everything fits.
+    ``synchronous=False``: MLflow's own asynchronous logging; the returned operations are
+    waited for (``.wait()``, which raises what failed) before the run may end."""
     from mlflow.entities import Metric, Param, RunTag
 
     metrics = [Metric(*point) for point in metrics]
     params_, tags_ = _param_values(params or {}), _tag_values(tags or {})
-    if len(metrics) <= MAX_METRICS_PER_BATCH and len(params_) + len(tags_) <= MAX_PARAMS_TAGS_PER_BATCH:
-        if metrics or params_ or tags_:
-            mlflow.log_batch(run_id, metrics=metrics,
-                             params=[Param(k, v) for k, v in params_.items()],
-                             tags=[RunTag(k, v) for k, v in tags_.items()])
-        return
-    for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-        mlflow.log_batch(run_id, metrics=metrics[start:start + MAX_METRICS_PER_BATCH])
-    items = [Param(k, v) for k, v in _param_values(params or {}).items()]
-    for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
-        mlflow.log_batch(run_id, params=items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
-    tag_items = [RunTag(k, v) for k, v in _tag_values(tags or {}).items()]
-    for start in range(0, len(tag_items), MAX_PARAMS_TAGS_PER_BATCH):
-        mlflow.log_batch(run_id, tags=tag_items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
+    if len(metrics) + len(params_) + len(tags_) <= MAX_ENTITIES_PER_BATCH \
+            and len(params_) + len(tags_) <= MAX_PARAMS_TAGS_PER_BATCH:
+        batches = [(metrics, [Param(k, v) for k, v in params_.items()],
+                    [RunTag(k, v) for k, v in tags_.items()])]
+    else:
+        batches = [(metrics[start:start + MAX_METRICS_PER_BATCH], [], [])
+                   for start in range(0, len(metrics), MAX_METRICS_PER_BATCH)]
+        items = [Param(k, v) for k, v in params_.items()]
+        batches += [([], items[start:start + MAX_PARAMS_TAGS_PER_BATCH], [])
+                    for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH)]
+        items = [RunTag(k, v) for k, v in tags_.items()]
+        batches += [([], [], items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
+                    for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH)]
+    sent = [mlflow.log_batch(run_id, metrics=m, params=p, tags=t, synchronous=synchronous)
+            for m, p, t in batches if m or p or t]
+    return [operation for operation in sent if operation is not None]
 
 
 def metric(key: str, value: float, step: int, timestamp: int) -> Point:
