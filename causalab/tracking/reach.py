@@ -8,6 +8,8 @@ in seconds with the URI named. A SQLite store is local: a run (``writes``) check
 file can be made where it says (else SQLAlchemy retries for minutes), without making it;
 MLflow's retired file store (``file:``) is refused.
 
+:func:`client` opens a store; a SQLite store's first use (MLflow makes its tables and runs
+its migrations) holds a lock file beside it, so runs started at once never race there.
 After the start, every MLflow call carries MLflow's own HTTP deadline settings
 (:data:`DEADLINES`, set where the client is made unless the user set them): a server that
 dies or stops answering fails a call in under a minute, and :func:`answered` says so as
@@ -15,15 +17,19 @@ dies or stops answering fails a call in under a minute, and :func:`answered` say
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import time
 from pathlib import Path as FilePath
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from causalab import files
 from causalab.errors import Path, TrackingError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 TRIES = 3
 TIMEOUT_S = 2.0
@@ -109,11 +115,71 @@ def _writable_database(uri: str, at: Path) -> None:
         raise TrackingError(at, f"{uri}: {why}")
 
 
+def client(uri: str) -> "MlflowClient":
+    """A client of the store at ``uri``; MLflow opens the store here (and makes a new SQLite
+    store's tables under its lock, :func:`_first_use`, saying so unless ``CAUSALAB_QUIET=1``).
+    Its calls carry MLflow's HTTP deadlines (``reach.DEADLINES``) unless the process set its
+    own; what failed is said once, by the run, not by MLflow's loggers too."""
+    import logging
+
+    from causalab.progress import mlflow_notes
+
+    os.environ.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
+    # MLflow's tries are its own (reach.DEADLINES), and a database error it raises is the
+    # one said: its logged traceback (hundreds of lines on a full disk) is not.
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+    database = sqlite_file(uri)
+    if database is None or uri in _OPENED:
+        return _client_of(uri, database)
+    with _first_use(database):
+        found = _client_of(uri, database)
+        with mlflow_notes():
+            found.search_experiments(max_results=1)  # the tables made or migrated now
+    _OPENED.add(uri)
+    return found
+
+
+# The SQLite stores this process has opened once, under their lock.
+_OPENED: set[str] = set()
+
+
+def _client_of(uri: str, database: FilePath | None) -> "MlflowClient":
+    from mlflow import MlflowClient
+
+    from causalab.progress import mlflow_notes
+
+    if database is not None and database.is_file():  # a store moved since: rebased first
+        from causalab.tracking.moved import rebase
+
+        rebase(database)
+    with mlflow_notes():
+        return MlflowClient(tracking_uri=uri)
+
+
+@contextlib.contextmanager
+def _first_use(database: FilePath) -> Iterator[None]:
+    """Hold ``<database>.lock`` while the store is first opened: MLflow makes a new SQLite
+    store's tables and runs its migrations then, and two processes doing so at once on one
+    file fail (``table _alembic_tmp_experiments already exists``)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on the platforms causalab runs on
+        yield
+        return
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.with_name(database.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def answered(uri: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``function(client of uri, *args, **kwargs)``, what failed said as :func:`translated`
     says it."""
     from causalab.errors import CausalabError
-    from causalab.tracking.runs import client
 
     try:
         return function(client(uri), *args, **kwargs)

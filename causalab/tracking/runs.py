@@ -3,25 +3,25 @@
 Every call goes through an ``MlflowClient`` built for one explicit URI and takes explicit
 run ids; nothing here touches MLflow's fluent, process-global active-run stack or sets
 environment variables (they would leak into child processes) but MLflow's HTTP deadlines
-(``reach.DEADLINES``), which every process talking to a store should have. URI order
+(``reach.DEADLINES``), which every process talking to a store should have. A client is
+made by :func:`causalab.tracking.reach.client`. URI order
 (docs/platform.md §5): ``MLFLOW_TRACKING_URI``, then the configured URI, then a SQLite database
 ``mlflow.db`` with artifacts in ``mlartifacts/`` under the working directory; the ``./mlruns``
 file store is never used.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 from urllib.parse import urlparse
 
 from causalab.document.names import MAX_ENTITY_KEY_LENGTH, mlflow_key
 from causalab.errors import TrackingError
 from causalab.tracking.moved import ROOT_TAG
-from causalab.tracking.reach import DEADLINES, sqlite_file
+from causalab.tracking.reach import client, sqlite_file
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -150,67 +150,6 @@ def code_version() -> str:
     for path in sorted(package.rglob("*.py")):
         sha.update(path.read_bytes())
     return f"{version}+{sha.hexdigest()[:12]}"
-
-
-def client(uri: str) -> MlflowClient:
-    """A client of the store at ``uri``; MLflow opens the store here (and makes a new SQLite
-    store's tables under its lock, :func:`_first_use`, saying so unless ``CAUSALAB_QUIET=1``).
-    Its calls carry MLflow's HTTP deadlines (``reach.DEADLINES``) unless the process set its
-    own; what failed is said once, by the run, not by MLflow's loggers too."""
-    import logging
-
-    from causalab.progress import mlflow_notes
-
-    os.environ.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
-    # MLflow's tries are its own (reach.DEADLINES), and a database error it raises is the
-    # one said: its logged traceback (hundreds of lines on a full disk) is not.
-    logging.getLogger("urllib3").setLevel(logging.ERROR)
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
-    database = sqlite_file(uri)
-    if database is None or uri in _OPENED:
-        return _client_of(uri, database)
-    with _first_use(database):
-        found = _client_of(uri, database)
-        with mlflow_notes():
-            found.search_experiments(max_results=1)  # the tables made or migrated now
-    _OPENED.add(uri)
-    return found
-
-
-# The SQLite stores this process has opened once, under their lock.
-_OPENED: set[str] = set()
-
-
-def _client_of(uri: str, database: Path | None) -> MlflowClient:
-    from mlflow import MlflowClient
-
-    from causalab.progress import mlflow_notes
-
-    if database is not None and database.is_file():  # a store moved since: rebased first
-        from causalab.tracking.moved import rebase
-
-        rebase(database)
-    with mlflow_notes():
-        return MlflowClient(tracking_uri=uri)
-
-
-@contextlib.contextmanager
-def _first_use(database: Path) -> Iterator[None]:
-    """Hold ``<database>.lock`` while the store is first opened: MLflow makes a new SQLite
-    store's tables and runs its migrations then, and two processes doing so at once on one
-    file fail (``table _alembic_tmp_experiments already exists``)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not on the platforms causalab runs on
-        yield
-        return
-    database.parent.mkdir(parents=True, exist_ok=True)
-    with open(database.with_name(database.name + ".lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def experiment_id(mlflow: MlflowClient, name: str, uri: str) -> str:
