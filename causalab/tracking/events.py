@@ -42,9 +42,10 @@ from causalab.tracking.points import PointRun
 from causalab.tracking.reach import StoreRefused, reach, source_of, translated
 from causalab.tracking.writes import StoreWrites
 
-# After an interrupt the run waits for its KILLED ends only this long: a store that stopped
-# answering would hold it for MLflow's deadlines (a later run ends what it left open).
-STALL_S = 5.0
+# After an interrupt the run waits for its KILLED ends only while a call ends at least this
+# often: a store that stopped answering would hold it for MLflow's deadlines (a later run
+# ends what it left open).
+STALL_S = 1.5
 
 
 class Calls:
@@ -142,9 +143,7 @@ class TrackingEvents(StoreWrites, Events):
         try:
             if self._client is None:
                 self._client = store.client(self.uri)
-            found = function(self._client, *args, **kwargs)
-            self._answered = time.monotonic()
-            return found
+            return function(self._client, *args, **kwargs)
         except CausalabError:
             raise
         except Exception as error:
@@ -156,6 +155,8 @@ class TrackingEvents(StoreWrites, Events):
             self._unanswered = TrackingError(source_of(self.uri_option), (
                 f"{found.message}; the run's files are in {self.out}, and a rerun stores "
                 "the points this one could not"))
+        finally:
+            self._answered = time.monotonic()
         self._check()
 
     def _check(self) -> None:

@@ -125,10 +125,12 @@ def client(uri: str) -> "MlflowClient":
     from causalab.progress import mlflow_notes
 
     os.environ.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
-    # MLflow's tries are its own (reach.DEADLINES), and a database error it raises is the
-    # one said: its logged traceback (hundreds of lines on a full disk) is not.
+    # MLflow's tries are its own (reach.DEADLINES), and an error it raises (a database's, an
+    # asynchronous write's) is the one said: its logged copy (a full disk's traceback was
+    # hundreds of lines) is not.
     logging.getLogger("urllib3").setLevel(logging.ERROR)
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+    for name in ("mlflow.store.db.utils", "mlflow.utils.async_logging.async_logging_queue"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     database = sqlite_file(uri)
     if database is None or uri in _OPENED:
         return _client_of(uri, database)
@@ -167,8 +169,13 @@ def _first_use(database: FilePath) -> Iterator[None]:
     except ImportError:  # pragma: no cover - not on the platforms causalab runs on
         yield
         return
-    database.parent.mkdir(parents=True, exist_ok=True)
-    with open(database.with_name(database.name + ".lock"), "a") as handle:
+    try:
+        database.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(database.with_name(database.name + ".lock"), "a")
+    except OSError:  # a folder that takes no file: MLflow refuses the store in its own words
+        yield
+        return
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
