@@ -18,6 +18,7 @@ light; psycopg2 is imported only to create the database.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -163,20 +164,15 @@ def _start_postgres(root: Path, binaries: Path, account, port: int, timeout: flo
             [str(binaries / "pg_ctl"), "start", "-D", str(data), "-w", "-t",
              str(max(1, int(timeout))), "-o", options], stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, cwd=str(data), **_as(account))
-    pid = _postmaster(data)
+    try:  # the first line of postmaster.pid
+        pid = int((data / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        pid = None
     if done.returncode != 0 or pid is None:
         tail = (root / "postgres.log").read_text(errors="replace").strip().splitlines()[-3:]
         raise TrackingError(("server", "postgres"), "PostgreSQL did not start: "
                             + " | ".join(tail))
     return pid
-
-
-def _postmaster(data: Path) -> int | None:
-    """The running postmaster's pid, from the first line of ``postmaster.pid``."""
-    try:
-        return int((data / "postmaster.pid").read_text().split("\n", 1)[0])
-    except (OSError, ValueError):
-        return None
 
 
 def _ensure_database(port: int, password: str) -> None:
@@ -312,23 +308,16 @@ def stop_group(group: int, first: int, grace: float, leader_only: bool = False) 
     ``grace`` seconds if any of it is left."""
     if not group_alive(group):
         return
-    try:
-        if leader_only:
-            os.kill(group, first)
-        else:
-            os.killpg(group, first)
-    except ProcessLookupError:
-        return
+    with contextlib.suppress(ProcessLookupError):
+        (os.kill if leader_only else os.killpg)(group, first)
     deadline = time.monotonic() + grace
     while group_alive(group) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if group_alive(group):
-        try:
+    with contextlib.suppress(ProcessLookupError):
+        if group_alive(group):
             os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        while group_alive(group):
-            time.sleep(0.1)
+    while group_alive(group):
+        time.sleep(0.1)
 
 
 def stop(root: str | Path = DEFAULT_ROOT) -> Stack:

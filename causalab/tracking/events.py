@@ -39,7 +39,7 @@ from causalab.tracking import stored
 from causalab.tracking import points as facts
 from causalab.tracking import runs as store
 from causalab.tracking.points import PointRun
-from causalab.tracking.reach import StoreRefused, reach, source_of, translated
+from causalab.tracking.reach import StoreRefused, reach, said_once, source_of, translated
 from causalab.tracking.writes import StoreWrites
 
 # After an interrupt the run waits for its KILLED ends only while a call ends at least this
@@ -49,11 +49,8 @@ STALL_S = 1.5
 
 
 class Calls:
-    """A run's MLflow calls, run as they are sent; the first failure is kept for ``wait``.
-
-    A call that fails does not stop the ones after it: a run's end still reaches the store.
-    An interrupt is not kept: it stops the run where it is.
-    """
+    """A run's MLflow calls, run as they are sent; the first failure is kept for ``wait``
+    (the calls after it still run: a run's end still reaches the store)."""
 
     def __init__(self) -> None:
         self.failed: list[Exception] = []
@@ -142,6 +139,7 @@ class TrackingEvents(StoreWrites, Events):
         self._check()
         try:
             if self._client is None:
+                said_once()
                 self._client = store.client(self.uri)
             return function(self._client, *args, **kwargs)
         except CausalabError:

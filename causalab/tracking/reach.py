@@ -119,18 +119,10 @@ def client(uri: str) -> "MlflowClient":
     """A client of the store at ``uri``; MLflow opens the store here (and makes a new SQLite
     store's tables under its lock, :func:`_first_use`, saying so unless ``CAUSALAB_QUIET=1``).
     Its calls carry MLflow's HTTP deadlines (``reach.DEADLINES``) unless the process set its
-    own; what failed is said once, by the run, not by MLflow's loggers too."""
-    import logging
-
+    own."""
     from causalab.progress import mlflow_notes
 
     os.environ.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
-    # MLflow's tries are its own (reach.DEADLINES), and an error it raises (a database's, an
-    # asynchronous write's) is the one said: its logged copy (a full disk's traceback was
-    # hundreds of lines) is not.
-    logging.getLogger("urllib3").setLevel(logging.ERROR)
-    for name in ("mlflow.store.db.utils", "mlflow.utils.async_logging.async_logging_queue"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
     database = sqlite_file(uri)
     if database is None or uri in _OPENED:
         return _client_of(uri, database)
@@ -181,6 +173,17 @@ def _first_use(database: FilePath) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def said_once() -> None:
+    """A run's store errors are said once, by the run: MLflow's tries are its own
+    (:data:`DEADLINES`), and the logged copy of an error it raises (a database's, an
+    asynchronous write's; a full disk's traceback was hundreds of lines) is left out."""
+    import logging
+
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    for name in ("mlflow.store.db.utils", "mlflow.utils.async_logging.async_logging_queue"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def answered(uri: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
