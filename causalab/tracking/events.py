@@ -7,9 +7,9 @@ A point whose digest already has a FINISHED run in the experiment is skipped (re
 shows every point it asked for. Every MLflow call runs in the run's own process, through one
 ``MlflowClient`` (:meth:`TrackingEvents.call`): the run's side (events in, numbers buffered
 per point in :class:`~causalab.tracking.points.PointRun`) is here, the calls themselves in
-:mod:`causalab.tracking.writes`. A point's numbers go with MLflow's asynchronous logging
-and are waited for once, when the point ends, before its files are read back and it is
-marked FINISHED (:mod:`causalab.tracking.stored`). A point that raises ends FAILED with the
+:mod:`causalab.tracking.writes`. When a point ends its files go, then its numbers in
+one ``log_batch``; all are read back before it is marked FINISHED
+(:mod:`causalab.tracking.stored`). A point that raises ends FAILED with the
 error as the ``causalab.error`` tag; an interrupt ends it KILLED, after what it wrote is
 uploaded. Never touches MLflow's fluent active-run stack.
 

@@ -1,8 +1,7 @@
 """What a tracked point buffers in the run's process, and the facts read off a point for it.
 
 A :class:`PointRun` holds one point's run id (once its run is created) and every number the
-point produced, as plain data, until it is sent with one asynchronous ``log_batch``, waited
-for (:func:`settle`) before the run's read-back. The
+point produced, as plain data, until it is sent with one ``log_batch`` when the point ends. The
 functions below read a lowered point (its document, directory, coordinates) and a run's
 ``--out`` folder. Plain data only: nothing here imports MLflow or talks to a store.
 """
@@ -44,8 +43,6 @@ class PointRun:
     sent: dict[str, int] = field(default_factory=dict)
     keys: set[str] = field(default_factory=set)
     lost: str | None = None
-    # MLflow's operations for the numbers sent asynchronously, not yet waited for.
-    pending: list = field(default_factory=list)
 
     def score(self, step: str, name: str, mean: float | None, eligible: int) -> None:
         """A step's metric mean (NaN when there is none) and its eligible row count, at the
@@ -105,21 +102,10 @@ class PointRun:
 
         text = stored.record(self.sent, self.keys) if self.whole and self.lost is None else None
         if (self.metrics or self.params or text) and self.run_id is not None:
-            self.pending += call(store.log_batch, self.run_id,
-                                 metrics=naming.log_order(self.metrics), params=self.params,
-                                 tags={stored.STORED: text} if text else None,
-                                 synchronous=False)
+            call(store.log_batch, self.run_id, metrics=naming.log_order(self.metrics),
+                 params=self.params, tags={stored.STORED: text} if text else None)
             self.metrics, self.params = [], {}
             self.recorded = text
-
-
-def settle(_client: Any, pending: list) -> dict:
-    """Wait for MLflow's asynchronous operations ``pending`` (a point's numbers); raises what
-    failed. Nothing was sent by it, so nothing for the read-back."""
-    for operation in pending:
-        operation.wait()
-    pending.clear()
-    return {}
 
 
 def shared_params(points: list[Any], job: Mapping[str, str]) -> dict[str, str]:

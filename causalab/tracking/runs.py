@@ -276,11 +276,13 @@ def descendants(mlflow: MlflowClient, experiment: str, parent: str) -> list:
 
 
 def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Point] = (),
-              params: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None,
-              synchronous: bool = True) -> list:
+              params: Mapping[str, str] | None = None,
+              tags: Mapping[str, str] | None = None) -> None:
     """Log in as few requests as MLflow's batch limits allow: one, when everything fits.
-    ``synchronous=False``: MLflow's own asynchronous logging; the returned operations are
-    waited for (``.wait()``, which raises what failed) before the run may end."""
+
+    Synchronous: MLflow 3.17's ``set_terminated`` shuts its asynchronous queue down and joins
+    the queue's thread (up to a second), so a point's run logged asynchronously and then
+    ended cost about 0.75 s more (``scripts/bench/tracking.py``)."""
     from mlflow.entities import Metric, Param, RunTag
 
     metrics = [Metric(*point) for point in metrics]
@@ -298,9 +300,9 @@ def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Point] = (
         items = [RunTag(k, v) for k, v in tags_.items()]
         batches += [([], [], items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
                     for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH)]
-    sent = [mlflow.log_batch(run_id, metrics=m, params=p, tags=t, synchronous=synchronous)
-            for m, p, t in batches if m or p or t]
-    return [operation for operation in sent if operation is not None]
+    for numbers, words, labels in batches:
+        if numbers or words or labels:
+            mlflow.log_batch(run_id, metrics=numbers, params=words, tags=labels)
 
 
 def metric(key: str, value: float, step: int, timestamp: int) -> Point:

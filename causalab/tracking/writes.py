@@ -16,7 +16,6 @@ from causalab.errors import TrackingError
 from causalab.files import DOCUMENT, HYDRA_CONFIG
 from causalab.tracking import artifacts, landing, links, owners, stored
 from causalab.tracking import runs as store
-from causalab.tracking import points as facts
 from causalab.tracking.points import PointRun
 from causalab.tracking.reach import source_of
 
@@ -132,7 +131,6 @@ class StoreWrites:
         (:func:`causalab.tracking.stored.finish`), else FAILED with what is missing."""
         if run.run_id is None:
             return
-        run.sending(self.call, facts.settle, run.pending)  # the point's one flush
         if error is None and run.lost is None:
             why = self.call(stored.finish, run.run_id, run.sent, sorted(run.keys),
                             run.recorded)
