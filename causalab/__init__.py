@@ -39,7 +39,7 @@ _PUBLIC = {
     "TrackingEvents": "causalab.tracking",
     "fetch": "causalab.tracking",
     "list_runs": "causalab.tracking",
-    "render": "causalab.rendering",
+    "render": "causalab.hydra.rendering",
     "CausalabError": "causalab.errors",
     "DocumentError": "causalab.errors",
     "CompileError": "causalab.errors",

@@ -53,7 +53,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     holds ``out`` from before the model loads to its end (``causalab.tracking.claims``): a second run
     into the same folder meanwhile is refused.
     """
-    from causalab.engine.bundles import check_plan_bundles
+    from causalab.engine.bundle_files import check_plan_bundles
     from causalab.engine.containment import check_plan
     from causalab.engine.events import Events
     from causalab.errors import UsageError
@@ -96,7 +96,7 @@ def _run_claimed(raw: dict, plan, points: list, *, out: str, batch_size: int | N
     verdicts = _leading_verdicts(events, points)
     model, budget = None, None
     if any(verdicts.values()):  # else every point was done before: no model, no torch
-        from causalab.engine.load import budget_of, load_model, measure_budget
+        from causalab.engine.weights import budget_of, load_model, measure_budget
 
         from causalab.engine.fidelity import receipt
 
@@ -137,7 +137,7 @@ def _run_points(model, points: list, verdicts: dict[int, bool], *, out: str, eve
     error is raised once every point has run. ``budget``: the memory budget
     (``engine.budget.Budget``) the planner sizes windows to."""
     from causalab.engine.cache import DocumentCache
-    from causalab.engine.load import served_dtype
+    from causalab.engine.weights import served_dtype
     from causalab.engine.planner import alike_later, groups
 
     saves: list[str] = []

@@ -4,11 +4,11 @@
     python -m causalab.run -m experiment=layer_sweep model=llama,gpt2
     python -m causalab.run -m hydra/launcher=joblib experiment=patching site.layer=0,1
 
-The document is what ``causalab.rendering.render`` makes of the composed config; ``run`` and
+The document is what ``causalab.hydra.rendering.render`` makes of the composed config; ``run`` and
 ``tracking`` are the run's options (:mod:`causalab.options`, validated once, a null taking the
 option's default) and never enter it. Files go to ``run.out`` or, when that is null, to the
 job's Hydra output directory. In a multirun, the jobs' runs nest under the
-parent run that ``causalab.tracking.callbacks.MultirunParent`` opened in the launching process.
+parent run that ``causalab.hydra.callbacks.MultirunParent`` opened in the launching process.
 This module holds no experiment logic: the pipeline runs, tracking logs.
 """
 from __future__ import annotations
@@ -27,19 +27,19 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 
-from causalab.cli import process_settings
+from causalab.cli.main import process_settings
 from causalab.errors import CausalabError, fault_line
 from causalab.interrupts import INTERRUPTED, exit_status, interrupts, leave, one_line
 from causalab.options import RunOptions, check_device, run_options
-from causalab.rendering import CONF, document_of
+from causalab.hydra.rendering import CONF, document_of
 
 _GROUPS = ("experiment", "model", "site", "data")
 
 
 def _job() -> tuple[str | None, dict[str, str], dict | None]:
     """(run name, params, multirun parent) of the current Hydra job."""
-    from causalab.tracking.callbacks import multirun_parent, overrides_of
-    from causalab.tracking.jobs import parent_of_job
+    from causalab.hydra.callbacks import multirun_parent, overrides_of
+    from causalab.hydra.jobs import parent_of_job
 
     hydra_config = HydraConfig.get()
     choices = {g: str(hydra_config.runtime.choices[g]) for g in _GROUPS
@@ -129,7 +129,7 @@ def _run(config) -> None:
     from causalab.engine.events import Chain
     from causalab.pipeline import run_document
     from causalab.progress import PointProgress, Summary
-    from causalab.tracking.plot_files import SweepPictures
+    from causalab.plots.sweep_files import SweepPictures
 
     document = document_of(config)
     options = run_options_of(config)
@@ -216,7 +216,7 @@ sys.modules[__name__].__class__ = _CallableModule
 
 def _leave_interrupted(status: int) -> None:
     """End a multirun parent this process opened KILLED, then leave at once (``leave``)."""
-    opened = sys.modules.get("causalab.tracking.callbacks")
+    opened = sys.modules.get("causalab.hydra.callbacks")
     if opened is not None:
         opened.end_open_parents("KILLED", f"interrupted ({signal.Signals(status - 128).name})")
     leave(status)

@@ -32,7 +32,7 @@ RECIPES = {
 
 def make(family: str, name: str) -> Path:
     """Run one recipe on ``model=<family>`` and keep the bundle it saves."""
-    from causalab.rendering import render
+    from causalab.hydra.rendering import render
     from make_artifacts import keep_save
 
     overrides, saved = RECIPES[name]

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from causalab.models import BUILTINS  # noqa: E402
 from causalab.models.build import build_model, write_directory  # noqa: E402
-from causalab.models.digest import directory_digest  # noqa: E402
+from causalab.models.revision import directory_digest  # noqa: E402
 from causalab.models.resolve import WEIGHTS  # noqa: E402
 from causalab.models.weekday import held_out_rows, one_step_rows, train_rows  # noqa: E402
 

@@ -23,10 +23,10 @@ FORBIDDEN = {
                  "causalab.tracking"},
     "compile": {"nnsight", "nnterp", "mlflow", "hydra", "omegaconf", "causalab.engine",
                 "causalab.tracking"},
-    "engine": {"mlflow", "hydra", "omegaconf", "causalab.cli", "causalab.tracking",
-               "causalab.rendering", "causalab.run"},
+    "engine": {"mlflow", "hydra", "omegaconf", "causalab.cli.main", "causalab.tracking",
+               "causalab.hydra.rendering", "causalab.run"},
     "models": {"mlflow", "hydra", "nnsight", "causalab.engine", "causalab.tracking",
-               "causalab.cli"},
+               "causalab.cli.main"},
 }
 MAX_LINES = 400
 MAX_FUNCTION_LINES = 60

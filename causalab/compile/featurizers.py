@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from causalab.compile.bundles import Resolver, check_bundle, is_uri, read_stamp, resolve_bundle
+from causalab.compile.bundles.checks import Resolver, check_bundle, is_uri, read_stamp, resolve_bundle
 from causalab.compile.plan import Address, FeaturizerSpec, Featurizers, ModelRef
 from causalab.document.interventions import Intervention
 from causalab.document.references import step_source

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 from causalab import files
-from causalab.compile.bundles import is_uri
+from causalab.compile.bundles.checks import is_uri
 
 DIGEST_CHARS = 16  # of the SHA-256: 64 bits tell an edit apart, and keep the run's tag short
 

@@ -139,7 +139,7 @@ class Attribute(Node):
     the straight path between the two prompts' embeddings, EAP-IG style). ``qk_fix`` and
     ``graddrop`` are AtP*'s corrections; ``verify: N`` patches 2 N units exactly in the step.
     ``edges: true`` scores every edge between components instead (EAP-IG,
-    ``causalab.engine.edges``) and the faithfulness of the top-``circuit_k`` circuits.
+    ``causalab.engine.attribution.edges``) and the faithfulness of the top-``circuit_k`` circuits.
     """
 
     kind: Literal["attribute"]

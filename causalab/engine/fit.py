@@ -21,7 +21,7 @@ from causalab.errors import RunError
 
 if TYPE_CHECKING:  # the types only annotate; importing them pulls in the compiler
     from causalab.compile.plan import Fit
-    from causalab.engine.passes import PassResult
+    from causalab.engine.assembly import PassResult
     from causalab.engine.state import WalkState
 
 MASK_SUFFIX = ".mask"

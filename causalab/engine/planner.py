@@ -18,10 +18,11 @@ from typing import Any, Iterator
 
 from causalab.compile.plan import Attribute, Forward, Observe, Plan, PromptBatch
 from causalab.document import vocab
-from causalab.engine import atp_star, forwards, generate, tail
+from causalab.engine import forwards, generate, tail
+from causalab.engine.attribution import atp_star
 from causalab.engine.cache import DocumentCache, Prefix
 from causalab.engine.forwards import batch_key, read_key, tap_ops
-from causalab.engine.jobs import JobTap, NextPrefix, SiteOp, Stage, TraceJob, Wanted
+from causalab.engine.trace_jobs import JobTap, NextPrefix, SiteOp, Stage, TraceJob, Wanted
 from causalab.engine.resume import (ahead_of, by_entry, deepest, entries_of, need_order,
                                     needs_of, resume_point)
 from causalab.engine.sites import HEAD_ROWS

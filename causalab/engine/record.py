@@ -118,7 +118,7 @@ def write_safetensors(path: str | Path, tensors: dict[str, Any],
                       root: str | Path | None = None) -> str:
     """Named tensors (already on the CPU, contiguous) as one safetensors file, the same
     bytes for the same tensors and metadata (``canonical_safetensors``), its metadata carrying
-    the digest of the tensors' bytes (compile/integrity.py) beside any stamp."""
+    the digest of the tensors' bytes (compile/bundles/integrity.py) beside any stamp."""
     from safetensors.torch import save
 
     data = save(tensors, metadata=metadata_)
@@ -131,7 +131,7 @@ def canonical_safetensors(data: bytes, *, digest: bool = False) -> bytes:
     tensors and metadata came out as other bytes each time; the tensor data is untouched
     (its offsets count from the header's end) and the header is padded to 8 bytes, as the
     library pads it. ``digest`` puts each tensor's digest into the metadata (re-stamping)."""
-    from causalab.compile.integrity import DIGEST_KEY, digest_text, header_digests
+    from causalab.compile.bundles.integrity import DIGEST_KEY, digest_text, header_digests
 
     size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8:8 + size])

@@ -2,15 +2,15 @@
 
 A ``reduce: "pca"`` basis, a ``reduce: "sae"`` dictionary or a weights step's entry becomes a
 live featurizer the moment its step has run, after the identity and shape checks a bundle
-file gets (compile/bundles.py), so harvest-then-apply is one document. Reads only the walk
+file gets (compile/bundles/checks.py), so harvest-then-apply is one document. Reads only the walk
 state's published values; never opens a trace or a file.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from causalab.compile import bundles as bundle_checks
-from causalab.compile.bundles import document_stamp, step_source
+from causalab.compile.bundles import checks as bundle_checks
+from causalab.compile.bundles.checks import document_stamp, step_source
 from causalab.compile.plan import Observe
 from causalab.engine.state import WalkState
 from causalab.errors import CompileError, RunError

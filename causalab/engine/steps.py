@@ -15,8 +15,8 @@ from causalab.compile.featurizers import stamp as featurizer_stamp
 from causalab.compile.plan import Featurizers, Fit, Observe, Pass, SaveOp, Weights
 from causalab.engine import outputs as output_rules
 from causalab.engine import containment, record
-from causalab.engine.bundles import document_stamp, stamp_metadata, step_source, weights_results
-from causalab.engine.passes import PassResult, metric_rows
+from causalab.engine.bundle_files import document_stamp, stamp_metadata, step_source, weights_results
+from causalab.engine.assembly import PassResult, metric_rows
 from causalab.engine.state import WalkState
 from causalab.errors import CausalabError, RunError
 from causalab.files import SAELENS_CONFIG, SAELENS_WEIGHTS, TENSOR_KEY, TENSOR_SUFFIX
@@ -130,7 +130,7 @@ def _save_dictionary(node: Observe, name: str, value: output_rules.Published, sa
     path = directory / save.file_path
     if save.file_path.endswith(TENSOR_SUFFIX):
         return [save_dictionary(path, value.value, metadata)]
-    from causalab.compile.saelens import hook_name
+    from causalab.compile.bundles.saelens import hook_name
     from causalab.engine.featurizers import write_saelens_dir
 
     output = next(o for o in node.outputs if o.name == name)

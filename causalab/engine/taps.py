@@ -14,10 +14,11 @@ import torch
 
 from causalab.compile.plan import PromptBatch, WriteOp
 from causalab.document import vocab
-from causalab.engine import attribution, tail
+from causalab.engine import tail
+from causalab.engine.attribution import patching as attribution
 from causalab.engine import windows as window_rules
 from causalab.engine.forwards import batch_key
-from causalab.engine.jobs import JobTap, Traced, TraceJob
+from causalab.engine.trace_jobs import JobTap, Traced, TraceJob
 from causalab.engine.resume import map_tensors
 from causalab.engine.seam import Window
 from causalab.engine.state import PassContext

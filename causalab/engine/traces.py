@@ -15,10 +15,12 @@ from typing import Any, Iterable, NamedTuple
 
 from causalab import memory
 from causalab.compile.plan import Attribute, Fit, Observe, Pass, Plan
-from causalab.engine import fidelity, passes, planner, verify
+from causalab.engine import fidelity, planner
+from causalab.engine import assembly as passes
+from causalab.engine.attribution import verify
 from causalab.engine.budget import RESUME_SHARE, Budget, trace_bytes
 from causalab.engine.cache import RESUME_BUDGET, DocumentCache
-from causalab.engine.jobs import Stage, TraceJob, describe
+from causalab.engine.trace_jobs import Stage, TraceJob, describe
 from causalab.engine.state import ModelFacts, PassContext, WalkState, new_state
 
 RECEIPT = "fidelity receipt (no write, against a plain transformers forward)"

@@ -4,9 +4,9 @@ It turns plan data into tensors. A pass runs forward by forward: the planner
 (``causalab.engine.planner``) says which traces each forward takes, as plain ``TraceJob``s in
 stages; the walk binds each job to its tensors (``taps.bind``) and runs it through
 ``run_trace`` (writes through the seam's one ``apply_write``, reads through its one
-``gather``); the pass assembly (``causalab.engine.passes``) keeps each stage's values and
+``gather``); the pass assembly (``causalab.engine.assembly``) keeps each stage's values and
 makes the pass's result. An attribute step runs the same way, its traces kept by
-``causalab.engine.attribution``. It never reads a document, a data table or a config, and
+``causalab.engine.attribution.patching``. It never reads a document, a data table or a config, and
 makes no speed decision of its own. Sweep points the planner finds alike run their passes
 side by side first (``prefetch``), each point's result waiting in the document cache for its
 walk.
@@ -21,13 +21,14 @@ from typing import Any, Iterable
 import torch
 
 from causalab.compile.plan import Attribute, Featurizers, Fit, Observe, Pass, Plan, Weights
-from causalab.engine import (atp_star, attribution, containment, edge_step, passes, planner,
-                             record, steps, taps, verify)
+from causalab.engine import containment, planner, record, steps, taps
+from causalab.engine.attribution import atp_star, edge_step, patching as attribution, verify
+from causalab.engine import assembly as passes
 from causalab.engine.cache import DocumentCache
 from causalab.engine.events import Events
 from causalab.engine.generate import GENERATED
-from causalab.engine.jobs import JobTap, Stage, Traced, TraceJob
-from causalab.engine.passes import PassResult
+from causalab.engine.trace_jobs import JobTap, Stage, Traced, TraceJob
+from causalab.engine.assembly import PassResult
 from causalab.engine.resume import PART_MODULES, Resume, map_tensors, need_order, need_place
 from causalab.engine.seam import apply_write, check_write, gather
 from causalab.engine.sites import Places, project_to_vocabulary

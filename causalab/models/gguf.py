@@ -20,7 +20,7 @@ from typing import Callable
 
 from causalab.errors import ModelError
 from causalab.models import bars
-from causalab.models.digest import directory_digest, write_record
+from causalab.models.revision import directory_digest, write_record
 from causalab.models.staging import publish, staging_folder
 
 _KEY = ("model", "key")

@@ -24,7 +24,7 @@ from pathlib import Path
 from causalab.errors import ModelError, reason
 from causalab.files import causalab_home
 from causalab.models.staging import publish, staging_folder
-from causalab.models.digest import (directory_digest, looks_like_digest, recorded,
+from causalab.models.revision import (directory_digest, looks_like_digest, recorded,
                                     write_record)
 from causalab.models.json_files import read_json
 from causalab.models.registry import BUILTINS, SCHEME

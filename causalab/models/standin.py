@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from causalab.files import causalab_home
-from causalab.models.digest import directory_digest, write_record
+from causalab.models.revision import directory_digest, write_record
 from causalab.models.staging import publish, staging_folder
 
 # Real configurations, as their config.json spells them (Meta's Llama 3.2 1B and 3.1 8B).

@@ -5,7 +5,7 @@ verbs that do not track import it lazily. Nothing here sets environment variable
 MLflow's fluent active-run stack; every call names its tracking URI and run ids.
 """
 from causalab.tracking.artifacts import fetch, resolve_artifact, resolver
-from causalab.tracking.events import TrackingEvents
+from causalab.tracking.listener import TrackingEvents
 from causalab.tracking.listing import list_runs
 from causalab.tracking.runs import resolve_uri, ui_command
 

@@ -131,9 +131,9 @@ def fetch(uri: str, out_path: str | None = None, tracking_uri: str | None = None
 
 def _verify(local: Path, uri: str) -> None:
     """A downloaded bundle (a ``.safetensors`` file or SAELens folder) against its stamp's
-    digest (compile/integrity.py), refused at ``uri`` before it is placed; other files pass."""
-    from causalab.compile.bundles import layout_header
-    from causalab.compile.integrity import check_tensors
+    digest (compile/bundles/integrity.py), refused at ``uri`` before it is placed; other files pass."""
+    from causalab.compile.bundles.checks import layout_header
+    from causalab.compile.bundles.integrity import check_tensors
     from causalab.files import SAELENS_WEIGHTS, TENSOR_SUFFIX
 
     weights = local / SAELENS_WEIGHTS if local.is_dir() else local
@@ -246,8 +246,8 @@ def download_run(mlflow, run_id: str, destination: str) -> list[str]:
 
 def log_loss_curve(mlflow, run_id: str, artifact: str, losses: list, evals: list, *,
                    title: str, eval_name: str) -> dict[str, int]:
-    """Draw a fit's loss curve (:func:`causalab.tracking.plots.loss_curve`) and log it."""
-    from causalab.tracking import plots
+    """Draw a fit's loss curve (:func:`causalab.plots.curves.loss_curve`) and log it."""
+    from causalab.plots import curves as plots
 
     png = plots.loss_curve(losses, evals, title=title, eval_name=eval_name)
     return log_bytes(mlflow, run_id, png, artifact)

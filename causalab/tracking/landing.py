@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from causalab.tracking import plots, ranking, seeds, summary
+from causalab.tracking import ranking, seeds, summary
+from causalab.plots import curves as plots
 from causalab.tracking import runs as store
 from causalab.tracking.artifacts import log_bytes
 

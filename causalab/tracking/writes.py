@@ -1,6 +1,6 @@
 """What a tracked run does with the store: its MLflow side, call by call.
 
-:class:`StoreWrites` is the half of :class:`~causalab.tracking.events.TrackingEvents` that
+:class:`StoreWrites` is the half of :class:`~causalab.tracking.listener.TrackingEvents` that
 writes: the sweep's parent opened (or reattached), a point's run created, its numbers, files,
 config and loss plots uploaded, a done point linked into a new parent, the sweep's plots
 drawn, every run ended FINISHED, FAILED or KILLED. Every call goes through ``self.call`` (the

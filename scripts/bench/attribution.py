@@ -72,7 +72,7 @@ def _end_only(value):
 
 def documents(sweep: str, ig_steps: int, model: str = "smollm2", verify: int = 0,
               graddrop: bool = False) -> dict[str, dict]:
-    from causalab.rendering import render
+    from causalab.hydra.rendering import render
 
     exact = render([f"experiment={EXACT[sweep]}", f"model={model}"])
     exact = _end_only(exact) if sweep == "layers" else exact
@@ -163,7 +163,7 @@ def _subset(every: int, root: Path) -> str:
 
 def _report(model: str, sweep: str, name: str, exact: dict, estimated: tuple, ratio: float,
             seconds: tuple):
-    from causalab.tracking.attribution_plots import spearman
+    from causalab.plots.attribution_maps import spearman
 
     estimate, base = estimated
     units = sorted(exact)

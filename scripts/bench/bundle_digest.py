@@ -6,7 +6,7 @@ SmolLM2 SAE) is written the way causalab writes every bundle (``record.write_saf
 its ``tensors_sha256`` digest in the metadata), then one SmolLM2 document ablates a latent
 through it at block_output[12] on the IOI table. Timed in one process, after a warm-up:
 ``causalab run`` end to end (compile, model load, the pass, the saves), and the digest and
-finiteness check on its own (compile/integrity.py, read from the page cache, as the run reads
+finiteness check on its own (compile/bundles/integrity.py, read from the page cache, as the run reads
 it). Printed: both times and the check's share of the run (docs/format.md §8.3).
 
     .venv/bin/python scripts/bench/bundle_digest.py [--latents 16384] [--rows 120]
@@ -61,8 +61,8 @@ def _document(bundle: Path, rows: int, data_root: Path) -> dict:
 
 
 def _check_seconds(bundle: Path, repeats: int) -> float:
-    from causalab.compile import integrity
-    from causalab.compile.bundles import read_header
+    from causalab.compile.bundles import integrity
+    from causalab.compile.bundles.checks import read_header
 
     times = []
     for _ in range(repeats):

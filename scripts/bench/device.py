@@ -175,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry:
         args.device, args.shape, args.rows = "cpu", "llama-tiny", 6
     from causalab import memory
-    from causalab.engine.load import load_model
+    from causalab.engine.weights import load_model
     from causalab.models import load_config
-    from causalab.models.digest import directory_digest, recorded
+    from causalab.models.revision import directory_digest, recorded
     from causalab.models.standin import standin
     from causalab.compile.plan import ModelRef
 

@@ -52,9 +52,9 @@ def _wall(code: str, samples: int) -> float:
 def main(samples: int) -> None:
     with tempfile.TemporaryDirectory(prefix="causalab-bench-explain-") as folder:
         document = _stand_in(Path(folder))
-        explain = f"from causalab.cli import main; raise SystemExit(main(['explain', {str(document)!r}"
+        explain = f"from causalab.cli.main import main; raise SystemExit(main(['explain', {str(document)!r}"
         python = _wall("pass", samples)
-        cli = _wall("import causalab.cli", samples)
+        cli = _wall("import causalab.cli.main", samples)
         text = _wall(explain + "]))", samples)
         as_json = _wall(explain + ", '--json']))", samples)
         with_transformers = _wall("import transformers; transformers.PreTrainedTokenizerFast; "

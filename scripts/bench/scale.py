@@ -172,7 +172,7 @@ def shape_of(name: str, dtype: str = "bf16") -> tuple[dict, object, int]:
     from causalab.models import load_config
     from causalab.models.standin import standin
 
-    from causalab.models.digest import directory_digest, recorded
+    from causalab.models.revision import directory_digest, recorded
 
     path = str(standin(name, dtype=dtype))
     revision = recorded(path) or directory_digest(path)

@@ -136,7 +136,7 @@ def _bare_same(client, experiment_id: str, out: Path, points: list, title: str) 
 
     from mlflow.entities import Metric, Param
 
-    from causalab.tracking import plots
+    from causalab.plots import curves as plots
 
     start = time.perf_counter()
     parent = client.create_run(experiment_id, tags={"causalab.kind": "sweep"}).info.run_id

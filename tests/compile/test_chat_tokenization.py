@@ -144,7 +144,7 @@ def test_a_chat_run_on_a_bos_writing_template_gives_the_logits_of_the_template_i
     from transformers import AutoModelForCausalLM
 
     import causalab.compile
-    from causalab.engine.load import load_model
+    from causalab.engine.weights import load_model
     from causalab.engine.walk import run_plan
     from causalab.models import resolve
 

@@ -27,7 +27,7 @@ def hook(event, args):
             (".safetensors", ".gguf", ".bin", ".pt")):
         opened.append(args[0])
 sys.addaudithook(hook)
-from causalab.cli import main
+from causalab.cli.main import main
 asked = json.loads(sys.stdin.read())
 codes = {}
 for document in asked["documents"]:
@@ -78,7 +78,7 @@ def _retarget(document: dict, key: str, revision: str | None) -> dict:
 @pytest.fixture(scope="module")
 def explained(tmp_path_factory, smollm2_dir, gemma3_dir):
     from causalab.models import BUILTINS, SCHEME
-    from causalab.rendering import render
+    from causalab.hydra.rendering import render
 
     root = tmp_path_factory.mktemp("explain")
     documents = [str(p) for p in sorted(DOCUMENTS.glob("*/*.json"))

@@ -126,7 +126,7 @@ def test_a_corpus_document_compiles_to_the_plan_transformers_would_give(path, mo
 
 def test_explain_imports_neither_transformers_nor_torch():
     resolve("causalab:tiny-llama")  # built once here: building a built-in does need torch
-    code = ("import sys; from causalab.cli import main; "
+    code = ("import sys; from causalab.cli.main import main; "
             "status = main(['explain', 'documents/v2/head_patching.json']); "
             "print(status, sorted(m for m in ('transformers', 'torch', 'nnsight') "
             "if m in sys.modules))")

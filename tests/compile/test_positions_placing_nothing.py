@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from causalab.cli import main
+from causalab.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = str(REPO / "documents" / "data")
@@ -48,7 +48,7 @@ def test_a_position_placing_nothing_on_any_row_is_refused_by_explain_naming_the_
 
 def test_run_refuses_it_before_the_model_loads_and_tracks_nothing(tmp_path, capsys,
                                                                   monkeypatch):
-    import causalab.engine.load as engine_load
+    import causalab.engine.weights as engine_load
 
     def never(*args, **kwargs):
         raise AssertionError("the model was loaded")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from causalab.cli import main
+from causalab.cli.main import main
 from causalab.document import naming_warnings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ def test_no_shipped_document_calls_a_metric_iia_unless_it_is_a_match(path):
 
 
 def test_no_experiment_renders_a_metric_iia_unless_it_is_a_match():
-    from causalab.rendering import render
+    from causalab.hydra.rendering import render
 
     for experiment in EXPERIMENTS:
         document = render([f"experiment={experiment}", "model=tiny_llama"])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from causalab.cli import main
+from causalab.cli.main import main
 from causalab.document.names import mlflow_key
 
 REPO = Path(__file__).resolve().parents[2]

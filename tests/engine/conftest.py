@@ -43,7 +43,7 @@ def _test_device(monkeypatch):
     the CPU as JSON numbers or through ``.cpu()`` where a test reads them."""
     if DEVICE == "cpu":
         return
-    from causalab.engine import load
+    from causalab.engine import weights as load
 
     original = load.load_model
     monkeypatch.setattr(load, "load_model", lambda ref, device_map="cpu": original(
@@ -170,7 +170,7 @@ def patched_forward(model, tokenizer, rows: list[dict], layer: int = 0) -> tuple
 def run_compiled(document: dict, data_root: str, out, *, batch_size=None):
     """Compile and walk ``document``; returns the plan, its results filled."""
     import causalab.compile
-    from causalab.engine.load import load_model
+    from causalab.engine.weights import load_model
     from causalab.engine.walk import run_plan
 
     plan = causalab.compile.compile_document(document, data_root=data_root)

@@ -269,7 +269,7 @@ def test_each_shipped_attribution_document_is_the_rendering_of_its_conf_twin(nam
     from pathlib import Path
 
     from causalab.document import digest
-    from causalab.rendering import render
+    from causalab.hydra.rendering import render
 
     shipped = Path(__file__).resolve().parents[2] / "documents" / "real" / f"{name}.json"
     assert digest(render([f"experiment={name}", "model=smollm2"])) == digest(

@@ -53,7 +53,7 @@ def test_a_patching_table_is_the_same_whole_in_windows_of_one_and_row_by_row_unp
 
 
 def test_windows_concatenate_reads_and_outputs_in_row_order(tiny, kit, tmp_path, cuts):
-    from causalab.engine.load import load_model
+    from causalab.engine.weights import load_model
     from causalab.engine.walk import run_pass
     import causalab.compile
 
@@ -85,7 +85,7 @@ def _moved(pass_, name: str, index: int):
 
 
 def test_a_read_some_rows_cannot_place_has_one_flat_layout_across_windows(tiny, kit, tmp_path, cuts):
-    from causalab.engine.load import load_model
+    from causalab.engine.weights import load_model
     from causalab.engine.walk import run_pass
     import causalab.compile
 

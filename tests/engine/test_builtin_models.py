@@ -9,7 +9,7 @@ import torch
 from causalab.errors import ModelError
 from causalab.models import BUILTINS, load_config, load_tokenizer, resolve
 from causalab.models.build import build
-from causalab.models.digest import directory_digest
+from causalab.models.revision import directory_digest
 from causalab.models.tokenizer import NUMBER_WORDS, WEEKDAYS
 
 TINY = ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2"]

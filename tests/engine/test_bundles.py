@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from causalab.compile.plan import FeaturizerSpec
 from causalab.engine import record
-from causalab.engine.bundles import (
+from causalab.engine.bundle_files import (
     check_bundle, document_stamp, read_stamp, restamp, same_content, stamp_metadata,
     weights_results,
 )
@@ -288,7 +288,7 @@ def test_a_weights_step_publishes_detached_copies_of_each_weight():
 def test_reading_a_stamp_does_not_import_torch(tmp_path):
     path = tmp_path / "rot.safetensors"
     save_file({"weight": _weight()}, str(path), metadata=_stamp())
-    code = ("import sys; from causalab.engine.bundles import read_stamp; "
+    code = ("import sys; from causalab.engine.bundle_files import read_stamp; "
             f"meta, shapes = read_stamp({str(path)!r}); "
             "assert shapes == {'weight': (16, 4)} and meta['layer'] == '1'; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
@@ -298,7 +298,7 @@ def test_reading_a_stamp_does_not_import_torch(tmp_path):
 
 
 def test_check_finite_refuses_nan_or_inf_with_the_error_loading_gives(tmp_path):
-    from causalab.engine.bundles import check_finite, load_bundle
+    from causalab.engine.bundle_files import check_finite, load_bundle
     from causalab.errors import RunError
 
     path = tmp_path / "rot.safetensors"
@@ -319,7 +319,7 @@ def test_the_bundles_checked_before_a_run_are_each_file_once_and_no_step_output(
     import dataclasses
 
     from causalab.compile.plan import Featurizers, Plan
-    from causalab.engine.bundles import bundle_files
+    from causalab.engine.bundle_files import bundle_files
 
     file = _spec("rot.safetensors")
     published = dataclasses.replace(file, name="pub", file_path="steps:harvest/basis")

@@ -44,7 +44,7 @@ def _document(kit, resolved) -> dict:
 def _loaded(document: dict) -> None:
     """Load the document's model now: loading runs the blocks once, outside any trace."""
     from causalab.compile.plan import ModelRef
-    from causalab.engine.load import load_model
+    from causalab.engine.weights import load_model
     from causalab.models import resolve
 
     model = document["model"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from causalab.engine import edges
+from causalab.engine.attribution import edges
 
 # Every prompt is 8 tokens on the tiny Llama: no padding, equal RoPE positions.
 PAIRS = [

@@ -13,7 +13,7 @@ import torch
 
 import causalab.compile
 from causalab.engine import fidelity
-from causalab.engine.load import load_model
+from causalab.engine.weights import load_model
 from causalab.engine.walk import run_pass
 from causalab.errors import RunError
 

@@ -180,7 +180,7 @@ def test_the_late_interchange_agrees_with_plain_torch_hooks(outsider, gemma3_dir
 def _run_rendered(name: str, tmp_path_factory) -> Path:
     """``experiment=<name> model=gemma3`` rendered and run on the shipped IOI table."""
     from causalab.pipeline import run_document
-    from causalab.rendering import render
+    from causalab.hydra.rendering import render
 
     out = tmp_path_factory.mktemp(name)
     run_document(render([f"experiment={name}", "model=gemma3"]), out=str(out),

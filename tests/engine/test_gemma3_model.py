@@ -163,7 +163,7 @@ def _reading_document(revision: str) -> dict:
 
 def _run(document: dict, rows: list[dict], root: Path) -> dict:
     import causalab.compile
-    from causalab.engine.load import load_model
+    from causalab.engine.weights import load_model
     from causalab.engine.walk import run_plan
 
     (root / "data").mkdir(parents=True, exist_ok=True)

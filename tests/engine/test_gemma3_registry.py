@@ -126,7 +126,7 @@ def test_a_missing_chunk_is_refused_in_one_line_naming_it(chunked, monkeypatch):
 
 
 def test_the_cli_refuses_a_missing_chunk_in_one_line(tmp_path):
-    script = ("import sys; from causalab.models import BUILTINS; from causalab.cli import main; "
+    script = ("import sys; from causalab.models import BUILTINS; from causalab.cli.main import main; "
               "e = BUILTINS['gemma3-270m']; "
               "BUILTINS['gemma3-270m'] = {**e, 'chunks': e['chunks'][:3] + ('nonesuch-part4',)}; "
               "sys.exit(main(['model', 'causalab:gemma3-270m']))")

@@ -31,7 +31,7 @@ def test_a_hundred_repeated_traces_of_one_point_leave_memory_within_two_percent(
         kind, tiny, kit, tmp_path):
     import causalab.compile
     from causalab.engine.cache import DocumentCache
-    from causalab.engine.load import load_model
+    from causalab.engine.weights import load_model
     from causalab.engine.walk import run_plan
     from tests.engine.test_attribution import document as attribution_document
 

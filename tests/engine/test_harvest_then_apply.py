@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from causalab.engine.bundles import read_bundle
+from causalab.engine.bundle_files import read_bundle
 
 # An SVD of the same fp32 vectors by another routine moves the basis by ~1e-6; the patched
 # logits inherit that through two 16-wide matmuls, so 1e-5 absolute is the bound.

@@ -238,7 +238,7 @@ def test_the_logit_lens_at_the_last_layer_reads_the_model_s_own_answer(logit_len
 @pytest.mark.parametrize("name", ["behavior", "layer_sweep", "das", "dbm", "logit_lens"])
 def test_each_known_document_is_what_its_hydra_experiment_renders_on_model_llama(name):
     from causalab.document import digest
-    from causalab.rendering import render
+    from causalab.hydra.rendering import render
 
     experiment = "das" if name == "das" else f"known_{name}"
     rendered = render([f"experiment={experiment}", "model=llama"])

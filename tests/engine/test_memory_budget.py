@@ -51,7 +51,7 @@ def test_the_weights_size_is_read_from_the_headers_in_the_run_dtype(tiny):
 
 def test_weights_over_the_budget_are_refused_before_loading_naming_both_sizes(
         tiny, kit, tmp_path, monkeypatch):
-    from causalab.engine import load
+    from causalab.engine import weights as load
     from causalab.errors import ModelError
     from causalab.pipeline import run_document
 
@@ -72,7 +72,7 @@ def test_weights_over_the_budget_are_refused_before_loading_naming_both_sizes(
 
 def test_the_command_line_refuses_a_budget_below_the_weights_in_one_line(tiny, kit, tmp_path,
                                                                           capsys):
-    from causalab.cli import main
+    from causalab.cli.main import main
 
     data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
     document = tmp_path / "doc.json"
@@ -131,7 +131,7 @@ def test_a_tight_budget_cuts_smaller_windows_and_writes_the_same_tables(
 
 
 def test_explain_traces_prints_the_budget_and_each_traces_peak(tiny, kit, tmp_path, capsys):
-    from causalab.cli import main
+    from causalab.cli.main import main
 
     data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows())
     document = tmp_path / "doc.json"

@@ -18,7 +18,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from causalab.cli import main
+from causalab.cli.main import main
 from causalab.errors import RunError
 from causalab.models import load_tokenizer, resolve
 from causalab.models.registry import BUILTINS

@@ -16,7 +16,7 @@ def anon():
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) * 1024
 import nnterp, transformers  # imported before measuring: their modules are no weights
-from causalab.engine.load import _load
+from causalab.engine.weights import _load
 from causalab.models import load_config, load_tokenizer
 path, dtype = sys.argv[1], sys.argv[2]
 load_config(path), load_tokenizer(path)

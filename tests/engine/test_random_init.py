@@ -12,7 +12,7 @@ import dataclasses
 import torch
 
 import causalab.compile
-from causalab.engine import load
+from causalab.engine import weights as load
 
 
 def test_random_init_is_the_seeded_initialisation_of_the_same_architecture(tiny, kit, tmp_path):

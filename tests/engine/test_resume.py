@@ -182,7 +182,7 @@ def _drawn_ioi(count: int) -> list[dict]:
 def _traced_ids(document: dict, data_root: str):
     """The ids every trace of the document's model runs on while inside, in order (a hook
     on the loaded model's embeddings, which every trace calls)."""
-    from causalab.engine.load import load_model
+    from causalab.engine.weights import load_model
     from causalab.pipeline import compile_only
 
     plan = compile_only(copy.deepcopy(document), data_root)

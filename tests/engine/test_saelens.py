@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from causalab.compile.plan import FeaturizerSpec
-from causalab.engine.bundles import check_bundle
+from causalab.engine.bundle_files import check_bundle
 from causalab.engine.featurizers import build_featurizer, write_saelens_dir
 from causalab.engine.featurizers.sae import ARCHITECTURES
 from causalab.errors import CompileError
@@ -410,7 +410,7 @@ def test_a_pre_6_hook_z_sae_reads_the_attention_z_site(tmp_path):
 
 
 def test_explain_refuses_a_saelens_directory_off_its_hook_in_one_line(capsys, tmp_path):
-    from causalab.cli import main
+    from causalab.cli.main import main
 
     document = tmp_path / "moved.json"
     document.write_text(json.dumps(_document(FIXTURES / "gated", layer=3)))

@@ -228,7 +228,7 @@ SHIPPED = ("ioi_behavior", "ioi_layer_sweep", "ioi_unrelated_sweep", "ioi_head_p
 @pytest.mark.parametrize("name", SHIPPED)
 def test_each_shipped_ioi_document_is_the_rendering_of_its_conf_twin(name):
     from causalab.document import digest
-    from causalab.rendering import render
+    from causalab.hydra.rendering import render
 
     shipped = json.loads((REAL / f"{name}.json").read_text())
     assert digest(render([f"experiment={name}", "model=smollm2"])) == digest(shipped)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from causalab.cli import main
+from causalab.cli.main import main
 from causalab.engine import planner, traces, walk
 from causalab.pipeline import compile_only, run_document
 
@@ -149,7 +149,7 @@ def _shipped(path: Path, tmp_path: Path, request) -> Path:
 @pytest.mark.parametrize("path", SHIPPED, ids=[f"{p.parent.name}-{p.stem}" for p in SHIPPED])
 def test_explain_traces_prints_the_schedule_of_every_shipped_document(path, tmp_path, capsys,
                                                                       monkeypatch, request):
-    import causalab.engine.load
+    import causalab.engine.weights
 
     raw = json.loads(path.read_text())
     if _bundles_missing(raw):
@@ -159,7 +159,7 @@ def test_explain_traces_prints_the_schedule_of_every_shipped_document(path, tmp_
 
     def no_weights(*args, **kwargs):
         raise AssertionError("explain --traces loaded weights")
-    monkeypatch.setattr(causalab.engine.load, "_load", no_weights)
+    monkeypatch.setattr(causalab.engine.weights, "_load", no_weights)
     status = main(["explain", "--traces", str(document), "--data-root", str(DATA)])
     out, err = capsys.readouterr()
     assert status == 0, err

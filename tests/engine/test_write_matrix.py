@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from causalab.engine.bundles import restamp
+from causalab.engine.bundle_files import restamp
 
 TOL = dict(atol=1e-6, rtol=1e-6)
 D = 16

@@ -23,7 +23,7 @@ class KillJob(Callback):
     def on_job_start(self, config: Any, **kwargs: Any) -> None:
         if HydraConfig.get().runtime.choices.get("model") != self.model:
             return
-        from causalab.tracking.events import TrackingEvents
+        from causalab.tracking.listener import TrackingEvents
 
         opened = TrackingEvents.point_start
 

@@ -15,7 +15,7 @@ import pytest
 
 from causalab.pipeline import run_document
 from causalab.tracking import TrackingEvents
-from causalab.tracking import attribution_plots
+from causalab.plots import attribution_maps as attribution_plots
 from causalab.tracking import runs as store
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from causalab.cli import main
+from causalab.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "documents" / "artifacts"

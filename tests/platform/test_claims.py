@@ -49,7 +49,7 @@ def test_a_claim_left_by_a_killed_run_is_taken_over(tmp_path):
 
 
 def test_a_run_holds_its_out_from_before_the_model_loads(tmp_path, monkeypatch):
-    import causalab.engine.load
+    import causalab.engine.weights
     from causalab.pipeline import run_document
 
     out, seen = tmp_path / "out", []
@@ -60,7 +60,7 @@ def test_a_run_holds_its_out_from_before_the_model_loads(tmp_path, monkeypatch):
                 pass
         seen.append(refused.value.message)
         raise RuntimeError("stopped before any weight")
-    monkeypatch.setattr(causalab.engine.load, "load_model", second_run)
+    monkeypatch.setattr(causalab.engine.weights, "load_model", second_run)
     document = json.loads((REPO / "documents" / "v2" / "patching.json").read_text())
     with pytest.raises(RuntimeError):
         run_document(document, out=str(out), device_map="cpu", data_root=DATA)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from causalab.cli import main
+from causalab.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "documents" / "v2"
@@ -262,7 +262,7 @@ def test_explain_notes_a_local_directory_pin_it_cannot_check_and_strict_refuses_
     import shutil
 
     from causalab.models import resolve
-    from causalab.models.digest import RECORD, directory_digest
+    from causalab.models.revision import RECORD, directory_digest
 
     source = Path(resolve("causalab:tiny-llama").path)
     folder = tmp_path / "model"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from causalab.cli import main
+from causalab.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENT = str(REPO / "documents" / "v2" / "patching.json")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from causalab.cli import VERBS, main
+from causalab.cli.main import VERBS, main
 from causalab.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from causalab.tracking import jobs
+from causalab.hydra import jobs
 from causalab.tracking import runs as store
 
 pytestmark = pytest.mark.cluster

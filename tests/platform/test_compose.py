@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from causalab.rendering import CONF, render
+from causalab.hydra.rendering import CONF, render
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from causalab import cli
+from causalab.cli import main as cli
 from causalab.tracking import owners
 from causalab.tracking import runs as store
 
@@ -225,11 +225,11 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("verb", ["run", "runs"])
 def test_an_unreachable_tracking_server_is_one_line_naming_it_in_seconds_before_any_weight(
         verb, tmp_path, monkeypatch, capfd):
-    import causalab.engine.load
+    import causalab.engine.weights
 
     def no_weights(*_args, **_kwargs):
         raise AssertionError("the model was loaded before the tracking server was reached")
-    monkeypatch.setattr(causalab.engine.load, "load_model", no_weights)
+    monkeypatch.setattr(causalab.engine.weights, "load_model", no_weights)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     uri = f"http://127.0.0.1:{_closed_port()}"
     args = _run_args(uri, tmp_path / "out") if verb == "run" else ["runs", "--tracking-uri", uri]

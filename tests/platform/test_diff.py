@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import causalab
-from causalab.cli import main
+from causalab.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "documents" / "data"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from causalab import cli
+from causalab.cli import main as cli
 from causalab.errors import CausalabError
 
 REPO = Path(__file__).resolve().parents[2]

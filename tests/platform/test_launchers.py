@@ -22,9 +22,9 @@ from hydra.core.utils import setup_globals
 from hydra._internal.callbacks import Callbacks
 from hydra.types import HydraContext
 
-from causalab.rendering import CONF
+from causalab.hydra.rendering import CONF
 from causalab.run import job
-from causalab.tracking import jobs
+from causalab.hydra import jobs
 
 REPO = Path(__file__).resolve().parents[2]
 PARENT = {"run_id": "0123456789abcdef0123456789abcdef", "experiment": "team's runs, v2",
@@ -34,7 +34,7 @@ _NODE = """
 import pickle, sys
 from hydra.core.singleton import Singleton
 import causalab.run
-from causalab.tracking.jobs import parent_of_job
+from causalab.hydra.jobs import parent_of_job
 with open(sys.argv[1], "rb") as handle:
     launcher, state = pickle.load(handle)
 Singleton.set_state(state)

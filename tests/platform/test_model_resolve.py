@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from causalab.errors import ModelError
 from causalab.models import BUILTINS, resolve
-from causalab.models import digest
+from causalab.models import revision as digest
 
 
 def test_a_local_directory_pinned_by_digest_without_weights_is_refused_at_model_key(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 from mlflow import MlflowClient
 
 import causalab
-from causalab.rendering import render
+from causalab.hydra.rendering import render
 from causalab.tracking import runs as store
 from causalab.tracking import stored
 
@@ -176,7 +176,7 @@ def test_the_ui_opens_on_the_runs_table_and_compares_k_with_both_iia_scores(
 def test_a_runs_uri_resolves_with_no_track_when_a_tracking_uri_is_set(das, mlflow_server,
                                                                       tmp_path, monkeypatch,
                                                                       capsys):
-    from causalab.cli import main
+    from causalab.cli.main import main
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
     monkeypatch.setenv("CAUSALAB_HOME", str(tmp_path / "home"))

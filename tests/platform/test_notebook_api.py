@@ -86,7 +86,7 @@ def test_causalab_render_stays_callable_after_its_module_is_imported():
     import importlib
 
     document = causalab.render(["experiment=patching", "model=tiny_llama"])
-    importlib.import_module("causalab.rendering")  # a submodule named render shadowed it
+    importlib.import_module("causalab.hydra.rendering")  # a submodule named render shadowed it
     assert causalab.render(["experiment=patching", "model=tiny_llama"]) == document
     assert callable(causalab.render) and callable(causalab.run)
 

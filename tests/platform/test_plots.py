@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from causalab.tracking import plots
+from causalab.plots import curves as plots
 
 TITLE = "causalab:weekday-llama · block_input L2 pos -1"
 

@@ -2,7 +2,7 @@
 `method`, never for other sweeps; a control bar beside each method that has one."""
 from __future__ import annotations
 
-from causalab.tracking import plots
+from causalab.plots import curves as plots
 
 
 def _points(names, key="iia/test"):

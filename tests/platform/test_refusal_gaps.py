@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from safetensors import safe_open
 
-from causalab import cli
+from causalab.cli import main as cli
 from causalab.errors import CausalabError, RunError, TrackingError
 from causalab.pipeline import run_document
 
@@ -196,7 +196,7 @@ def test_a_runs_uri_out_of_the_artifact_cache_is_refused_before_any_folder_is_ma
 
 
 def test_a_bundle_holding_nan_is_refused_by_explain_and_run_naming_the_tensor(tmp_path, monkeypatch):
-    from causalab.engine.bundles import restamp
+    from causalab.engine.bundle_files import restamp
     from causalab.errors import CompileError
 
     shipped = REPO / "documents" / "artifacts" / "rot.safetensors"

@@ -10,8 +10,8 @@ from hydra import compose, initialize_config_dir
 
 from causalab.document import digest, lower, validate
 from causalab.errors import UsageError
-from causalab.rendering import CONF, SCAFFOLDING, render
-from causalab.rendering import compose as compose_documents
+from causalab.hydra.rendering import CONF, SCAFFOLDING, render
+from causalab.hydra.rendering import compose as compose_documents
 
 REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -171,8 +171,8 @@ def compose_config(overrides: list[str], hydra: bool = False):
 def test_the_multirun_parent_callback_is_registered():
     config = compose_config([], hydra=True)
     target = config.hydra.callbacks.mlflow_parent._target_
-    assert target == "causalab.tracking.callbacks.MultirunParent"
-    from causalab.tracking.callbacks import MultirunParent  # the target imports
+    assert target == "causalab.hydra.callbacks.MultirunParent"
+    from causalab.hydra.callbacks import MultirunParent  # the target imports
 
     assert MultirunParent
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from causalab.server_auth import credentials
+from causalab.server.auth import credentials
 from test_cluster import _causalab, _free_port, _group_members
 
 pytestmark = pytest.mark.cluster

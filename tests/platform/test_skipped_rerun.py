@@ -13,7 +13,7 @@ DOCUMENT = str(REPO / "documents" / "v2" / "patching.json")
 # Runs the command in this process, then says which heavy libraries it imported.
 _PROBE = """
 import json, sys
-from causalab.cli import main
+from causalab.cli.main import main
 code = main(sys.argv[1:])
 print(json.dumps({"code": code, "torch": "torch" in sys.modules,
                   "nnterp": "nnterp" in sys.modules}), file=sys.stderr)

@@ -162,7 +162,7 @@ def test_a_bundle_overwritten_at_its_path_reruns_the_point_that_reads_it(tmp_pat
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from causalab.engine.bundles import restamp
+    from causalab.engine.bundle_files import restamp
 
     bundle = tmp_path / "rot.safetensors"
     shutil.copyfile(REPO / "documents" / "artifacts" / "rot.safetensors", bundle)

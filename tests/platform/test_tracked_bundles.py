@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from causalab.cli import main
+from causalab.cli.main import main
 from causalab.errors import CompileError
 from causalab.pipeline import compile_only
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from causalab.cli import _error_line
+from causalab.cli.main import _error_line
 from causalab.errors import TrackingError
 from causalab.tracking import TrackingEvents
 

@@ -29,7 +29,7 @@ import pytest
 from mlflow import MlflowClient
 from test_tracking_deadlines import LIMIT_S, _env, _finished_points, _free_port, _start_run
 
-from causalab.server import group_alive
+from causalab.server.stack import group_alive
 from causalab.tracking import runs as store
 from causalab.tracking.reach import Unanswered, answered
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from causalab.engine.bundles import Resolver, load_bundle
+from causalab.engine.bundle_files import Resolver, load_bundle
 from causalab.engine.featurizers.gate import Gate
 from causalab.engine.featurizers.identity import Identity
 from causalab.engine.featurizers.linear import Linear

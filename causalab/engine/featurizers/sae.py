@@ -6,7 +6,7 @@ orientations are SAELens's: ``W_enc`` (d, d_sae), ``W_dec`` (d_sae, d), ``b_enc`
 (d_sae,), ``b_dec`` (d,), plus ``threshold`` (d_sae,) for JumpReLU and ``b_gate``,
 ``b_mag``, ``r_mag`` (d_sae,) for gated. A missing ``W_dec`` means tied weights
 (``W_encᵀ``); missing biases are zeros. Never trainable. :func:`write_saelens_dir` writes
-a dictionary in SAELens's on-disk format; reading one is compile/bundles.py's.
+a dictionary in SAELens's on-disk format; reading one is compile/bundles/checks.py's.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import os
 import torch
 from torch import Tensor
 
-from causalab.compile import saelens
+from causalab.compile.bundles import saelens
 from causalab.files import SAELENS_CONFIG, SAELENS_WEIGHTS
 
 _SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -64,7 +64,7 @@ class SAE:
 
     @classmethod
     def from_bundle(cls, tensors: dict[str, Tensor], options: dict) -> "SAE":
-        """The architecture ``options`` names (compile/bundles.py's checked cfg), built."""
+        """The architecture ``options`` names (compile/bundles/checks.py's checked cfg), built."""
         architecture = ARCHITECTURES[options.get("architecture", _DEFAULTS["architecture"])]
         switches = {key: value for key, value in options.items() if key != "architecture"}
         return architecture(**tensors, **switches)

@@ -1,5 +1,5 @@
 """The ``causalab`` verbs that read a document, a model's config or a dataset: schema | vocab |
-validate | data | model | tokens | explain | render (the command itself is :mod:`causalab.cli`).
+validate | data | model | tokens | explain | render (the command itself is :mod:`causalab.cli.main`).
 
 Each verb is a function from parsed arguments to a dict with a ``text`` key and prints
 nothing itself. None loads weights; ``schema``, ``vocab`` and ``validate`` import none of
@@ -211,7 +211,7 @@ def verb_render(args: argparse.Namespace) -> dict:
     """The canonical document a Hydra composition renders to (docs/platform.md §4); one that
     would not validate is refused at its path, as a run of it would be."""
     from causalab.document import validate
-    from causalab.rendering import render
+    from causalab.hydra.rendering import render
 
     document = render(list(args.overrides), config_dir=args.config_dir)
     validate(document)

@@ -2,13 +2,13 @@
 
 Needs no torch and no model: :func:`read_header` parses the safetensors JSON header by
 hand, so a bundle that is missing, corrupt, of the wrong kind, or stamped for another
-site or model, or whose tensors differ from the stamp's digest (compile/integrity.py), is
+site or model, or whose tensors differ from the stamp's digest (compile/bundles/integrity.py), is
 refused (C8) before any weight loads. Published dictionaries are
 SAELens tensors in one file or SAELens's own directory (``cfg.json`` +
-``sae_weights.safetensors``), whose cfg is its identity (compile/saelens.py). A ``runs:/``
+``sae_weights.safetensors``), whose cfg is its identity (compile/bundles/saelens.py). A ``runs:/``
 bundle is checked the same way once a resolver (the tracking layer's) gives its local path.
 Every refusal is a CompileError at ``featurizers.<name>.file_path``. Loading tensors is the
-engine's (engine/bundles.py).
+engine's (engine/bundle_files.py).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import os
 import re
 from typing import Callable
 
-from causalab.compile import saelens
-from causalab.compile.integrity import check_tensors
+from causalab.compile.bundles import saelens
+from causalab.compile.bundles.integrity import check_tensors
 from causalab.document.references import step_source  # noqa: F401  (the engine reads it here)
 from causalab.errors import CausalabError, CompileError, Path
 from causalab.files import BASIS_KEY, SAELENS_CONFIG, SAELENS_WEIGHTS, TENSOR_KEY

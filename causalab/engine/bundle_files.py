@@ -2,7 +2,7 @@
 
 A bundle causalab writes is a safetensors file with one tensor under ``weight`` and a
 ``__metadata__`` stamp of strings with the digest of its tensors (docs/format.md §8.3); the
-stamp and digest checks live in compile/bundles.py and compile/integrity.py and run again
+stamp and digest checks live in compile/bundles/checks.py and compile/bundles/integrity.py and run again
 here before loading; :func:`restamp` gives an intended edit its new digest. Never compares bytes: a file another
 tool wrote may order its header otherwise (causalab's own sort theirs, ``record``), so bundles
 are compared by content. :func:`check_plan_bundles` reads
@@ -10,7 +10,7 @@ every bundle file a plan loads for NaN and Inf before the run writes anything.
 """
 from __future__ import annotations
 
-from causalab.compile.bundles import (  # noqa: F401  (read_stamp re-exported for callers)
+from causalab.compile.bundles.checks import (  # noqa: F401  (read_stamp re-exported for callers)
     Resolver, check_bundle, document_stamp, is_uri, local_bundle_path, read_stamp, resolve_bundle,
     step_source, weights_file,
 )
@@ -104,7 +104,7 @@ def restamp(path: str) -> list[str]:
     import os
     from pathlib import Path
 
-    from causalab.compile.bundles import layout_header
+    from causalab.compile.bundles.checks import layout_header
     from causalab.document.vocab import FEATURIZER_KINDS, parametrization_of
     from causalab.engine import record
 

@@ -2,7 +2,7 @@
 
 An attribute step (docs/format.md §9.7) is one point whose table covers a whole sweep's
 units. Its per-unit means (``results["grid"]`` of the plan node, plain data) are drawn with
-the sweep pictures of :mod:`causalab.tracking.plots`, as if each unit were a point of the
+the sweep pictures of :mod:`causalab.plots.curves`, as if each unit were a point of the
 exact sweep, and kept as ``attribution/<step>.json`` with the run tagged
 ``causalab.attribution``. A multirun's parent that holds both an attribution run and the
 points of an exact sweep of the same units gets ``plots/attribution_vs_exact.png``: one dot
@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from causalab.tracking import edge_plots, plots, verify_plots
+from causalab.plots import curves as plots, faithfulness as edge_plots, verification as verify_plots
 from causalab.tracking import runs as store
 from causalab.tracking.naming import is_score, split_score
 from causalab.tracking.summary import plain

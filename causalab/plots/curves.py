@@ -10,7 +10,7 @@ heatmaps with a colour bar. Numbers are placed by size, anything else (a positio
 S2, END) in the order the sweep gave it; a quantity named as a fraction (``iia``, ``p_answer``)
 has an axis or colour scale from 0 to 1; a score's 95 % interval, when its point logged one,
 is a shaded band behind its line. A method comparison is a ranking
-(:mod:`causalab.tracking.ranking_chart`). Figures are drawn on :mod:`causalab.tracking.figures`' canvas. Inputs are plain numbers (coordinates and
+(:mod:`causalab.plots.ranking_chart`). Figures are drawn on :mod:`causalab.plots.canvas`' canvas. Inputs are plain numbers (coordinates and
 metrics, :mod:`causalab.tracking.summary`); this module knows no runs.
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ import math
 from typing import Any, Mapping, Sequence
 
 from causalab.tracking import summary
-from causalab.tracking.figures import limit_ticks, new_figure, png, ticks
+from causalab.plots.canvas import limit_ticks, new_figure, png, ticks
 from causalab.tracking.naming import site_facts, writes_of
-from causalab.tracking.ranking_chart import ranking_chart, ranking_figure  # noqa: F401
+from causalab.plots.ranking_chart import ranking_chart, ranking_figure  # noqa: F401
 from causalab.tracking.summary import CONTROLS, Point, numeric, plain, short, text
 
 _LAYER = ("layers", "layer")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from causalab.tracking import plots
+from causalab.plots import curves as plots
 
 # chosen -> (marker, label) of the verified units it names.
 MARKS = {"top": ("o", "top by estimate"), "drawn": ("s", "drawn from the rest")}

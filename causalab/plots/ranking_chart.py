@@ -7,7 +7,7 @@ import math
 from typing import Sequence
 
 from causalab.tracking import summary
-from causalab.tracking.figures import limit_ticks, new_figure, png
+from causalab.plots.canvas import limit_ticks, new_figure, png
 from causalab.tracking.summary import Point, text
 
 CONTROL_METHOD = "random"

@@ -3,7 +3,7 @@
 ``MultirunParent`` is registered in ``conf/config.yaml`` under ``hydra.callbacks``. At
 ``on_multirun_start`` it creates the experiment and the parent run once (parallel SQLite
 writers lock, so the jobs must not race to do it) and writes the parent's id to a file in
-the sweep directory, and hands it to the jobs inside their config (``causalab.tracking.jobs``),
+the sweep directory, and hands it to the jobs inside their config (``causalab.hydra.jobs``),
 which reaches them on any host whichever launcher ran them. At ``on_multirun_end`` runs left
 RUNNING by a job that died are ended KILLED; the parent ends FINISHED when every child did,
 FAILED otherwise, and is deleted if no job ran anything (a repeated sweep whose points were
@@ -24,7 +24,9 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from causalab.tracking import attribution_plots, jobs, landing, owners, summary
+from causalab.tracking import landing, owners, summary
+from causalab.plots import attribution_maps as attribution_plots
+from causalab.hydra import jobs
 from causalab.tracking import runs as store
 
 PARENT_FILE = ".mlflow_parent.json"

@@ -34,7 +34,8 @@ from typing import Any, Mapping
 from causalab.engine.events import Events
 from causalab.errors import CausalabError, Path as JsonPath, TrackingError, UsageError, reason
 from causalab.files import RUN_RECORD
-from causalab.tracking import artifacts, attribution_plots, claims, naming, owners, plots
+from causalab.tracking import artifacts, claims, naming, owners
+from causalab.plots import attribution_maps as attribution_plots, curves as plots
 from causalab.tracking import stored
 from causalab.tracking import points as facts
 from causalab.tracking import runs as store

@@ -15,11 +15,12 @@ from typing import Any
 import torch
 
 from causalab.compile.plan import Forward, Pass, ReadOp
-from causalab.engine import attribution, generate, overflow, tail
+from causalab.engine import generate, overflow, tail
+from causalab.engine.attribution import patching as attribution
 from causalab.engine import windows as window_rules
 from causalab.engine.cache import PLANNED, Prefix, whole_id
 from causalab.engine.forwards import batch_key, read_key
-from causalab.engine.jobs import Stage, Traced, TraceJob
+from causalab.engine.trace_jobs import Stage, Traced, TraceJob
 from causalab.engine.metrics import metric_table, score
 from causalab.engine.outputs import Published
 from causalab.engine.seam import Window, express, gather

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from causalab.tracking import plots
+from causalab.plots import curves as plots
 
 
 def reports_of(point: Any) -> dict[str, dict]:

@@ -1,6 +1,6 @@
 """An attribute step with ``edges: true`` (docs/format.md §9.7): EAP-IG over every edge.
 
-The step's interchange names the two roles and its metrics; ``causalab.engine.edges`` scores
+The step's interchange names the two roles and its metrics; ``causalab.engine.attribution.edges`` scores
 every edge of the model's graph per window of rows (one forward per role, one per
 integrated-gradients step) and patches the top-``circuit_k`` circuits' complements. The
 metric is the interchange's, scored on the logits at the prompt's last position. Writes per
@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from causalab.compile.plan import Attribute, MetricOp
-from causalab.engine import edges, record
+from causalab.engine import record
+from causalab.engine.attribution import edges
 from causalab.engine.metrics import score
 from causalab.errors import RunError
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from causalab.errors import TrackingError, UsageError
-from causalab.server import HOST, answers, free_port, group_alive, stop_group
+from causalab.server.stack import HOST, answers, free_port, group_alive, stop_group
 
 STARTUP_S = 180.0
 

@@ -10,7 +10,7 @@ a row, the estimate of the metric with only ``u`` patched from the counterfactua
 ``steps = n > 1`` it is averaged over ``n`` forwards whose input embeddings lie on the straight
 line from the base prompt's to the counterfactual's, at ``α = k/n`` for ``k = 0 … n−1``
 (integrated gradients as EAP-IG takes it: ``steps: 1`` is plain AtP). AtP*'s corrections, when
-the step asks for them, are ``causalab.engine.atp_star``'s: the QK fix replaces a query or key
+the step asks for them, are ``causalab.engine.attribution.atp_star``'s: the QK fix replaces a query or key
 unit's estimate, GradDrop adds per-layer estimates and their combination to the table.
 
 This module never opens a trace and plans none: the planner's ``attribute_stages`` says which
@@ -30,9 +30,10 @@ import torch
 
 from causalab.compile.plan import Address, Attribute, MetricOp
 from causalab.document.vocab import ATTRIBUTION_UNITS
-from causalab.engine import atp_star, record
+from causalab.engine import record
+from causalab.engine.attribution import atp_star
 from causalab.engine import windows as window_rules
-from causalab.engine.jobs import Stage, Traced, TraceJob
+from causalab.engine.trace_jobs import Stage, Traced, TraceJob
 from causalab.engine.metrics import score
 from causalab.engine.seam import Window, gather
 from causalab.engine.state import PassContext, Windows

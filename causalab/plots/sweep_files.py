@@ -1,6 +1,6 @@
 """A sweep's pictures as files in its output folder, beside its results, tracked or not.
 
-The same PNGs a sweep's parent run carries (:func:`causalab.tracking.plots.sweep_plots`),
+The same PNGs a sweep's parent run carries (:func:`causalab.plots.curves.sweep_plots`),
 written under ``<out>/plots/``: an untracked run has them too. Imports no mlflow.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from causalab.engine.events import Events
-from causalab.tracking.plots import sweep_plots, title_of, varied
+from causalab.plots.curves import sweep_plots, title_of, varied
 from causalab.tracking.naming import bound_keys
 from causalab.tracking.summary import Point
 

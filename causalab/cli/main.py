@@ -2,8 +2,8 @@
 render | fetch | runs | diff | restamp | server | ui, each printing text or, with ``--json``, the whole result object.
 
 This module is the command: its parser, its verb table and its one error boundary. The verbs
-live in :mod:`causalab.cli_verbs` (those that read a document, a config or a dataset) and
-:mod:`causalab.cli_tracking` (those that run a document or reach the tracking store). Every
+live in :mod:`causalab.cli.document_verbs` (those that read a document, a config or a dataset) and
+:mod:`causalab.cli.run_verbs` (those that run a document or reach the tracking store). Every
 verb is a function from parsed arguments to a dict with a ``text`` key and prints nothing
 itself (an ``exit_status`` key, when there, is the exit status: ``diff`` found a change); ``main``
 prints only after the verb returned, so a refusal leaves nothing half-written on
@@ -27,9 +27,9 @@ import traceback
 from typing import Callable, Sequence
 
 from causalab import flags
-from causalab.cli_tracking import (verb_diff, verb_fetch, verb_restamp, verb_run, verb_runs,
+from causalab.cli.run_verbs import (verb_diff, verb_fetch, verb_restamp, verb_run, verb_runs,
                                    verb_server, verb_ui)
-from causalab.cli_verbs import (verb_data, verb_explain, verb_model, verb_render, verb_schema,
+from causalab.cli.document_verbs import (verb_data, verb_explain, verb_model, verb_render, verb_schema,
                                 verb_tokens, verb_validate, verb_vocab)
 from causalab.document import vocab
 from causalab.errors import CausalabError, UsageError, format_path
@@ -161,11 +161,11 @@ def _verb_args(name: str, parser: argparse.ArgumentParser) -> None:
                                  "(default 1e-06)")
         parser.add_argument("--tracking-uri", default=None, type=flags.tracking_uri)
     elif name == "server":
-        from causalab.server import add_arguments  # imports neither mlflow nor psycopg2
+        from causalab.server.stack import add_arguments  # imports neither mlflow nor psycopg2
 
         add_arguments(parser)
     elif name == "ui":
-        from causalab.ui import add_arguments as ui_arguments  # imports no mlflow
+        from causalab.cli.ui import add_arguments as ui_arguments  # imports no mlflow
 
         ui_arguments(parser)
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from causalab.compile.plan import Attribute
-from causalab.engine.jobs import JobTap, SiteOp
+from causalab.engine.trace_jobs import JobTap, SiteOp
 from causalab.engine.seam import Window
 
 QUERY = "attention_query"

@@ -1,5 +1,5 @@
 """The ``causalab`` verbs that run a document, reach the tracking store or write a bundle: run |
-fetch | runs | restamp | server | ui (the command itself is :mod:`causalab.cli`).
+fetch | runs | restamp | server | ui (the command itself is :mod:`causalab.cli.main`).
 
 ``run`` takes its flags as the run's options (:mod:`causalab.options`, validated once, a
 refusal naming the flag) and assembles its listener: MLflow tracking, or with ``--no-track``
@@ -13,7 +13,7 @@ import contextlib
 import sys
 from typing import Any, Callable
 
-from causalab.cli_verbs import _read_document
+from causalab.cli.document_verbs import _read_document
 from causalab.engine.events import Events
 from causalab.errors import UsageError
 from causalab.options import RunOptions, check_device, run_options
@@ -71,7 +71,7 @@ def verb_run(args: argparse.Namespace) -> dict:
     from causalab.engine.events import Chain
     from causalab.pipeline import run_document
     from causalab.progress import PointProgress
-    from causalab.tracking.plot_files import SweepPictures
+    from causalab.plots.sweep_files import SweepPictures
 
     options = run_options_of(args)
     raw = _read_document(args.document)
@@ -122,7 +122,7 @@ def _basis_of(uri: str) -> Callable[[str, str], None]:
 
 def verb_restamp(args: argparse.Namespace) -> dict:
     """Recompute a bundle's tensor digest after an intended edit (docs/format.md §8.3)."""
-    from causalab.engine.bundles import restamp
+    from causalab.engine.bundle_files import restamp
 
     names = restamp(args.file)
     return {"text": f"restamped {args.file}: {', '.join(names)}", "file": args.file,
@@ -170,13 +170,13 @@ def verb_diff(args: argparse.Namespace) -> dict:
 
 def verb_server(args: argparse.Namespace) -> dict:
     """Start, stop or look at the team tracking stack (PostgreSQL + mlflow server)."""
-    from causalab import server
+    from causalab.server import stack as server
 
     return server.verb(args)
 
 
 def verb_ui(args: argparse.Namespace) -> dict:
     """Start MLflow's UI on a run's store, print the addresses of its sweep, stop on Ctrl-C."""
-    from causalab import ui
+    from causalab.cli import ui
 
     return ui.verb(args)

@@ -33,7 +33,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from causalab import server_auth
+from causalab.server import auth as server_auth
 from causalab.errors import TrackingError
 
 STATE = "server.json"
@@ -53,7 +53,7 @@ class Stack:
     pg_port: int
     pg_pid: int
     mlflow_pid: int
-    auth: bool = False  # MLflow's basic-auth app in front (server_auth.py)
+    auth: bool = False  # MLflow's basic-auth app in front (server/auth.py)
 
     def save(self) -> None:
         (Path(self.root) / STATE).write_text(json.dumps(asdict(self), indent=2))

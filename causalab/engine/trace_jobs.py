@@ -2,7 +2,7 @@
 
 ``causalab.engine.planner`` makes them and makes every speed decision in them; the walk binds
 each to its tensors (``taps.bind``) and runs it through ``walk.run_trace``; the pass assembly
-(``causalab.engine.passes``) keeps what a stage's traces produced. A job names no tensor and
+(``causalab.engine.assembly``) keeps what a stage's traces produced. A job names no tensor and
 no live object, so ``explain --traces`` prints the jobs a run opens without loading weights.
 """
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Attribution: gradient patching, AtP*'s corrections, verification, edges (EAP-IG)."""

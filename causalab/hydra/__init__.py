@@ -1,0 +1,1 @@
+"""Hydra around the document: rendering a composed config, the multirun parent, its jobs."""

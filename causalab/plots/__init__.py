@@ -1,0 +1,1 @@
+"""Pictures: PNGs of sweeps, rankings, attribution maps and faithfulness, on one canvas."""
