@@ -82,7 +82,7 @@ class CausalabError(Exception):
         super().__init__(f"{format_path(self.path)}: {message}")
 
     def __reduce__(self):
-        """Pickled as its path and message (a refusal raised in the MLflow worker process
+        """Pickled as its path and message (a refusal raised in a launcher's job process
         crosses back whole)."""
         return type(self), (self.path, self.message)
 

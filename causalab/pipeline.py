@@ -6,7 +6,7 @@ in the order they were written: ``document.json``, ``run.json``, then every save
 """
 from __future__ import annotations
 
-from causalab.claims import claim
+from causalab.tracking.claims import claim
 from causalab.files import DEFAULT_DATA_ROOT, DEFAULT_OUT
 
 
@@ -45,7 +45,7 @@ def run_document(raw: dict, *, out: str = DEFAULT_OUT, batch_size: int | None = 
     ``point_start``, its metrics and ``point_end`` in that order. A point that raises is
     reported to ``point_end`` with its error and the other points still run; the first error
     is raised once they have. An interrupt stops at once, ending every started point. The run
-    holds ``out`` from before the model loads to its end (``causalab.claims``): a second run
+    holds ``out`` from before the model loads to its end (``causalab.tracking.claims``): a second run
     into the same folder meanwhile is refused.
     """
     from causalab.engine.entry import run_document as run_plan

@@ -98,7 +98,7 @@ def _report(out: str, written: list[str], summary, job: str) -> None:
 
 
 def _report_tracking(events) -> None:
-    """What was logged where, once the tracking worker has stored it."""
+    """What was logged where, once it is stored."""
     if events is None:
         return
     from causalab.tracking import landing, naming, summary, ui_command

@@ -89,7 +89,7 @@ SHOWN: dict[str, Twin] = {
         Twin((PY, "scripts/bench/patching.py"), measured=True, slow=True),
     ".venv/bin/python scripts/bench/medium.py":
         Twin((PY, "scripts/bench/medium.py"), measured=True, slow=True),
-    ".venv/bin/python scripts/bench/tracking.py --smollm2-samples 0 --samples 7":
+    ".venv/bin/python scripts/bench/tracking.py --smollm2-samples 0 --samples 5":
         Twin((PY, "scripts/bench/tracking.py", "--smollm2-samples", "0", "--samples", "1",
               "--cli-samples", "1"), measured=True, slow=True),
     ".venv/bin/python scripts/bench/cayley.py":

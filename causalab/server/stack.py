@@ -6,7 +6,8 @@ Under ``root``: ``pgdata/`` (the database cluster, made by ``initdb`` on first s
 process groups of what runs), ``postgres.log``, ``mlflow.log``, ``password`` (0600).
 
 PostgreSQL is Debian's (``make setup`` installs the ``postgresql`` package), or any
-``initdb``/``postgres`` on PATH or given as ``pg_bin``. PostgreSQL refuses to run as root, so
+``initdb``/``postgres`` on PATH or given as ``pg_bin``; it is started by ``pg_ctl -w`` (which
+returns once it accepts connections) and looked at with ``pg_isready``. PostgreSQL refuses to run as root, so
 when root starts the stack the database runs as a dedicated system user (``postgres``, which
 the Debian package creates). Each server is started in its own process group and stopped by
 that group: mlflow first (SIGTERM), then PostgreSQL with a fast shutdown (SIGINT), SIGKILL for
@@ -17,6 +18,7 @@ light; psycopg2 is imported only to create the database.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -151,35 +153,38 @@ def init_cluster(root: Path, binaries: Path, account: tuple[int, int] | None) ->
     return data
 
 
-def _start_postgres(root: Path, binaries: Path, account, port: int) -> subprocess.Popen:
+def _start_postgres(root: Path, binaries: Path, account, port: int, timeout: float) -> int:
+    """Start PostgreSQL with ``pg_ctl -w`` (it returns once the server accepts connections,
+    or fails saying why); the postmaster's pid, which leads a session and group of its own."""
     data = init_cluster(root, binaries, account)
-    log = open(root / "postgres.log", "ab")
     # No Unix socket: TCP on loopback only, and nothing written outside the root.
-    command = [str(binaries / "postgres"), "-D", str(data), "-p", str(port),
-               "-c", f"listen_addresses={HOST}", "-c", "unix_socket_directories="]
-    try:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                cwd=str(data), **_as(account))
-    finally:
-        log.close()
+    options = f"-p {port} -c listen_addresses={HOST} -c unix_socket_directories=''"
+    with open(root / "postgres.log", "ab") as log:
+        done = subprocess.run(
+            [str(binaries / "pg_ctl"), "start", "-D", str(data), "-w", "-t",
+             str(max(1, int(timeout))), "-o", options], stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, cwd=str(data), **_as(account))
+    try:  # the first line of postmaster.pid
+        pid = int((data / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        pid = None
+    if done.returncode != 0 or pid is None:
+        tail = (root / "postgres.log").read_text(errors="replace").strip().splitlines()[-3:]
+        raise TrackingError(("server", "postgres"), "PostgreSQL did not start: "
+                            + " | ".join(tail))
+    return pid
 
 
-def _ensure_database(port: int, password: str, deadline: float, process) -> None:
-    """Wait until PostgreSQL answers, then create MLflow's database once."""
+def _ensure_database(port: int, password: str) -> None:
+    """Create MLflow's database once (PostgreSQL already accepts connections)."""
     import psycopg2
 
-    while True:
-        try:
-            connection = psycopg2.connect(host=HOST, port=port, user=DB_USER,
-                                          password=password, dbname="postgres",
-                                          connect_timeout=2)
-            break
-        except psycopg2.OperationalError as error:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise TrackingError(("server", "postgres"),
-                                    f"PostgreSQL did not start: {error}".strip()) from None
-            time.sleep(0.3)
+    try:
+        connection = psycopg2.connect(host=HOST, port=port, user=DB_USER, password=password,
+                                      dbname="postgres", connect_timeout=10)
+    except psycopg2.OperationalError as error:
+        raise TrackingError(("server", "postgres"),
+                            f"PostgreSQL does not answer: {error}".strip()) from None
     try:
         connection.autocommit = True
         with connection.cursor() as cursor:
@@ -188,6 +193,15 @@ def _ensure_database(port: int, password: str, deadline: float, process) -> None
                 cursor.execute(f"create database {DATABASE}")
     finally:
         connection.close()
+
+
+def pg_ready(port: int) -> bool:
+    """Whether PostgreSQL on ``port`` accepts connections (``pg_isready``)."""
+    try:
+        command = [str(pg_bin() / "pg_isready"), "-q", "-h", HOST, "-p", str(port), "-t", "2"]
+    except TrackingError:
+        return False
+    return subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True).returncode == 0
 
 
 # --- mlflow server ------------------------------------------------------------------------
@@ -245,13 +259,13 @@ def start(root: str | Path = DEFAULT_ROOT, *, port: int = 5000, pg_port: int = 0
     binaries, account = pg_bin(pg_binaries), _account(pg_user)
     pg_port = pg_port or free_port()
     deadline = time.monotonic() + timeout
-    postgres = _start_postgres(root, binaries, account, pg_port)
+    postgres = _start_postgres(root, binaries, account, pg_port, timeout)
     stack = Stack(str(root), f"http://{host}:{port}",
                   f"postgresql://{DB_USER}@{HOST}:{pg_port}/{DATABASE}", pg_port,
-                  postgres.pid, 0, auth)
+                  postgres, 0, auth)
     stack.save()
     try:
-        _ensure_database(pg_port, _password(root), deadline, postgres)
+        _ensure_database(pg_port, _password(root))
         secret = f"postgresql+psycopg2://{DB_USER}:{_password(root)}@{HOST}:{pg_port}/{DATABASE}"
         server = _start_mlflow(root, secret, port, host, auth)
         stack.mlflow_pid = server.pid
@@ -276,22 +290,16 @@ def _wait_for(url: str, server: subprocess.Popen, deadline: float, root: Path) -
 
 def group_alive(group: int) -> bool:
     """Whether any process of ``group`` is still running (zombies do not count)."""
+    import psutil
+
     if group <= 0:
         return False
-    proc = Path("/proc")
-    if not proc.is_dir():
+    for process in psutil.process_iter(["status"]):
         try:
-            os.killpg(group, 0)
-            return True
-        except (ProcessLookupError, PermissionError):
-            return False
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            if os.getpgid(process.pid) == group and process.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (OSError, psutil.Error):
             continue
-        if int(fields[2]) == group and fields[0] != "Z":
-            return True
     return False
 
 
@@ -300,23 +308,16 @@ def stop_group(group: int, first: int, grace: float, leader_only: bool = False) 
     ``grace`` seconds if any of it is left."""
     if not group_alive(group):
         return
-    try:
-        if leader_only:
-            os.kill(group, first)
-        else:
-            os.killpg(group, first)
-    except ProcessLookupError:
-        return
+    with contextlib.suppress(ProcessLookupError):
+        (os.kill if leader_only else os.killpg)(group, first)
     deadline = time.monotonic() + grace
     while group_alive(group) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if group_alive(group):
-        try:
+    with contextlib.suppress(ProcessLookupError):
+        if group_alive(group):
             os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        while group_alive(group):
-            time.sleep(0.1)
+    while group_alive(group):
+        time.sleep(0.1)
 
 
 def stop(root: str | Path = DEFAULT_ROOT) -> Stack:
@@ -334,7 +335,7 @@ def _running(stack: Stack) -> bool:
 
 def status(root: str | Path = DEFAULT_ROOT) -> dict:
     stack = Stack.load(Path(root).resolve())
-    return {**asdict(stack), "postgres": group_alive(stack.pg_pid),
+    return {**asdict(stack), "postgres": group_alive(stack.pg_pid) and pg_ready(stack.pg_port),
             "mlflow": group_alive(stack.mlflow_pid), "answers": answers(stack.url)}
 
 

@@ -10,8 +10,8 @@ first, :mod:`causalab.tracking.ranking`), across swept seeds each score's mean, 
 interval (``seeds.json``, :mod:`causalab.tracking.seeds`), ``summary.html`` (a row per point)
 and a saved view of the experiment's runs page that lists the points (searched by their
 parent, or by their ids when a multirun's jobs hold them) with the swept params and those
-scores as columns (:func:`causalab.tracking.summary.view_address` opens it). Runs in the
-tracking worker: every call goes through the client it is given.
+scores as columns (:func:`causalab.tracking.summary.view_address` opens it). Every call goes
+through the client it is given.
 """
 from __future__ import annotations
 

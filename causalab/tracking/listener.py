@@ -4,50 +4,69 @@ A swept document gets a parent run and one child per point (``mlflow.parentRunId
 a Hydra multirun the job's runs nest under the multirun's parent instead of standing alone.
 A point whose digest already has a FINISHED run in the experiment is skipped (resume) unless
 ``rerun``; under a parent it is linked there (:mod:`causalab.tracking.links`), so the parent
-shows every point it asked for. Every MLflow call runs in the tracking worker, a process of
-its own (:mod:`causalab.tracking.worker`): this process never imports MLflow or matplotlib.
-This module is the run's side (events in, numbers buffered per point in
-:class:`~causalab.tracking.points.PointRun`); everything but the resume lookup is sent to one
-background lane (:mod:`causalab.tracking.background`), whose calls are
-:mod:`causalab.tracking.writes`: numbers sent with ``log_batch``, files uploaded once per
-point, plots drawn in the worker. A point that raises ends FAILED with the error as the
-``causalab.error`` tag; an interrupt ends it KILLED, after what it wrote is uploaded; a run is
-FINISHED only after its files are logged. Never touches MLflow's fluent active-run stack.
+shows every point it asked for. Every MLflow call runs in the run's own process, through one
+``MlflowClient`` (:meth:`TrackingEvents.call`): the run's side (events in, numbers buffered
+per point in :class:`~causalab.tracking.points.PointRun`) is here, the calls themselves in
+:mod:`causalab.tracking.writes`. When a point ends its files go, then its numbers in
+one ``log_batch``; all are read back before it is marked FINISHED
+(:mod:`causalab.tracking.stored`). A point that raises ends FAILED with the
+error as the ``causalab.error`` tag; an interrupt ends it KILLED, after what it wrote is
+uploaded. Never touches MLflow's fluent active-run stack.
 
-The run's own process waits for none of it: ``run_end`` returns once the run's files are
-written, and the MLflow side completes in the background. ``wait`` (or leaving a ``with``
-block) blocks until it is stored and raises what failed; the CLI, a Hydra job and
-:func:`causalab.results.run` wait before they report, and an exit handler drains whatever a
-process leaves unsent. Only the resume lookup (which points are done) is waited for, in one
-request at the run's start, and only without ``rerun``. A store that stops answering (MLflow's
-deadlines ran out, ``reach.DEADLINES``) is one refusal: every later call fails at once and the
-run stops at its next point, its files kept in ``out``. After an interrupt the run waits for
-its KILLED ends only while the store keeps answering (``STALL_S``).
+A call that fails does not stop the ones after it (a run's end still reaches the store):
+``wait`` (or leaving a ``with`` block) raises the first failure. The store is opened at the
+run's first call, after its ``--out`` is claimed (a refused run touches no store). A store
+that stops answering (MLflow's deadlines ran out, ``reach.DEADLINES``) is one refusal: every
+later call fails at once and the run stops at its next point, its files kept in ``out``.
+After an interrupt the run waits for its KILLED ends only while the store answers
+(``STALL_S``); a run killed outright leaves its runs RUNNING to the next run of its document,
+which ends them (:mod:`causalab.tracking.owners`).
 """
 from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
 from causalab.engine.events import Events
 from causalab.errors import CausalabError, Path as JsonPath, TrackingError, UsageError, reason
 from causalab.files import RUN_RECORD
-from causalab.tracking import artifacts, naming, owners, point_claims
-from causalab.plots import attribution_maps as attribution_plots, canvas as figures, curves as plots
+from causalab.tracking import artifacts, claims, naming, owners
+from causalab.plots import attribution_maps as attribution_plots, curves as plots
 from causalab.tracking import stored
 from causalab.tracking import points as facts
 from causalab.tracking import runs as store
-from causalab.tracking.background import Lane, Stalled
 from causalab.tracking.points import PointRun
-from causalab.tracking.reach import StoreRefused, Unanswered, reach, source_of
-from causalab.tracking.worker import WorkerGone, worker
+from causalab.tracking.reach import StoreRefused, reach, said_once, source_of, translated
 from causalab.tracking.writes import StoreWrites
 
-# After an interrupt the run waits for what it sent only while the store keeps answering:
-# once no call has ended for this long, it leaves (a later run ends what it left open).
-STALL_S = 5.0
+# After an interrupt the run waits for its KILLED ends only while a call ends at least this
+# often: a store that stopped answering would hold it for MLflow's deadlines (a later run
+# ends what it left open).
+STALL_S = 1.5
+
+
+class Calls:
+    """A run's MLflow calls, run as they are sent; the first failure is kept for ``wait``
+    (the calls after it still run: a run's end still reaches the store)."""
+
+    def __init__(self) -> None:
+        self.failed: list[Exception] = []
+
+    def send(self, call: Any, *args: Any, **kwargs: Any) -> None:
+        """Run ``call(*args, **kwargs)`` now."""
+        try:
+            call(*args, **kwargs)
+        except Exception as error:
+            self.failed.append(error)
+
+    def raise_first(self) -> None:
+        failed, self.failed = self.failed, []
+        if failed:
+            raise failed[0]
 
 
 class TrackingEvents(StoreWrites, Events):
@@ -93,15 +112,17 @@ class TrackingEvents(StoreWrites, Events):
         self.linked: dict[str, str] = {}
         self.failed: list[str] = []
         self._experiment_id: str | None = None
-        self._lane: Lane | None = None
+        self.lane = Calls()
+        self._client: Any = None
         self._swept = False
-        self._held = False
         self._done_runs: dict[str, str] = {}
         self._not_done: dict[str, str] = {}
         self._claimed: dict[str, str] = {}  # digest -> the run this run holds the point in
         self._taken: dict[str, str] = {}  # digest -> the live run elsewhere that holds it
         self.taken: dict[str, str] = {}  # label -> that run, said as the point is skipped
         self._open: dict[int, PointRun] = {}
+        self._stopped: list[tuple[PointRun, list]] = []  # points an interrupt stopped
+        self._answered = time.monotonic()  # when the store last answered a call
         self._ended: list[PointRun] = []
         self._deferred: PointRun | None = None
         self._done: list[tuple[dict, dict]] = []
@@ -113,23 +134,28 @@ class TrackingEvents(StoreWrites, Events):
     # --- connection -------------------------------------------------------------------------
 
     def call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
-        """``function(client, *args, **kwargs)`` with this run's store, in the MLflow worker
-        process (:mod:`causalab.tracking.worker`). Once the store stopped answering a call
-        (MLflow's deadlines ran out), every later call is refused at once with that line."""
+        """``function(client, *args, **kwargs)`` with this run's store (opened at the first
+        call). Once the store stopped answering a call (MLflow's deadlines ran out), every
+        later call is refused at once with that line."""
         self._check()
         try:
-            return worker().call(self.uri, function, *args, **kwargs)
-        except StoreRefused as error:  # named where the store came from
-            raise TrackingError(source_of(self.uri_option), error.message) from None
-        except Unanswered as error:
+            if self._client is None:
+                said_once()
+                self._client = store.client(self.uri)
+            return function(self._client, *args, **kwargs)
+        except CausalabError:
+            raise
+        except Exception as error:
+            found = translated(error, self.uri)
+            if found is None:
+                raise
+            if isinstance(found, StoreRefused):  # named where the store came from
+                raise TrackingError(source_of(self.uri_option), found.message) from None
             self._unanswered = TrackingError(source_of(self.uri_option), (
-                f"{error.message}; the run's files are in {self.out}, and a rerun stores "
+                f"{found.message}; the run's files are in {self.out}, and a rerun stores "
                 "the points this one could not"))
-        except WorkerGone as error:  # killed or out of memory: the user's to see, in one line
-            self._unanswered = TrackingError(source_of(self.uri_option), (
-                f"tracking to {self.uri} stopped: {error} (killed, or out of memory?); the "
-                f"run's files are in {self.out}, and a rerun stores the points this one "
-                "could not"))
+        finally:
+            self._answered = time.monotonic()
         self._check()
 
     def _check(self) -> None:
@@ -143,33 +169,23 @@ class TrackingEvents(StoreWrites, Events):
             self._experiment_id = self.call(store.experiment_id, self.experiment, self.uri)
         return self._experiment_id
 
-    @property
-    def lane(self) -> Lane:
-        if self._lane is None:
-            self._lane = Lane()
-        return self._lane
-
-    def wait(self, stall_s: float | None = None) -> None:
-        """Block until everything sent to MLflow so far is stored (raises the first failure,
-        the lane then kept for what follows), then let the lane's thread go: a later call
-        starts a new one. ``run_document`` does not wait: call this (or leave a ``with``
-        block) before reading the run back from the store. ``stall_s``: raise ``Stalled``
-        once no call has ended for that long."""
-        if self._lane is not None:
-            try:
-                self._lane.close(stall_s)
-            except StoreRefused as error:
-                raise TrackingError(source_of(self.uri_option), (
-                    f"{error.message}; the run's files are in {self.out}, and a rerun "
-                    "stores what this one could not")) from None
-            except (CausalabError, Stalled):
-                raise
-            except Exception as error:  # any other failure of the store, still one line
-                raise TrackingError(source_of(self.uri_option), (
-                    f"the tracking store at {self.uri} failed: {reason(error)}; the run's "
-                    f"files are in {self.out}, and a rerun stores what this one could not")
-                ) from None
-            self._lane = None
+    def wait(self) -> None:
+        """Raise the first of this run's MLflow calls that failed, as one line. Every call has
+        run by the time it returns (a point's numbers were waited for at its end), so after
+        it the run can be read back from the store."""
+        try:
+            self.lane.raise_first()
+        except StoreRefused as error:
+            raise TrackingError(source_of(self.uri_option), (
+                f"{error.message}; the run's files are in {self.out}, and a rerun "
+                "stores what this one could not")) from None
+        except CausalabError:
+            raise
+        except Exception as error:  # any other failure of the store, still one line
+            raise TrackingError(source_of(self.uri_option), (
+                f"the tracking store at {self.uri} failed: {reason(error)}; the run's "
+                f"files are in {self.out}, and a rerun stores what this one could not")
+            ) from None
 
     def _tags(self, kind: str, point: Any = None) -> dict[str, str]:
         tags = {store.KIND: kind, store.VERSION: store.code_version(), **owners.owner_tags()}
@@ -196,16 +212,13 @@ class TrackingEvents(StoreWrites, Events):
         digests = [p.digest for p in points if getattr(p, "digest", None)]
         wanted = {p.digest: dict(getattr(p, "input_digests", None) or {})
                   for p in points if getattr(p, "digest", None)}
-        if not self._held:  # the run computes now: its bookkeeping waits (Lane.hold)
-            self.lane.hold()
-            self._held = True
         self._swept = len(points) > 1 or any(getattr(p, "coordinates", None) for p in points)
         # Which points are done, and a claim on each of the others, decide what runs: the
-        # one wait (tracking/point_claims.py). A rerun asked to compute every point again,
+        # one wait (tracking/claims.py). A rerun asked to compute every point again,
         # so it neither looks up nor claims, and does not wait for the store.
         if not self.rerun:
             asked = {p.digest: self._claim_of(p) for p in points if getattr(p, "digest", None)}
-            found = self.call(point_claims.claim, self.experiment_id, wanted, asked)
+            found = self.call(claims.claim_points, self.experiment_id, wanted, asked)
             self._done_runs, self._not_done = found.done, found.why
             self._claimed, self._taken = found.mine, found.taken
         sweep = digest(document) if self._swept else None
@@ -224,7 +237,7 @@ class TrackingEvents(StoreWrites, Events):
             self.lane.send(self._reuse, point, label, found)
             return False
         holder = self._taken.get(getattr(point, "digest", None))
-        if holder:  # a live run elsewhere computes it now (tracking/point_claims.py)
+        if holder:  # a live run elsewhere computes it now (tracking/claims.py)
             self.taken[label] = holder
             print(f"skipped {label or '<root>'}: being computed by {holder}", file=sys.stderr)
             return False
@@ -242,7 +255,7 @@ class TrackingEvents(StoreWrites, Events):
         self.lane.send(self._create, run, claim.name, claim.tags)
         return True
 
-    def _claim_of(self, point: Any) -> point_claims.Claim:
+    def _claim_of(self, point: Any) -> claims.Claim:
         """A point's run as it is created: its name and tags (owner, digest, place, inputs)."""
         label = self._label(point)
         tags = self._tags("point", point)
@@ -254,7 +267,7 @@ class TrackingEvents(StoreWrites, Events):
         if self.parent_run_id:  # a multirun job's claims sit under its parent from the start
             tags[store.PARENT] = self.parent_run_id
         name = label if self._swept else (self.run_name or label or "point")
-        return point_claims.Claim(name, tags)
+        return claims.Claim(name, tags)
 
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
         run = self._open.get(id(point))
@@ -288,6 +301,9 @@ class TrackingEvents(StoreWrites, Events):
             return
         files = facts.files_of(self.out, point, written, error)
         run.finished = True
+        if isinstance(error, KeyboardInterrupt):  # ended by ``close``, bounded in time
+            self._stopped.append((run, files))
+            return
         run.whole = error is None and bool(getattr(point, "directory", ""))
         self.lane.send(self._upload, run, files)
         attribution_plots.send_grids(self, run, point)
@@ -316,19 +332,34 @@ class TrackingEvents(StoreWrites, Events):
         self._drop_claims()
         if self._swept:
             self.lane.send(self._finish_sweep, written, record)
-        self._release()
 
     def resolve(self, uri: str) -> str:
         """A ``runs:/<run_id>/<path>`` bundle downloaded from this listener's tracking URI."""
-        return worker().call(None, artifacts.resolve_artifact, uri, self.uri)
+        return artifacts.resolve_artifact(uri, self.uri)
 
     def close(self, error: BaseException | None = None) -> None:
         """End whatever is still open: KILLED on an interrupt, FAILED on any other error.
 
-        What was already sent (files of points that ended) is uploaded first.
+        What was already sent (files of points that ended) is uploaded first. After an
+        interrupt the ends run beside the caller, which waits for them only while calls keep
+        ending (``STALL_S``): a store that stopped answering must not hold a stopped run.
         """
         error = error or RuntimeError("the run stopped before its end")
-        self._release()
+        if not isinstance(error, KeyboardInterrupt):
+            self._close(error)
+            return
+        ending = threading.Thread(target=self._close, args=(error,), daemon=True,
+                                  name="causalab-tracking-end")
+        self._answered = time.monotonic()
+        ending.start()
+        while ending.is_alive() and time.monotonic() - self._answered < STALL_S:
+            ending.join(0.2)
+
+    def _close(self, error: BaseException) -> None:
+        for run, files in self._stopped:
+            self.lane.send(self._upload, run, files)
+            self.lane.send(self._end_point, run, error)
+        self._stopped = []
         for run in list(self._open.values()):
             self.lane.send(self._upload, run, [])
             self.lane.send(self._end_point, run, error)
@@ -339,28 +370,12 @@ class TrackingEvents(StoreWrites, Events):
         self._drop_claims()
         if self._swept:
             self.lane.send(self._end_sweep, error, True)
-        try:
-            self._close_lane(STALL_S if isinstance(error, KeyboardInterrupt) else None)
-        except Exception:  # the run's own error is the one to report
-            pass
-
-    def _close_lane(self, stall_s: float | None) -> None:
-        """``wait``, for as long as the store keeps answering when ``stall_s`` is given: a
-        lane stalled that long is abandoned and the worker dropped with the call it is in."""
-        if self._lane is None:
-            return
-        try:
-            self.wait(stall_s)
-        except Stalled:
-            self._lane.abandon()
-            self._lane = None
-            worker().drop()
+        self.lane.failed.clear()  # the run's own error is the one to report
 
     def __enter__(self) -> "TrackingEvents":
-        """Reach the store now, in seconds, before the run compiles or loads a model."""
+        """Reach the store now, in seconds, before the run compiles or loads a model; it is
+        opened at the first call, once the run holds its ``--out``."""
         reach(self.uri, source_of(self.uri_option), writes=True)
-        worker().open(self.uri)  # MLflow loads and opens the store while the run compiles
-        self.lane.send(worker().call, None, figures.warm)  # and matplotlib, for its plots
         return self
 
     def __exit__(self, kind, error, traceback) -> None:
@@ -383,10 +398,3 @@ class TrackingEvents(StoreWrites, Events):
 
     def _label(self, point: Any) -> str:
         return getattr(point, "name", "") if self._swept else ""
-
-    def _release(self) -> None:
-        """Let the held calls go; a lane already waited out (``wait``) is not started again."""
-        if self._held and self._lane is not None:
-            self._lane.release()
-        self._held = False
-

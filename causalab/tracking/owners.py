@@ -24,13 +24,14 @@ _RUNNING = "attributes.status = 'RUNNING'"
 
 
 def _started(pid: int) -> str | None:
-    """The process's start in clock ticks since boot (Linux ``/proc``), or None elsewhere."""
+    """The process's start time (``psutil``, seconds since the epoch, to the centisecond), or
+    None when there is no such process."""
+    import psutil
+
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        return f"{psutil.Process(pid).create_time():.2f}"
+    except (psutil.Error, OSError):
         return None
-    return fields[19] if len(fields) > 19 else None
 
 
 def owner_tags() -> dict[str, str]:
@@ -49,19 +50,23 @@ def _owner(run) -> dict | None:
 
 
 def owner_is_dead(run) -> bool:
-    """Whether a run's owner is known to be gone: on this host, and its pid absent or reused."""
+    """Whether a run's owner is known to be gone: on this host, and its pid absent, a zombie
+    (killed, not yet reaped by its parent) or reused by a process that started later."""
+    import psutil
+
     owner = _owner(run)
     if owner is None or owner.get("host") != socket.gethostname():
         return False
-    pid = owner["pid"]
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        process = psutil.Process(owner["pid"])
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return True
+        started = f"{process.create_time():.2f}"
+    except psutil.NoSuchProcess:
         return True
-    except PermissionError:
-        pass  # alive, someone else's
-    started = _started(pid)
-    return bool(owner.get("start") and started and started != owner["start"])
+    except (psutil.Error, OSError):
+        return False  # alive, someone else's
+    return bool(owner.get("start")) and started != owner["start"]
 
 
 def _kill(mlflow, run) -> None:
@@ -121,7 +126,7 @@ def resumable_sweep(mlflow, experiment_id: str, sweep: str) -> str | None:
 
 def reopen(mlflow, run_id: str, owner: dict[str, str]) -> None:
     """Make an ended sweep parent the caller's own again: RUNNING, ``owner`` (the caller's
-    :func:`owner_tags`, taken where the run is, not in the MLflow worker), no error."""
+    :func:`owner_tags`), no error."""
     mlflow.update_run(run_id, status="RUNNING")
     store.log_batch(mlflow, run_id, tags=owner)
     if store.ERROR in mlflow.get_run(run_id).data.tags:

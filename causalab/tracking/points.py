@@ -1,7 +1,7 @@
 """What a tracked point buffers in the run's process, and the facts read off a point for it.
 
-A :class:`PointRun` holds one point's run id (once the background lane created the run) and
-every number the point produced, as plain data, until it is sent with one ``log_batch``. The
+A :class:`PointRun` holds one point's run id (once its run is created) and every number the
+point produced, as plain data, until it is sent with one ``log_batch`` when the point ends. The
 functions below read a lowered point (its document, directory, coordinates) and a run's
 ``--out`` folder. Plain data only: nothing here imports MLflow or talks to a store.
 """
@@ -21,7 +21,7 @@ from causalab.tracking import runs as store
 
 @dataclass
 class PointRun:
-    """One point's run: its id once the lane created it, and what the point has buffered."""
+    """One point's run: its id once created, and what the point has buffered."""
 
     label: str
     steps: list[str]

@@ -31,7 +31,7 @@ BEATS = "causalab.first_beats"  # {point: P(the first point beats it)}, a JSON o
 def table_rows(mlflow, run, name: str, step: str | None) -> dict[str, float] | None:
     """example id -> value of the eligible rows of the table ``run`` saved for ``name`` at
     ``step`` (None: no such table; the point's order is :func:`summary.ranked`'s). A linked point's files are on the run it reuses."""
-    from mlflow.exceptions import MlflowException  # in the worker: the run's process has none
+    from mlflow.exceptions import MlflowException
 
     from causalab.progress import mlflow_bars
 

@@ -8,19 +8,28 @@ in seconds with the URI named. A SQLite store is local: a run (``writes``) check
 file can be made where it says (else SQLAlchemy retries for minutes), without making it;
 MLflow's retired file store (``file:``) is refused.
 
+:func:`client` opens a store; a SQLite store's first use (MLflow makes its tables and runs
+its migrations) holds a lock file beside it, so runs started at once never race there.
 After the start, every MLflow call carries MLflow's own HTTP deadline settings
-(:data:`DEADLINES`, set where the call runs unless the user set them): a server that dies or
-stops answering fails a call in under a minute, as :class:`Unanswered`.
+(:data:`DEADLINES`, set where the client is made unless the user set them): a server that
+dies or stops answering fails a call in under a minute, and :func:`answered` says so as
+:class:`Unanswered`; a store that answers but takes no write as :class:`StoreRefused`.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import re
 import time
 from pathlib import Path as FilePath
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from causalab import files
 from causalab.errors import Path, TrackingError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 TRIES = 3
 TIMEOUT_S = 2.0
@@ -39,11 +48,6 @@ class Unanswered(TrackingError):
 
 class StoreRefused(TrackingError):
     """A store that answers but cannot take a write: a full disk, a read-only file system."""
-
-
-def with_deadlines(settings: Mapping[str, str]) -> dict[str, str]:
-    """``settings`` (MLflow's environment variables) with :data:`DEADLINES` where unset."""
-    return {**DEADLINES, **settings}
 
 
 def source_of(flag: Path = ("--tracking-uri",)) -> Path:
@@ -109,3 +113,150 @@ def _writable_database(uri: str, at: Path) -> None:
     why = files.cannot_write_in(files.nearest_folder(database.parent))
     if why is not None:
         raise TrackingError(at, f"{uri}: {why}")
+
+
+def client(uri: str) -> "MlflowClient":
+    """A client of the store at ``uri``; MLflow opens the store here (and makes a new SQLite
+    store's tables under its lock, :func:`_first_use`, saying so unless ``CAUSALAB_QUIET=1``).
+    Its calls carry MLflow's HTTP deadlines (``reach.DEADLINES``) unless the process set its
+    own."""
+    from causalab.progress import mlflow_notes
+
+    os.environ.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
+    database = sqlite_file(uri)
+    if database is None or uri in _OPENED:
+        return _client_of(uri, database)
+    with _first_use(database):
+        found = _client_of(uri, database)
+        with mlflow_notes():
+            found.search_experiments(max_results=1)  # the tables made or migrated now
+    _OPENED.add(uri)
+    return found
+
+
+# The SQLite stores this process has opened once, under their lock.
+_OPENED: set[str] = set()
+
+
+def _client_of(uri: str, database: FilePath | None) -> "MlflowClient":
+    from mlflow import MlflowClient
+
+    from causalab.progress import mlflow_notes
+
+    if database is not None and database.is_file():  # a store moved since: rebased first
+        from causalab.tracking.moved import rebase
+
+        rebase(database)
+    with mlflow_notes():
+        return MlflowClient(tracking_uri=uri)
+
+
+@contextlib.contextmanager
+def _first_use(database: FilePath) -> Iterator[None]:
+    """Hold ``<database>.lock`` while the store is first opened: MLflow makes a new SQLite
+    store's tables and runs its migrations then, and two processes doing so at once on one
+    file fail (``table _alembic_tmp_experiments already exists``)."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on the platforms causalab runs on
+        yield
+        return
+    try:
+        database.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(database.with_name(database.name + ".lock"), "a")
+    except OSError:  # a folder that takes no file: MLflow refuses the store in its own words
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def said_once() -> None:
+    """A run's store errors are said once, by the run: MLflow's tries are its own
+    (:data:`DEADLINES`), and the logged copy of an error it raises (a database's, an
+    asynchronous write's; a full disk's traceback was hundreds of lines) is left out."""
+    import logging
+
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    for name in ("mlflow.store.db.utils", "mlflow.utils.async_logging.async_logging_queue"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def answered(uri: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(client of uri, *args, **kwargs)``, what failed said as :func:`translated`
+    says it."""
+    from causalab.errors import CausalabError
+
+    try:
+        return function(client(uri), *args, **kwargs)
+    except CausalabError:
+        raise
+    except Exception as error:
+        found = translated(error, uri)
+        if found is None:
+            raise
+        raise found from None
+
+
+def translated(error: BaseException, uri: str) -> TrackingError | None:
+    """``error`` as the run says it: a store that stopped answering as :class:`Unanswered`,
+    one that cannot take a write as :class:`StoreRefused` (both at no path: the caller names
+    where the URI came from); None for any other failure."""
+    why = unanswered(error, uri)
+    if why is not None:
+        return Unanswered((), f"the tracking store at {uri} stopped answering ({why})")
+    why = refused(error)
+    if why is not None:
+        return StoreRefused((), f"the tracking store at {uri} is not usable ({why})")
+    return None
+
+
+# A server behind authentication (``mlflow server --app-name basic-auth``) without a login.
+_LOGIN = re.compile(r"error code (401|403)\b")
+_REFUSING = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM}
+
+
+def refused(error: BaseException) -> str | None:
+    """Why the store cannot take a write, when that is what ``error`` says: its SQLite file
+    (full, read-only, corrupt), its artifact folder (no space, no permission) or a server
+    that asks for a login."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if _LOGIN.search(str(seen)) and type(seen).__name__ == "MlflowException":
+            return ("it asks for a login (HTTP 401/403): set MLFLOW_TRACKING_USERNAME and "
+                    "MLFLOW_TRACKING_PASSWORD, e.g. from `causalab server --auth`'s "
+                    "admin_password")
+        if type(seen).__module__ == "sqlite3" or isinstance(seen, OSError) and seen.errno in _REFUSING:
+            lines = [line.strip() for line in str(seen).splitlines() if line.strip()]
+            return (lines[0] if lines else type(seen).__name__)[:200]
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+_HOST_PREFIX = re.compile(r"^\w+\([^)]*\):\s*")
+
+
+def unanswered(error: BaseException, uri: str | None) -> str | None:
+    """Why the store did not answer, when that is what ``error`` says: MLflow's tries at an
+    HTTP server ran out (refused, dropped, timed out, or a 5xx every time: ``mlflow server``
+    answers 503 once its database is gone), or a database server is gone."""
+    import requests
+
+    seen: BaseException | None = error
+    while seen is not None:
+        # RetryError: every one of MLflow's tries met a status it retries (408, 429, 5xx).
+        if isinstance(seen, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                             requests.exceptions.RetryError)):
+            inner = seen.args[0] if seen.args else seen
+            text = str(getattr(inner, "reason", None) or inner)
+            return _HOST_PREFIX.sub("", text)[:200]
+        database = type(seen).__module__.startswith(("sqlalchemy", "psycopg2"))
+        if database and type(seen).__name__ in ("OperationalError", "InterfaceError") \
+                and uri and not uri.startswith("sqlite"):
+            return str(seen).splitlines()[0][:200]
+        seen = seen.__cause__ or seen.__context__
+    return None

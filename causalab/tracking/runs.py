@@ -3,7 +3,8 @@
 Every call goes through an ``MlflowClient`` built for one explicit URI and takes explicit
 run ids; nothing here touches MLflow's fluent, process-global active-run stack or sets
 environment variables (they would leak into child processes) but MLflow's HTTP deadlines
-(``reach.DEADLINES``), which every process talking to a store should have. URI order
+(``reach.DEADLINES``), which every process talking to a store should have. A client is
+made by :func:`causalab.tracking.reach.client`. URI order
 (docs/platform.md §5): ``MLFLOW_TRACKING_URI``, then the configured URI, then a SQLite database
 ``mlflow.db`` with artifacts in ``mlartifacts/`` under the working directory; the ``./mlruns``
 file store is never used.
@@ -20,7 +21,7 @@ from urllib.parse import urlparse
 from causalab.document.names import MAX_ENTITY_KEY_LENGTH, mlflow_key
 from causalab.errors import TrackingError
 from causalab.tracking.moved import ROOT_TAG
-from causalab.tracking.reach import DEADLINES, sqlite_file
+from causalab.tracking.reach import client, sqlite_file
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -42,15 +43,16 @@ OVERRIDES = "causalab.overrides"
 REUSED_FROM = "causalab.reused_from"
 JOB = "causalab.job"
 # A point claimed at its run's start: "waiting" until the run starts computing it, then
-# "started" (tracking/point_claims.py); a dead owner's waiting claim held nothing.
+# "started" (tracking/claims.py); a dead owner's waiting claim held nothing.
 CLAIM = "causalab.claim"
 # MLflow 3 opens an experiment on its GenAI pages unless this tag names a training-style kind.
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
-# MLflow's limits (mlflow.utils.validation, checked against it in the tests), here so that a
-# run's main process names params and keys without importing MLflow (tracking/worker.py).
+# MLflow's limits (mlflow.utils.validation, checked against it in the tests), here so that
+# params and keys are named before MLflow is imported.
 MAX_PARAM_VAL_LENGTH = 6000
 MAX_TAG_VAL_LENGTH = 8000
 MAX_METRICS_PER_BATCH = 1000
+MAX_ENTITIES_PER_BATCH = 1000
 MAX_PARAMS_TAGS_PER_BATCH = 100
 
 
@@ -148,24 +150,6 @@ def code_version() -> str:
     for path in sorted(package.rglob("*.py")):
         sha.update(path.read_bytes())
     return f"{version}+{sha.hexdigest()[:12]}"
-
-
-def client(uri: str) -> MlflowClient:
-    """A client of the store at ``uri``; MLflow opens the store here (and makes a new SQLite
-    store's tables, saying so unless ``CAUSALAB_QUIET=1``). Its calls carry MLflow's HTTP
-    deadlines (``reach.DEADLINES``) unless the process set its own."""
-    from mlflow import MlflowClient
-
-    from causalab.progress import mlflow_notes
-
-    os.environ.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
-    database = sqlite_file(uri)
-    if database is not None and database.is_file():  # a store moved since: rebased first
-        from causalab.tracking.moved import rebase
-
-        rebase(database)
-    with mlflow_notes():
-        return MlflowClient(tracking_uri=uri)
 
 
 def experiment_id(mlflow: MlflowClient, name: str, uri: str) -> str:
@@ -292,26 +276,33 @@ def descendants(mlflow: MlflowClient, experiment: str, parent: str) -> list:
 
 
 def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Point] = (),
-              params: Mapping[str, str] | None = None, tags: Mapping[str, str] | None = None):
-    """Log in as few requests as MLflow's batch limits allow: one, when everything fits."""
+              params: Mapping[str, str] | None = None,
+              tags: Mapping[str, str] | None = None) -> None:
+    """Log in as few requests as MLflow's batch limits allow: one, when everything fits.
+
+    Synchronous: MLflow 3.17's ``set_terminated`` shuts its asynchronous queue down and joins
+    the queue's thread (up to a second), so a point's run logged asynchronously and then
+    ended cost about 0.75 s more (``scripts/bench/tracking.py``)."""
     from mlflow.entities import Metric, Param, RunTag
 
     metrics = [Metric(*point) for point in metrics]
     params_, tags_ = _param_values(params or {}), _tag_values(tags or {})
-    if len(metrics) <= MAX_METRICS_PER_BATCH and len(params_) + len(tags_) <= MAX_PARAMS_TAGS_PER_BATCH:
-        if metrics or params_ or tags_:
-            mlflow.log_batch(run_id, metrics=metrics,
-                             params=[Param(k, v) for k, v in params_.items()],
-                             tags=[RunTag(k, v) for k, v in tags_.items()])
-        return
-    for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-        mlflow.log_batch(run_id, metrics=metrics[start:start + MAX_METRICS_PER_BATCH])
-    items = [Param(k, v) for k, v in _param_values(params or {}).items()]
-    for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH):
-        mlflow.log_batch(run_id, params=items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
-    tag_items = [RunTag(k, v) for k, v in _tag_values(tags or {}).items()]
-    for start in range(0, len(tag_items), MAX_PARAMS_TAGS_PER_BATCH):
-        mlflow.log_batch(run_id, tags=tag_items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
+    if len(metrics) + len(params_) + len(tags_) <= MAX_ENTITIES_PER_BATCH \
+            and len(params_) + len(tags_) <= MAX_PARAMS_TAGS_PER_BATCH:
+        batches = [(metrics, [Param(k, v) for k, v in params_.items()],
+                    [RunTag(k, v) for k, v in tags_.items()])]
+    else:
+        batches = [(metrics[start:start + MAX_METRICS_PER_BATCH], [], [])
+                   for start in range(0, len(metrics), MAX_METRICS_PER_BATCH)]
+        items = [Param(k, v) for k, v in params_.items()]
+        batches += [([], items[start:start + MAX_PARAMS_TAGS_PER_BATCH], [])
+                    for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH)]
+        items = [RunTag(k, v) for k, v in tags_.items()]
+        batches += [([], [], items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
+                    for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH)]
+    for numbers, words, labels in batches:
+        if numbers or words or labels:
+            mlflow.log_batch(run_id, metrics=numbers, params=words, tags=labels)
 
 
 def metric(key: str, value: float, step: int, timestamp: int) -> Point:

@@ -7,7 +7,7 @@ kept on the run as ``causalab.stored``, and what the point read besides its docu
 data tables and bundles, :mod:`causalab.compile.inputs`) as ``causalab.inputs``. A resume
 lookup takes a FINISHED run as the point's result only when its inputs are the point's and
 its files are still all there; otherwise it says in one line why the point runs again.
-Runs in the tracking worker: every function takes the worker's ``MlflowClient``.
+Every function takes the run's ``MlflowClient``.
 """
 from __future__ import annotations
 

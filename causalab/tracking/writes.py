@@ -1,11 +1,11 @@
-"""What the background lane does with the store: a tracked run's MLflow side, call by call.
+"""What a tracked run does with the store: its MLflow side, call by call.
 
 :class:`StoreWrites` is the half of :class:`~causalab.tracking.listener.TrackingEvents` that
-runs on its lane, never on the run's own thread: the sweep's parent opened (or reattached),
-a point's run created, its numbers, files, config and loss plots uploaded, a done point
-linked into a new parent, the sweep's plots drawn, every run ended FINISHED, FAILED or
-KILLED. Every call goes through ``self.call`` (the tracking worker, its store's deadlines);
-the state it reads and fills (run ids, buffered points) is the listener's.
+writes: the sweep's parent opened (or reattached), a point's run created, its numbers, files,
+config and loss plots uploaded, a done point linked into a new parent, the sweep's plots
+drawn, every run ended FINISHED, FAILED or KILLED. Every call goes through ``self.call`` (the
+run's client, its store's deadlines); the state it reads and fills (run ids, buffered
+points) is the listener's.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class IncompleteStore(RuntimeError):
 
 
 class StoreWrites:
-    """The lane's calls of a tracking listener (mixed into ``TrackingEvents``)."""
+    """The store calls of a tracking listener (mixed into ``TrackingEvents``)."""
 
     def _open_sweep(self, sweep: str, first: Any, params: dict[str, str]) -> None:
         """The sweep's parent: a new run, or the killed or failed one a rerun reattaches to."""
@@ -155,7 +155,7 @@ class StoreWrites:
         self._end(run.run_id, error)
 
     def _end_sweep(self, error: BaseException, unless_ended: bool = False) -> None:
-        """End the sweep's parent (if the lane got to open it) with ``error``."""
+        """End the sweep's parent (if it was opened) with ``error``."""
         run_id = self.sweep_run_id
         if run_id is None or unless_ended and self.call(store.status, run_id) != "RUNNING":
             return

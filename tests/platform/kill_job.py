@@ -30,7 +30,7 @@ class KillJob(Callback):
         def point_start(events, point):
             started = opened(events, point)
             if started:
-                events.wait()  # tracking writes in the background: let the run be created
+                events.wait()  # the run is created by now; a failure would be said here
                 os.kill(os.getpid(), signal.SIGKILL)
             return started
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from causalab.claims import claim
+from causalab.tracking.claims import claim
 from causalab.errors import UsageError
 from causalab.files import CLAIM
 
@@ -36,7 +36,7 @@ def test_a_second_claim_on_a_held_out_is_refused_naming_the_owner(tmp_path):
 
 def test_a_claim_left_by_a_killed_run_is_taken_over(tmp_path):
     out = tmp_path / "out"
-    script = ("import os, signal, sys\nfrom causalab.claims import claim\n"
+    script = ("import os, signal, sys\nfrom causalab.tracking.claims import claim\n"
               "held = claim(sys.argv[1])\nheld.__enter__()\nos.kill(os.getpid(), signal.SIGKILL)\n")
     paths = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, PYTHONPATH=paths)

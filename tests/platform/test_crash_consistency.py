@@ -72,7 +72,7 @@ def _mid_point(database: Path) -> bool:
 def _inside_a_point(out: Path) -> bool:
     """The run's own thread is inside a point after an earlier one ended: a point's folder
     gets its document.json when the point starts and its mask (the last save) when it ends.
-    The store lags behind it (tracking writes in the background)."""
+    The store follows it: a point's run ends once its files are written."""
     started = [folder for folder in out.glob("objective=*") if (folder / "document.json").is_file()]
     ended = [folder for folder in started if (folder / "mask.safetensors").is_file()]
     return bool(ended) and len(ended) < len(started)
@@ -169,8 +169,8 @@ def test_sigterm_ends_every_open_run_killed_and_exits_143_with_one_line(tmp_path
     # which the causalab command leaves behind at once but a test process would finalise.
     database = tmp_path / "mlflow.db"
     uri = _store(database)
-    # A later point open while an earlier one is done: tracking writes in the background,
-    # so the first point's run can appear only once its numbers are already made.
+    # A later point open while an earlier one is done, and the run inside that point's
+    # compute (its folder started, its last save not yet written).
     status, lines = _interrupt([sys.executable, "-m", "causalab", *_run_args(uri, tmp_path / "out")],
                                tmp_path, lambda: _mid_point(database)
                                and _inside_a_point(tmp_path / "out"), signal.SIGTERM)

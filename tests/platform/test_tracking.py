@@ -221,14 +221,15 @@ def test_a_point_with_two_fits_logs_each_fits_numbers_under_its_step(
     assert run.data.metrics["iia/test"] == 0.5 and run.info.status == "FINISHED"
 
 
-def test_a_listener_lets_its_background_thread_go_once_its_run_has_ended(
+def test_a_listener_has_stored_its_runs_when_run_end_returns_and_keeps_no_thread(
         mlflow_server, experiment_name, tmp_path):
     # A notebook or an in-process multirun tracks run after run: a thread kept per listener
-    # (and an exit handler per thread) would pile up for the life of the process.
-    def lanes():
-        return [t for t in threading.enumerate() if t.name == "causalab-tracking"]
+    # would pile up for the life of the process, and a run read back right after its end
+    # must find every point FINISHED.
+    def ours():
+        return [t for t in threading.enumerate() if t.name.startswith("causalab")]
 
-    before = len(lanes())
+    before = len(ours())
     for index in range(3):
         events = TrackingEvents(tracking_uri=mlflow_server, experiment=experiment_name,
                                 out=str(tmp_path))
@@ -237,10 +238,12 @@ def test_a_listener_lets_its_background_thread_go_once_its_run_has_ended(
         for point in (first, second):
             assert events.point_start(point)
             events.point_end(point, [], None)
-        events.run_end([])  # returns at once: the lane stores the runs in the background
-        assert len(lanes()) == before + 1
+        events.run_end([])
+        ended = [MlflowClient(mlflow_server).get_run(run_id).info.status
+                 for run_id in [*events.point_runs.values(), events.sweep_run_id]]
+        assert ended == ["FINISHED"] * 3
         events.wait()
-        assert len(lanes()) == before
+        assert len(ours()) == before
     runs = _runs(mlflow_server, experiment_name)
     assert len(runs) == 9 and {r.info.status for r in runs} == {"FINISHED"}
 

@@ -31,8 +31,7 @@ from test_tracking_deadlines import LIMIT_S, _env, _finished_points, _free_port,
 
 from causalab.server.stack import group_alive
 from causalab.tracking import runs as store
-from causalab.tracking import worker as workers
-from causalab.tracking.reach import Unanswered
+from causalab.tracking.reach import Unanswered, answered
 
 REPO = Path(__file__).resolve().parents[2]
 # The sweep's points, read from the corpus document the run is given.
@@ -205,7 +204,7 @@ def test_a_server_answering_503_to_every_try_is_a_store_that_stopped_answering_i
     started = time.monotonic()
     try:
         with pytest.raises(Unanswered) as refused:
-            workers.worker().call(uri, store.status, "0123456789abcdef")
+            answered(uri, store.status, "0123456789abcdef")
     finally:
         server.shutdown()
         server.server_close()
