@@ -1,8 +1,8 @@
 """The canvas every causalab picture is drawn on: a figure, its PNG bytes, its tick limits.
 
 Figures are built on ``matplotlib.figure.Figure`` with the Agg canvas, never through pyplot, so
-nothing here touches matplotlib's global backend; matplotlib is imported on first use
-(:func:`warm`). It knows no sweep, no run and no store.
+nothing here touches matplotlib's global backend; matplotlib is imported on first use. It
+knows no sweep, no run and no store.
 """
 from __future__ import annotations
 
@@ -11,20 +11,6 @@ import math
 from typing import Any, Sequence
 
 MAX_TICKS = 12
-
-
-def warm() -> None:
-    """Import matplotlib and draw one throwaway figure of a sweep plot's parts (an image, a
-    colour bar, titles, the layout engine) now, while the run computes: a process's first
-    drawing loads fonts and caches glyphs, about twice the cost of every later one, which
-    would otherwise land on the sweep's end."""
-    drawn = new_figure((3.0, 2.0))
-    axes = drawn.subplots()
-    drawn.colorbar(axes.imshow([[0.0, 1.0]]), ax=axes, label="iia")
-    axes.set_title("iia/test", fontsize="medium")
-    axes.set_xlabel("position")
-    drawn.suptitle("warm")
-    png(drawn)
 
 
 def new_figure(size: tuple[float, float]):
