@@ -9,6 +9,7 @@ import) and restored on exit.
 """
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
@@ -54,6 +55,23 @@ def _unprinted(_args) -> None:
     interrupt's, already said in one line."""
 
 
+def _again(previous):
+    """An unraisable-exception hook that sends a swallowed :class:`Interrupted` again.
+
+    A signal's handler runs wherever the main thread is, a weakref callback or a finaliser
+    among them (MLflow's SQLAlchemy sessions make many); an exception raised there is
+    printed and dropped, and the run would go on as if never stopped. The signal is sent
+    again from a thread a moment later, to land in the main thread's own code."""
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, Interrupted):
+            again = threading.Timer(0.01, _thread.interrupt_main, (unraisable.exc_value.signum,))
+            again.daemon = True
+            again.start()
+            return
+        previous(unraisable)
+    return hook
+
+
 @contextlib.contextmanager
 def interrupts() -> Iterator[None]:
     """SIGINT and SIGTERM raise :class:`Interrupted` in the main thread while inside; once one
@@ -62,6 +80,7 @@ def interrupts() -> Iterator[None]:
         yield
         return
     previous = {signum: signal.signal(signum, _raise) for signum in SIGNALS}
+    unraisable, sys.unraisablehook = sys.unraisablehook, _again(sys.unraisablehook)
     try:
         yield
     except KeyboardInterrupt:
@@ -70,6 +89,7 @@ def interrupts() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        sys.unraisablehook = unraisable
 
 
 def leave(status: int) -> None:

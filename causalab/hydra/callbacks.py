@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import atexit
 import json
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,16 @@ def end_open_parents(status: str, reason: str) -> None:
     """End every parent this process opened and has not ended: an interrupted process leaves
     with ``os._exit`` (``causalab.interrupts.leave``), which runs no exit handler."""
     for parent in list(_OPEN):
-        parent._abandon(status, reason)
+        for attempt in range(3):  # a SQLite store may still be locked by the job's own ends
+            try:
+                parent._abandon(status, reason)
+                break
+            except Exception as error:  # the process is leaving: one line, never a traceback
+                if attempt == 2:
+                    print(f"warning: the multirun's parent run was not ended {status} "
+                          f"({type(error).__name__}); the next multirun in its experiment "
+                          f"ends it", file=sys.stderr)
+                time.sleep(0.5)
 
 
 def multirun_parent(sweep_dir: str) -> dict | None:
@@ -128,10 +139,10 @@ class MultirunParent(Callback):
             attribution_plots.log_comparison(mlflow, parent["run_id"], parent["experiment_id"],
                                              title=self._title)
         good = reason is None and all(run.info.status == "FINISHED" for run in children)
-        self._close()
         if reason is not None:
             store.log_batch(mlflow, parent["run_id"], tags={store.ERROR: reason})
         store.terminate(mlflow, parent["run_id"], "FINISHED" if good else status)
+        self._close()  # only once ended: a failed end is tried again (end_open_parents)
 
     def _close(self) -> None:
         """This parent is being ended: no exit handler or interrupt ends it again."""
