@@ -10,7 +10,6 @@ said, one line a point, which run computes it.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,27 +17,13 @@ from collections import Counter
 from pathlib import Path
 
 from mlflow import MlflowClient
+from dbm_runs import dbm_sweep, run_env
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = str(REPO / "documents" / "data")
 EXPERIMENT = "claims"
 
 
-def _env() -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", MLFLOW_DISABLE_TELEMETRY="true",
-               OMP_WAIT_POLICY="PASSIVE", CAUSALAB_QUIET="1", MLFLOW_EXPERIMENT_NAME=EXPERIMENT,
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return env
-
-
-def _sweep(folder: Path, epochs: int) -> str:
-    document = json.loads((REPO / "documents" / "v2" / "dbm.json").read_text())
-    fit = document["steps"]["fit"]
-    fit["epochs"] = fit["early_stop"]["patience"] = epochs
-    path = folder / "dbm.json"
-    path.write_text(json.dumps(document))
-    return str(path)
 
 
 def _store(folder: Path) -> str:
@@ -53,7 +38,8 @@ def _start(document: str, uri: str, out: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "causalab", "run", document, "--tracking-uri", uri,
          "--device-map", "cpu", "--out", str(out), "--data-root", DATA],
-        cwd=out.parent, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=out.parent, env=run_env(MLFLOW_EXPERIMENT_NAME=EXPERIMENT), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
 
 
 def _experiment_has_claims(uri: str) -> bool:
@@ -70,7 +56,7 @@ def _points(uri: str) -> list:
 
 
 def test_three_runs_of_one_document_at_once_compute_each_point_once(tmp_path):
-    document = _sweep(tmp_path, 60)
+    document = dbm_sweep(tmp_path, 60)
     uri = _store(tmp_path)
     outs = [tmp_path / f"out{index}" for index in range(3)]
     runs = [_start(document, uri, out) for out in outs]
@@ -97,7 +83,7 @@ def test_three_runs_of_one_document_at_once_compute_each_point_once(tmp_path):
 
 
 def test_a_point_a_live_run_holds_is_skipped_in_one_line_and_stored_once(tmp_path):
-    document = _sweep(tmp_path, 400)
+    document = dbm_sweep(tmp_path, 400)
     uri = _store(tmp_path)
     first = _start(document, uri, tmp_path / "first")
     deadline = time.monotonic() + 300
@@ -108,7 +94,8 @@ def test_a_point_a_live_run_holds_is_skipped_in_one_line_and_stored_once(tmp_pat
     second = subprocess.run(
         [sys.executable, "-m", "causalab", "run", "--json", document, "--tracking-uri", uri,
          "--device-map", "cpu", "--out", str(tmp_path / "second"), "--data-root", DATA],
-        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
+        cwd=tmp_path, env=run_env(MLFLOW_EXPERIMENT_NAME=EXPERIMENT), capture_output=True,
+        text=True, timeout=600)
     assert first.wait(timeout=600) == 0, first.communicate()[1][-3000:]
     assert second.returncode == 0, second.stderr[-3000:]
 

@@ -10,8 +10,6 @@ is FINISHED once. Moments are reached by waiting on what the store holds, never 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -23,6 +21,7 @@ import pytest
 from mlflow import MlflowClient
 
 from causalab.tracking import runs as store
+from dbm_runs import dbm_sweep, run_env
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = str(REPO / "documents" / "data")
@@ -30,30 +29,13 @@ POINTS = 4
 LIMIT_S = 600
 
 
-def _env() -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", MLFLOW_DISABLE_TELEMETRY="true",
-               OMP_WAIT_POLICY="PASSIVE", CAUSALAB_QUIET="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("MLFLOW_EXPERIMENT_NAME", None)
-    return env
-
-
-def _sweep(folder: Path, epochs: int) -> str:
-    """The corpus DBM sweep (four points, a fit each), each fit ``epochs`` long."""
-    document = json.loads((REPO / "documents" / "v2" / "dbm.json").read_text())
-    fit = document["steps"]["fit"]
-    fit["epochs"] = fit["early_stop"]["patience"] = epochs
-    path = folder / "dbm.json"
-    path.write_text(json.dumps(document))
-    return str(path)
 
 
 def _start(document: str, uri: str, out: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "causalab", "run", document, "--tracking-uri", uri,
          "--device-map", "cpu", "--out", str(out), "--data-root", DATA],
-        cwd=out.parent, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=out.parent, env=run_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _statuses(database: Path) -> list[tuple[str, str]]:
@@ -86,7 +68,7 @@ def _each_point_finished_once(uri: str) -> None:
 @pytest.mark.parametrize("count", [2, 3], ids=["two", "three"])
 def test_runs_started_at_once_on_a_fresh_store_all_exit_0_and_store_each_point_once(
         tmp_path, count):
-    document = _sweep(tmp_path, 30)
+    document = dbm_sweep(tmp_path, 30)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert not (tmp_path / "mlflow.db").exists()
     started = [_start(document, uri, tmp_path / f"out{index}") for index in range(count)]
@@ -111,7 +93,7 @@ def _last_point_stored(database: Path) -> bool:
 @pytest.mark.parametrize("moment", [_claimed, _mid_sweep, _last_point_stored],
                          ids=["points-claimed", "mid-sweep", "last-point-stored"])
 def test_a_run_killed_at_any_moment_leaves_nothing_running_after_the_next_run(tmp_path, moment):
-    document = _sweep(tmp_path, 200)
+    document = dbm_sweep(tmp_path, 200)
     database = tmp_path / "mlflow.db"
     uri = f"sqlite:///{database}"
     killed = _start(document, uri, tmp_path / "out")
@@ -132,7 +114,7 @@ def test_a_run_killed_at_any_moment_leaves_nothing_running_after_the_next_run(tm
 def test_a_run_refused_for_its_out_touches_no_store(tmp_path):
     from causalab.tracking.claims import claim
 
-    document = _sweep(tmp_path, 5)
+    document = dbm_sweep(tmp_path, 5)
     database = tmp_path / "mlflow.db"
     with claim(tmp_path / "out"):
         refused = _start(document, f"sqlite:///{database}", tmp_path / "out")
