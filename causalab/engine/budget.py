@@ -77,7 +77,7 @@ def row_bytes(facts: ModelFacts, tokens: int, itemsize: int, grad: bool = False)
 
 
 def trace_bytes(job: TraceJob, facts: ModelFacts, itemsize: int) -> int:
-    """A ``jobs.TraceJob``'s estimate beyond what the process holds: its rows' costs, the
+    """A ``trace_jobs.TraceJob``'s estimate beyond what the process holds: its rows' costs, the
     whole tensors it keeps, the prefixes it keeps and, on a decode step, its KV cache."""
     rows = job.copies * len(job.rows)
     tokens = job.batch.tokens

@@ -191,7 +191,7 @@ def _nothing(stage: Stage, units: list[PassContext]) -> None:
     return None
 
 
-# stage kind -> what it keeps for later stages (``passes.finish`` keeps tensors there).
+# stage kind -> what it keeps for later stages (``assembly.finish`` keeps tensors there).
 _KEEP = {"reads": _keep_reads, "prefix": _keep_prefixes, "keys": _keep_keys,
          "decode": _keep_decoded, "forward": _nothing, "serve": _nothing,
          "attribute": _nothing}

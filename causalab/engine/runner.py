@@ -3,7 +3,7 @@
 The walk (``causalab.engine.walk``) decides the order of passes and steps; the planner decides
 each pass's traces. What happens to a stage of ``TraceJob``s and to a step's body is the
 runner's: ``TraceRunner`` binds each job to its tensors, runs it in one ``model.trace`` and
-keeps its values (``passes.finish``), then runs the step bodies (``steps``, ``attribution``,
+keeps its values (``assembly.finish``), then runs the step bodies (``steps``, ``attribution``,
 ``verify``, ``edge_step``, ``fidelity``). ``causalab.engine.dry_run.DryRunner`` lists the same
 jobs on the same walk without weights (``explain --traces``). This module never decides which
 trace runs.
@@ -20,7 +20,7 @@ import torch
 from causalab.compile.plan import Attribute, Featurizers, Fit, Forward, Observe, Pass, Plan, Weights
 from causalab.engine import fidelity, record, steps, taps
 from causalab.engine.attribution import atp_star, edge_step, patching as attribution, verify
-from causalab.engine import assembly as passes
+from causalab.engine import assembly
 from causalab.engine.generate import GENERATED
 from causalab.engine.trace_jobs import JobTap, Need, Stage, Traced, TraceJob
 from causalab.engine.assembly import PassResult
@@ -92,13 +92,13 @@ class TraceRunner:
                 live = taps.bind(job, units, carry)
                 traced.append(run_trace(self.model, job, live))
                 carry = taps.carried(live, traced[-1]) if job.step is not None else None
-            passes.finish(stage, traced, units)
+            assembly.finish(stage, traced, units)
 
     def take(self, ctx: PassContext, forward: Forward) -> None:
-        passes.take_forward(ctx, forward)
+        assembly.take_forward(ctx, forward)
 
     def result(self, ctx: PassContext) -> PassResult:
-        return passes.result_of(ctx)
+        return assembly.result_of(ctx)
 
     def receipt(self, found: fidelity.NoOp, result: PassResult, dtype: str) -> dict | None:
         return fidelity.check(self.model, found, result, dtype)
@@ -193,7 +193,7 @@ def _issue(places: Places, job: TraceJob,
 
 
 def _tap(places: Places, tap: JobTap, entry: PreparedTap) -> object:
-    """One tap of a kind of ``jobs.TAPS`` at its address; what it gives back (a write: the
+    """One tap of a kind of ``trace_jobs.TAPS`` at its address; what it gives back (a write: the
     positions it made non-finite, ``seam.Written``)."""
     op, address = tap.op, tap.op.address
     if tap.kind == "replace":

@@ -125,7 +125,7 @@ class Wanted(NamedTuple):
 
 @dataclass(frozen=True)
 class Stage:
-    """Jobs whose values are kept together (``passes.finish``): a ``kind`` of ``KINDS`` or
+    """Jobs whose values are kept together (``assembly.finish``): a ``kind`` of ``KINDS`` or
     ``serve`` (no trace: a forward's reads taken from the document cache), the forward each
     unit runs, and for a ``reads`` stage what it keeps and, on a host batch, per row of the
     forward's own batch its row there (``host``); ``kept``: a decode whose values go into
