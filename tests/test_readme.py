@@ -169,6 +169,19 @@ def _agrees(shown: str, real: str, twin: Twin) -> bool:
     return True
 
 
+def jobs_in_order(real: list[str]) -> list[str]:
+    """A multirun's output with its jobs' blocks by job number: parallel jobs (joblib) each
+    print their block whole, in the order they finish; the README shows them by number."""
+    starts = [i for i, line in enumerate(real) if re.match(r"job \d+: ", line)]
+    if len(starts) < 2:
+        return real
+    end = next((i for i in range(starts[-1], len(real)) if real[i].startswith("multirun: ")),
+               len(real))
+    blocks = [real[a:b] for a, b in zip(starts, starts[1:] + [end])]
+    blocks.sort(key=lambda block: int(block[0].split()[1].rstrip(":")))
+    return real[:starts[0]] + [line for block in blocks for line in block] + real[end:]
+
+
 def missing_lines(shown: tuple[str, ...], real: list[str], twin: Twin) -> list[str]:
     """Shown lines not found, in order, in the real output (``...`` skips any)."""
     missing, at = [], 0
@@ -200,6 +213,9 @@ def test_the_comparison_catches_a_changed_number_a_changed_word_and_a_missing_li
     assert missing_lines(("k=4 control: iia=0.667 (12) ce=2.616 (12)",), real, fit)
     assert missing_lines(("causalab: 29 files in /a", "k=4 test: iia=0.667 (12) ce=2.616 (12)"),
                          real, fit)
+    finished = ["launch", "job 2: b", "two", "job 0: a", "zero", "job 1: c", "one", "multirun: 3"]
+    assert jobs_in_order(finished) == ["launch", "job 0: a", "zero", "job 1: c", "one",
+                                       "job 2: b", "two", "multirun: 3"]
     measured = Twin((), measured=True)
     assert not missing_lines(("k=4 test: iia=0.1 (12) ce=9.9 (12)",), real, measured)
     assert not missing_lines(("untracked s: 0.2 0.3 0.1  median 0.2",),
@@ -263,7 +279,7 @@ def _check(session: Session, block: Block) -> None:
     for before in BLOCKS[:BLOCKS.index(block)]:  # what the README ran first (make run fills the
         if not SHOWN[before.command].slow:       # store the multirun finds done), in its order
             session.run(before.command)
-    real = session.run(block.command)
+    real = jobs_in_order(session.run(block.command))
     missing = missing_lines(block.lines, real, SHOWN[block.command])
     assert not missing, ("README shows lines the command did not print:\n  "
                          + "\n  ".join(missing) + "\nit printed:\n  " + "\n  ".join(real))
