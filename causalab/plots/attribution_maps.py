@@ -178,24 +178,25 @@ def send_grids(listener: Any, run: Any, point: Any) -> None:
     if grids:
         listener.lane.send(lambda: run.sending(listener.call, log_grids, run.run_id, grids,
                                                title=run.title))
-    for module, name in ((verify_plots, "verify"), (edge_plots, "faithfulness")):
+    for module, name, numbers in ((verify_plots, "verify", None),
+                                  (edge_plots, "faithfulness", edge_plots.areas)):
         reports = module.reports_of(point)
         if reports:
             listener.lane.send(functools.partial(
                 run.sending, listener.call, log_step_pictures, run.run_id, reports, module.figure,
-                name, title=run.title))
+                name, title=run.title, metrics=numbers(reports) if numbers else {}))
 
 
 def log_step_pictures(mlflow, run_id: str, reports: Mapping[str, Any], draw, name: str, *,
-                      title: str) -> dict[str, int]:
-    """Each step's report drawn by ``draw`` as ``plots/<step>_<name>.png`` on its run (an edge
-    step's faithfulness areas beside it as metrics); returns what was sent."""
+                      title: str, metrics: Mapping[str, float]) -> dict[str, int]:
+    """Each step's report drawn by ``draw`` as ``plots/<step>_<name>.png`` on its run, and
+    ``metrics`` (an edge step's faithfulness areas) beside them; returns what was sent."""
     from causalab.tracking import artifacts
 
-    if name == "faithfulness":
+    if metrics:
         now = int(time.time() * 1000)
-        store.log_batch(mlflow, run_id, metrics=[store.metric(key, value, 0, now) for key, value
-                                                 in edge_plots.areas(reports).items()])
+        store.log_batch(mlflow, run_id, metrics=[store.metric(key, value, 0, now)
+                                                 for key, value in metrics.items()])
     sent: dict[str, int] = {}
     for step, report in reports.items():
         png = draw(report, title=title)
