@@ -194,7 +194,7 @@ def log_files(mlflow, run_id: str, files: list[tuple[str, str]]) -> dict[str, in
     """Log ``(local path, artifact path)`` pairs; a directory part becomes the artifact folder.
     Returns what was sent, ``stored path -> size`` (what :mod:`~causalab.tracking.stored`
     reads back before the run may end FINISHED)."""
-    repository = _repository(run_id)
+    repository = repository_of(run_id, mlflow.tracking_uri)
     sent: dict[str, int] = {}
     for local, artifact in files:
         folder = str(Path(artifact).parent)
@@ -208,10 +208,11 @@ def log_files(mlflow, run_id: str, files: list[tuple[str, str]]) -> dict[str, in
     return sent
 
 
-def _repository(run_id: str):
-    """The artifact repository of a run this process created (no store lookup), else None."""
+def repository_of(run_id: str, tracking_uri: str):
+    """The artifact repository of a run this process created in the store at
+    ``tracking_uri`` (no store lookup), else None."""
     location = artifact_location_of(run_id)
-    if location is None:
+    if location is None or location[1] != tracking_uri:
         return None
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 

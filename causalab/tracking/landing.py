@@ -51,10 +51,12 @@ def coordinates_of(run) -> dict[str, Any]:
 
 
 def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
-         folder: str | None = None) -> dict:
+         folder: str | None = None, local: dict[str, Path] | None = None) -> dict:
     """Give the parent ``run_id`` its plots, summary metrics, ranking, table and view, from
     its points as stored (``points``, ``(coordinates, metrics)`` pairs, only when the store
-    has none); the plots go into ``folder`` too (a multirun's sweep folder). Returns what was
+    has none); the plots go into ``folder`` too (a multirun's sweep folder). ``local``: run
+    id -> the folder this process uploaded that point's files from, read back as stored
+    (the ranking reads its tables there). Returns what was
     made: ``{"view": key or None, "points": n, "first": the ranking's line or None, "runs":
     the point runs' ids}``."""
     parent = mlflow.get_run(run_id)
@@ -74,7 +76,7 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
             (Path(folder) / name).write_bytes(png)
     swept = plots.varied([c for c, _ in points])
     ranked, across, tags = _judged(mlflow, run_id, [runs[i] for i in kept] if runs else [],
-                                   points, swept)
+                                   points, swept, local or {})
     now = int(time.time() * 1000)
     numbers = summary.parent_metrics(points, swept, ranked["indices"]) | seeds.metrics(across)
     store.log_batch(mlflow, run_id, metrics=[store.metric(k, v, 0, now) for k, v in numbers.items()],
@@ -94,12 +96,14 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
             "first": ranking.line(ranked) if ranked["first"] else None}
 
 
-def _judged(mlflow, run_id: str, runs: list, points: list, swept: list) -> tuple:
+def _judged(mlflow, run_id: str, runs: list, points: list, swept: list,
+            local: dict[str, Path]) -> tuple:
     """The parent's ranking (``ranking.json``) and its summary across seeds (``seeds.json``),
     logged: ``(ranking, seed groups, the ranking's tags)``. ``runs[i]`` is ``points[i]``'s run
     (none: points without a store, ranked by their means)."""
     name, test, _ = summary.main_keys(points)
-    ranked = ranking.rank(points, swept, [ranking.table_rows(mlflow, run, name, test)
+    ranked = ranking.rank(points, swept, [ranking.table_rows(mlflow, run, name, test,
+                                                             local.get(run.info.run_id))
                                           for run in runs])
     body, tags = ranking.record(ranked)
     log_bytes(mlflow, run_id, body, ranking.FILE)

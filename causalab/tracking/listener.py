@@ -124,6 +124,7 @@ class TrackingEvents(StoreWrites, Events):
         self._stopped: list[tuple[PointRun, list]] = []  # points an interrupt stopped
         self._answered = time.monotonic()  # when the store last answered a call
         self._ended: list[PointRun] = []
+        self._stored: dict[str, Path] = {}  # run id -> its point's folder, read back whole
         self._deferred: PointRun | None = None
         self._done: list[tuple[dict, dict]] = []
         self._reattached = False
@@ -305,6 +306,8 @@ class TrackingEvents(StoreWrites, Events):
             self._stopped.append((run, files))
             return
         run.whole = error is None and bool(getattr(point, "directory", ""))
+        if run.whole:
+            run.folder = str(Path(self.out) / point.directory)
         self.lane.send(self._upload, run, files)
         attribution_plots.send_grids(self, run, point)
         self._done.append((dict(getattr(point, "coordinates", None) or {}), dict(run.means)))

@@ -28,6 +28,7 @@ class PointRun:
     fits: dict[str, str]
     title: str = ""
     run_id: str | None = None
+    folder: str | None = None  # where the point's files are in ``out`` (a swept point)
     params: dict[str, str] = field(default_factory=dict)
     metrics: list = field(default_factory=list)
     means: dict[str, float] = field(default_factory=dict)

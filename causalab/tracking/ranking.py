@@ -28,9 +28,13 @@ FIRST = "causalab.first"
 BEATS = "causalab.first_beats"  # {point: P(the first point beats it)}, a JSON object
 
 
-def table_rows(mlflow, run, name: str, step: str | None) -> dict[str, float] | None:
+def table_rows(mlflow, run, name: str, step: str | None,
+               local: Path | None = None) -> dict[str, float] | None:
     """example id -> value of the eligible rows of the table ``run`` saved for ``name`` at
-    ``step`` (None: no such table; the point's order is :func:`summary.ranked`'s). A linked point's files are on the run it reuses."""
+    ``step`` (None: no such table; the point's order is :func:`summary.ranked`'s). A linked
+    point's files are on the run it reuses. ``local``: the folder this process uploaded the
+    run's files from, their stored sizes read back (the same bytes): read there, not
+    downloaded again."""
     from mlflow.exceptions import MlflowException
 
     from causalab.progress import mlflow_bars
@@ -38,15 +42,18 @@ def table_rows(mlflow, run, name: str, step: str | None) -> dict[str, float] | N
     source = run.data.tags.get(store.REUSED_FROM) or run.info.run_id
     try:
         with tempfile.TemporaryDirectory(prefix="causalab-ranking-") as folder, mlflow_bars():
-            document = json.loads(Path(mlflow.download_artifacts(source, DOCUMENT, folder))
-                                  .read_text(encoding="utf-8"))
+            def read(path: str) -> Any:
+                found = Path(local, path) if local is not None else \
+                    Path(mlflow.download_artifacts(source, path, folder))
+                return json.loads(found.read_text(encoding="utf-8"))
+
+            document = read(DOCUMENT)
             saves = ((document.get("steps") or {}).get(step or "") or {}).get("saves") or []
             path = next((s["file_path"] for s in saves
                          if str(s.get("value", "")).rsplit("/", 1)[-1] == name), None)
             if path is None:
                 return None
-            table = json.loads(Path(mlflow.download_artifacts(source, path, folder))
-                               .read_text(encoding="utf-8"))
+            table = read(path)
     except (OSError, ValueError, KeyError, MlflowException):  # none stored: means alone
         return None
     return {str(row["example_id"]): float(row["value"]) for row in table

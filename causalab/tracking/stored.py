@@ -22,11 +22,17 @@ _SHOWN = 3  # names a reason lists before "and N more"
 
 
 def listing(mlflow: Any, run_id: str) -> dict[str, int]:
-    """Every artifact of a run, ``path -> size`` in bytes, folders walked."""
+    """Every artifact of a run, ``path -> size`` in bytes, folders walked (a run this
+    process created is listed in its artifact repository, without a store lookup)."""
+    from causalab.tracking.artifacts import repository_of
+
+    repository = repository_of(run_id, mlflow.tracking_uri)
+    listed = repository.list_artifacts if repository is not None else \
+        (lambda folder: mlflow.list_artifacts(run_id, folder))
     found: dict[str, int] = {}
     folders: list[str | None] = [None]
     while folders:
-        for info in mlflow.list_artifacts(run_id, folders.pop()):
+        for info in listed(folders.pop()):
             if info.is_dir:
                 folders.append(info.path)
             else:

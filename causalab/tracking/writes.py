@@ -111,7 +111,7 @@ class StoreWrites:
         self.call(artifacts.log_files, self.sweep_run_id,
                   [f for f in files if Path(f[0]).is_file()])
         done = self._done + self.call(links.means_of, list(self.linked.values()))
-        self.call(landing.land, self.sweep_run_id, done, title=self._title)
+        self.call(landing.land, self.sweep_run_id, done, title=self._title, local=self._stored)
         self._end(self.sweep_run_id, RuntimeError("a point failed") if self.failed else None)
 
     def _log_config(self, run_id: str) -> dict[str, int]:
@@ -135,6 +135,8 @@ class StoreWrites:
             why = self.call(stored.finish, run.run_id, run.sent, sorted(run.keys),
                             run.recorded)
             if why is None:
+                if run.folder is not None:
+                    self._stored[run.run_id] = Path(run.folder)
                 return
             error = IncompleteStore(why)
         elif error is None:
