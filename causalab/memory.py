@@ -29,6 +29,26 @@ _STORED = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2
 ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
+# Tensors of at least this many bytes get pages of their own (glibc's mmap) and give them back
+# when freed. Left to itself glibc raises that threshold after each large free (up to 32 MiB),
+# so freed activations stay in its heap and a run's resident set climbs across traces.
+MMAP_THRESHOLD = 4 * 2 ** 20
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+
+
+def return_freed_memory() -> bool:
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` (once per process; a no-op off
+    glibc): what a trace frees goes back to the machine, so the budget's estimate holds on
+    the resident set. True when it was set."""
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL(None)
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
 def parse(text: str) -> tuple[str, float]:
     """``("bytes", n)`` or ``("share", fraction)``; anything else a ``ValueError`` saying what
     a budget looks like."""

@@ -34,9 +34,11 @@ def load_model(ref: ModelRef, device_map: str = "cpu"):
     """
     if ref.dtype not in DTYPES:
         raise ModelError(("model", "dtype"), f"dtype {ref.dtype!r} is not one of {sorted(DTYPES)}")
+    from causalab.memory import return_freed_memory
     from causalab.models import verify_weights
 
     verify_weights(ref.key, ref.path, ref.revision)  # compile read no weights; check them here
+    return_freed_memory()
     return _load(ref.path, ref.dtype, ref.attn_implementation, placement(device_map),
                  getattr(ref, "control", None))
 
