@@ -9,7 +9,9 @@ file can be made where it says (else SQLAlchemy retries for minutes), without ma
 MLflow's retired file store (``file:``) is refused.
 
 :func:`client` opens a store; a SQLite store's first use (MLflow makes its tables and runs
-its migrations) holds a lock file beside it, so runs started at once never race there.
+its migrations) holds a lock file beside it, so runs started at once never race there, and
+a new store is made in a file beside it and renamed into place, so a run killed meanwhile
+leaves none half made.
 After the start, every MLflow call carries MLflow's own HTTP deadline settings
 (:data:`DEADLINES`, set where the client is made unless the user set them): a server that
 dies or stops answering fails a call in under a minute, and :func:`answered` says so as
@@ -155,7 +157,8 @@ def _client_of(uri: str, database: FilePath | None) -> "MlflowClient":
 def _first_use(database: FilePath) -> Iterator[None]:
     """Hold ``<database>.lock`` while the store is first opened: MLflow makes a new SQLite
     store's tables and runs its migrations then, and two processes doing so at once on one
-    file fail (``table _alembic_tmp_experiments already exists``)."""
+    file fail (``table _alembic_tmp_experiments already exists``). A new store is made aside
+    (:func:`_made_aside`), so a run killed meanwhile leaves none half made."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not on the platforms causalab runs on
@@ -170,9 +173,37 @@ def _first_use(database: FilePath) -> Iterator[None]:
     with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
+            _made_aside(database)
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _made_aside(database: FilePath) -> None:
+    """Make a store that does not exist yet in ``<database>.new`` beside it, then rename it
+    into place, under the lock. MLflow's migrations are not one transaction (a SQLite batch
+    migration copies a table through ``_alembic_tmp_<name>``, each step committed alone), so a
+    run killed while they ran in place left a store no later run could open (``duplicate column
+    name: step``, ``table _alembic_tmp_trace_info already exists``). A staging file a killed run
+    left is made again; a store that exists is opened, and migrated if MLflow must, in place.
+    Same folder, so the rebase and ``causalab.store_root`` (``moved.py``) see the store's own."""
+    if database.exists() and database.stat().st_size > 0:
+        return
+    import sqlalchemy
+    from mlflow.store.db.utils import _initialize_tables  # what MLflow runs on a new store
+
+    from causalab.progress import mlflow_notes
+
+    staging = database.with_name(database.name + ".new")
+    for leftover in (staging, staging.with_name(staging.name + "-journal")):
+        leftover.unlink(missing_ok=True)
+    engine = sqlalchemy.create_engine(f"sqlite:///{staging}")
+    try:
+        with mlflow_notes():
+            _initialize_tables(engine)
+    finally:
+        engine.dispose()
+    os.replace(staging, database)
 
 
 def said_once() -> None:
