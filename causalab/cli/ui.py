@@ -4,11 +4,12 @@ It starts ``mlflow ui`` on a SQLite store, bound to 127.0.0.1 on a free port (or
 without job execution and in a process group of its own; once the UI answers it prints the
 addresses of the newest sweep (or ``--run``'s): the runs page on the sweep's saved view (its
 points as the rows, its coordinates and scores as the columns, in model-training
-navigation) and MLflow's compare page of its points. Ctrl-C or SIGTERM stops the group. A
+navigation) and the same view's charts (its scores against the swept coordinate first).
+Ctrl-C or SIGTERM stops the group. A
 server store (``http://…``) is already served: only its addresses are printed. What MLflow
 3.17 keeps per browser and no server or address sets (the GenAI/Model-training toggle of a
-page opened without ``workflowType``, the assistant pane of a first visit, the compare
-page's "Show diff only") is said in the README.
+page opened without ``workflowType``, the assistant pane of a first visit, anything on
+MLflow's compare page) is said in the README.
 """
 from __future__ import annotations
 

@@ -6,11 +6,13 @@ that shows the sweep (`see the sweep: …/causalab ui --store … --run …`). T
 command as printed: it starts MLflow's UI on a free port and prints the addresses of the
 sweep. Debian's Chromium, driven by Playwright, opens each printed address in a fresh profile:
 the runs page shows the three points as its rows before any click, in model-training
-navigation, with `k` and both scores as columns; MLflow's compare page of the points shows `k`
-and `iia/test` above the fold (`iia/control` is below MLflow's plots: the page has no setting
-that lifts it). Ticking the three rows and pressing Compare reaches the printed compare page.
-SIGINT stops `causalab ui` and its server. Screenshots are saved under the test's temporary
-folder (their paths are printed).
+navigation, with `k` and both scores as columns; the printed compare address, the same saved
+view in its chart view (one click away on the runs page), shows `k`, `iia/test` and
+`iia/control` on the first screen: `iia/test` and `iia/control` each plotted against `k`.
+Ticking the three rows and pressing Compare reaches MLflow's own compare page of the same
+three runs. SIGINT stops `causalab ui` and its server. The browser's window is 1280x800, the
+smallest common laptop screen, so what is asserted in view is in view on larger ones too.
+Screenshots are saved under the test's temporary folder (their paths are printed).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-VIEWPORT = {"width": 1600, "height": 1000}
+VIEWPORT = {"width": 1280, "height": 800}  # a 13" laptop
 _FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
           "--disable-component-update", "--disable-sync", "--no-first-run"]
 _PRINTED = re.compile(r"^(mlflow ui on \S+|open the sweep|compare its points): (http://\S+)")
@@ -95,8 +97,34 @@ def served(tmp_path):
 def _in_view(locator) -> bool:
     """Visible inside the first screen of the page, without scrolling."""
     box = locator.bounding_box()
-    return bool(box) and locator.is_visible() and box["y"] >= 0 and \
+    return bool(box) and locator.is_visible() and box["x"] >= 0 and box["y"] >= 0 and \
+        box["x"] + box["width"] <= VIEWPORT["width"] and \
         box["y"] + box["height"] <= VIEWPORT["height"]
+
+
+def _shown(page, text: str) -> bool:
+    """Some element reading exactly ``text`` is in view on the first screen."""
+    found = page.get_by_text(text, exact=True)
+    return any(_in_view(found.nth(index)) for index in range(found.count()))
+
+
+def _all_shown(page, texts, seconds: float = 60) -> dict[str, bool]:
+    """Which of ``texts`` are in view, once all are or ``seconds`` passed (plots draw late)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        shown = {text: _shown(page, text) for text in texts}
+        if all(shown.values()) or time.monotonic() > deadline:
+            return shown
+        time.sleep(0.5)
+
+
+def _point_ids(folder: Path, parent: str) -> list[str]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              f"tags.`mlflow.parentRunId` = '{parent}'")
+    return [run.info.run_id for run in runs]
 
 
 def _training_navigation(page) -> bool:
@@ -122,6 +150,8 @@ def test_causalab_ui_serves_what_the_run_printed_the_points_as_rows_and_their_co
     url = found["ui"]
     assert all(address.startswith(url + "/#/") for address in found.values() if address != url)
     shots = {name: tmp_path / f"{name}.png" for name in ("sweep", "compare", "ticked")}
+    keys = ("k", "iia/test", "iia/control")
+    points_ids = _point_ids(tmp_path, re.search(r"--run (\S+)", printed).group(1))
     with sync_playwright() as driver:
         browser = _open(driver, tmp_path, "sweep")
         try:
@@ -139,6 +169,13 @@ def test_causalab_ui_serves_what_the_run_printed_the_points_as_rows_and_their_co
             header = {name: page.get_by_role("columnheader", name=name, exact=True).first
                       .bounding_box()["x"] for name in ("k", "iia/test", "iia/control")}
             matching = page.get_by_text("matching runs").first.inner_text()
+            page.locator("label:has(input[name=runs-view-mode][value=CHART])").click()
+            page.wait_for_url("**compareRunsMode=CHART**", timeout=60_000)
+            page.get_by_text("k vs. iia/control", exact=True).first.wait_for(timeout=60_000)
+            toggled = _all_shown(page, keys)
+            page.locator("label:has(input[name=runs-view-mode][value=TABLE])").click()
+            for point in points:
+                point.wait_for(timeout=60_000)
             for point in points:
                 page.locator("[role=row]").filter(has=point).first.locator(
                     "input.ag-checkbox-input").check(force=True)
@@ -146,22 +183,22 @@ def test_causalab_ui_serves_what_the_run_printed_the_points_as_rows_and_their_co
             page.wait_for_url("**/compare-runs**", timeout=60_000)
             ticked_ids = re.findall(r"[0-9a-f]{32}", page.url.replace("%22", '"'))
             page.locator(".js-plotly-plot").first.wait_for(timeout=60_000)
+            page.get_by_text("iia/control", exact=True).first.wait_for(timeout=60_000)
             page.screenshot(path=str(shots["ticked"]))
+            lines = [line.strip() for line in page.inner_text("body").splitlines()]
         finally:
             browser.close()
         browser = _open(driver, tmp_path, "compare")
         try:
             page = browser.new_page()
             page.goto(found["compare its points"])
-            page.locator(".js-plotly-plot").first.wait_for(timeout=120_000)
-            page.get_by_text("iia/test", exact=True).first.wait_for(timeout=60_000)
+            for title in ("k vs. iia/test", "k vs. iia/control"):
+                page.get_by_text(title, exact=True).first.wait_for(timeout=120_000)
+            compare_in_view = _all_shown(page, (*keys, "k=1", "k=4", "k=16"))
             page.screenshot(path=str(shots["compare"]))
-            compare_in_view = {key: _in_view(page.get_by_text(key, exact=True).first)
-                               for key in ("k", "iia/test")}
             compare_navigation = _training_navigation(page)
-            control = page.get_by_text("iia/control", exact=True).last
-            control.scroll_into_view_if_needed(timeout=60_000)
-            lines = [line.strip() for line in page.inner_text("body").splitlines()]
+            scrolled = page.evaluate("Math.max(window.scrollY, document.scrollingElement"
+                                     ".scrollTop)")
         finally:
             browser.close()
     os.kill(ui.pid, signal.SIGINT)
@@ -171,10 +208,12 @@ def test_causalab_ui_serves_what_the_run_printed_the_points_as_rows_and_their_co
     assert matching.startswith("3 ")  # the points alone: not their parent, not other runs
     assert sweep_navigation and compare_navigation
     assert header["k"] < header["iia/test"] < header["iia/control"]  # left to right
-    assert compare_in_view == {"k": True, "iia/test": True}
-    assert "k\t1\t4\t16" in lines
-    printed_ids = re.findall(r"[0-9a-f]{32}", found["compare its points"])
-    assert sorted(ticked_ids) == sorted(printed_ids) and len(printed_ids) == 3
+    # The compare page: both scores against k and the three points' names, not scrolled to.
+    assert compare_in_view == dict.fromkeys((*keys, "k=1", "k=4", "k=16"), True), compare_in_view
+    assert scrolled == 0 and toggled == dict.fromkeys(keys, True)
+    assert found["compare its points"] == found["open the sweep"] + "&compareRunsMode=CHART"
+    assert "k\t1\t4\t16" in lines  # MLflow's compare page, reached by ticking the rows
+    assert sorted(ticked_ids) == sorted(points_ids) and len(points_ids) == 3
     assert not _answers(url)  # SIGINT stopped the server with it
     assert all(shot.stat().st_size > 10_000 for shot in shots.values())
 
@@ -231,3 +270,33 @@ def test_a_saved_view_searches_a_sweep_s_points_by_parent_or_for_a_multirun_by_t
     assert state["selectedColumns"] == state["columnOrder"] == [
         "params.`k`", "metrics.`iia/test`", "metrics.`iia/control`", "metrics.`ce/test`",
         "metrics.`ce/control`"]
+    charts, (section,) = state["compareRunCharts"], state["compareRunSections"]
+    assert state["isAccordionReordered"] is True and state["runListHidden"] is False
+    assert [(c["type"], c.get("xaxis", {}).get("key"), c.get("yaxis", {}).get("key"))
+            for c in charts] == [("SCATTER", "k", "iia/test"), ("SCATTER", "k", "iia/control"),
+                                 ("PARALLEL", None, None)]
+    assert charts[2]["selectedParams"] == ["k"]
+    assert charts[2]["selectedMetrics"] == ["iia/test", "iia/control"]
+    assert {c["metricSectionId"] for c in charts} == {section["uuid"]} and section["columns"] == 2
+    assert len({c["uuid"] for c in charts}) == 3
+
+
+def test_a_sweep_without_a_numeric_coordinate_charts_its_scores_as_bars_by_point():
+    from causalab.tracking import summary
+
+    points = [({"method": m}, {"iia/test": 1.0, "iia/control": 0.0}) for m in ("das", "pca")]
+    charts, (section,) = summary.view_charts(points, ["method"])
+    assert [(c["type"], c.get("metricKey")) for c in charts] == [
+        ("BAR", "iia/test"), ("BAR", "iia/control"), ("PARALLEL", None)]
+    assert section["name"] == "sweep: method"
+
+
+def test_the_compare_address_is_the_saved_view_s_chart_view():
+    from causalab.tracking import summary
+
+    lines = summary.where("http://h:1/", "3", "p", ["a", "b"])
+    assert lines == ["open the sweep: http://h:1/#/experiments/3/runs?viewStateShareKey=p"
+                     "&workflowType=machine_learning",
+                     "compare its points: http://h:1/#/experiments/3/runs?viewStateShareKey=p"
+                     "&workflowType=machine_learning&compareRunsMode=CHART"]
+    assert summary.where("http://h:1", "3", "p", ["a"]) == lines[:1]
