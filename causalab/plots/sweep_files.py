@@ -51,6 +51,11 @@ class SweepPictures(Events):
             self.points[id(point)][1].update({low_key: low, high_key: high})
 
     def run_end(self, written: list[str]) -> None:
+        """Draw the sweep's pictures, unless the tracked parent's were written into the folder
+        already (a listener ahead in the chain put them in ``written``): drawn once."""
         points = [(c, m) for c, m in self.points.values() if m]
+        folder = Path(self.out, "plots").resolve()
+        if any(Path(p).suffix == ".png" and Path(p).resolve().parent == folder for p in written):
+            return
         if len(points) > 1:
             written += write_plots(points, self.out, title=self.title)

@@ -58,7 +58,7 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
     id -> the folder this process uploaded that point's files from, read back as stored
     (the ranking reads its tables there). Returns what was
     made: ``{"view": key or None, "points": n, "first": the ranking's line or None, "runs":
-    the point runs' ids}``."""
+    the point runs' ids, "pictures": the files written into folder}``."""
     parent = mlflow.get_run(run_id)
     experiment = parent.info.experiment_id
     runs = stored_points(mlflow, experiment, run_id)
@@ -69,11 +69,13 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
     points = [points[index] for index in kept]
     if not points:
         return {"view": None, "points": 0, "first": None}
+    pictures = []
     for name, png in plots.sweep_plots(points, title=title).items():
         log_bytes(mlflow, run_id, png, name)
         if folder:
             (Path(folder) / name).parent.mkdir(parents=True, exist_ok=True)
             (Path(folder) / name).write_bytes(png)
+            pictures.append(str(Path(folder) / name))
     swept = plots.varied([c for c, _ in points])
     ranked, across, tags = _judged(mlflow, run_id, [runs[i] for i in kept] if runs else [],
                                    points, swept, local or {})
@@ -93,7 +95,7 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
                               search=search)
     mlflow.set_experiment_tag(experiment, f"{summary.VIEW_TAG}{run_id}", view)
     return {"view": run_id, "points": len(points), "runs": [run.info.run_id for run in runs],
-            "first": ranking.line(ranked) if ranked["first"] else None}
+            "first": ranking.line(ranked) if ranked["first"] else None, "pictures": pictures}
 
 
 def _judged(mlflow, run_id: str, runs: list, points: list, swept: list,

@@ -111,7 +111,11 @@ class StoreWrites:
         self.call(artifacts.log_files, self.sweep_run_id,
                   [f for f in files if Path(f[0]).is_file()])
         done = self._done + self.call(links.means_of, list(self.linked.values()))
-        self.call(landing.land, self.sweep_run_id, done, title=self._title, local=self._stored)
+        # The parent's pictures are the output folder's too: drawn once (SweepPictures then
+        # finds them among ``written``).
+        landed = self.call(landing.land, self.sweep_run_id, done, title=self._title,
+                           folder=self.out, local=self._stored) or {}
+        written += [p for p in landed.get("pictures", []) if p not in written]
         self._end(self.sweep_run_id, RuntimeError("a point failed") if self.failed else None)
 
     def _log_config(self, run_id: str) -> dict[str, int]:

@@ -306,3 +306,33 @@ def test_a_curve_shades_each_scores_interval_and_a_ranking_bar_carries_its_whisk
     whiskers = [seg for c in figure.axes[0].collections for seg in c.get_segments()]
     assert sorted((round(s[0][1], 6), round(s[1][1], 6)) for s in whiskers) == [
         (0.25, 0.5), (0.5, 0.75)]
+
+
+def test_a_tracked_sweep_draws_its_pictures_once_for_its_folder_and_its_parent(tmp_path,
+                                                                              monkeypatch):
+    import json
+
+    from mlflow import MlflowClient
+
+    from causalab.engine.events import Chain
+    from causalab.pipeline import run_document
+    from causalab.plots import sweep_files
+    from causalab.tracking import TrackingEvents
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    drawn = []
+
+    original = plots.sweep_plots
+    monkeypatch.setattr(plots, "sweep_plots", lambda points, *, title="": (
+        drawn.append(len(points)), original(points, title=title))[1])
+    monkeypatch.setattr(sweep_files, "sweep_plots", plots.sweep_plots)
+    out = tmp_path / "lens"
+    document = json.loads((REPO / "documents/v2/logit_lens.json").read_text())
+    with TrackingEvents(tracking_uri=str(tmp_path), out=str(out)) as events:
+        written = run_document(document, out=str(out), data_root=str(REPO / "documents" / "data"),
+                               events=Chain(events, sweep_files.SweepPictures(out)))
+    picture = out / "plots" / "layer_curve.png"
+    assert drawn == [2] and written.count(str(picture)) == 1
+    stored = MlflowClient(events.uri).download_artifacts(events.sweep_run_id,
+                                                         "plots/layer_curve.png", str(tmp_path))
+    assert Path(stored).read_bytes() == picture.read_bytes()
