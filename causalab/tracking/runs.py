@@ -51,9 +51,6 @@ EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 # params and keys are named before MLflow is imported.
 MAX_PARAM_VAL_LENGTH = 6000
 MAX_TAG_VAL_LENGTH = 8000
-MAX_METRICS_PER_BATCH = 1000
-MAX_ENTITIES_PER_BATCH = 1000
-MAX_PARAMS_TAGS_PER_BATCH = 100
 
 
 class Point(NamedTuple):
@@ -278,31 +275,18 @@ def descendants(mlflow: MlflowClient, experiment: str, parent: str) -> list:
 def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Point] = (),
               params: Mapping[str, str] | None = None,
               tags: Mapping[str, str] | None = None) -> None:
-    """Log in as few requests as MLflow's batch limits allow: one, when everything fits.
+    """Log in one call; MLflow's client cuts it into requests within its batch limits.
 
     Synchronous: MLflow 3.17's ``set_terminated`` shuts its asynchronous queue down and joins
     the queue's thread (up to a second), so a point's run logged asynchronously and then
     ended cost about 0.75 s more (``scripts/bench/tracking.py``)."""
     from mlflow.entities import Metric, Param, RunTag
 
-    metrics = [Metric(*point) for point in metrics]
-    params_, tags_ = _param_values(params or {}), _tag_values(tags or {})
-    if len(metrics) + len(params_) + len(tags_) <= MAX_ENTITIES_PER_BATCH \
-            and len(params_) + len(tags_) <= MAX_PARAMS_TAGS_PER_BATCH:
-        batches = [(metrics, [Param(k, v) for k, v in params_.items()],
-                    [RunTag(k, v) for k, v in tags_.items()])]
-    else:
-        batches = [(metrics[start:start + MAX_METRICS_PER_BATCH], [], [])
-                   for start in range(0, len(metrics), MAX_METRICS_PER_BATCH)]
-        items = [Param(k, v) for k, v in params_.items()]
-        batches += [([], items[start:start + MAX_PARAMS_TAGS_PER_BATCH], [])
-                    for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH)]
-        items = [RunTag(k, v) for k, v in tags_.items()]
-        batches += [([], [], items[start:start + MAX_PARAMS_TAGS_PER_BATCH])
-                    for start in range(0, len(items), MAX_PARAMS_TAGS_PER_BATCH)]
-    for numbers, words, labels in batches:
-        if numbers or words or labels:
-            mlflow.log_batch(run_id, metrics=numbers, params=words, tags=labels)
+    numbers = [Metric(*point) for point in metrics]
+    words = [Param(k, v) for k, v in _param_values(params or {}).items()]
+    labels = [RunTag(k, v) for k, v in _tag_values(tags or {}).items()]
+    if numbers or words or labels:
+        mlflow.log_batch(run_id, metrics=numbers, params=words, tags=labels)
 
 
 def metric(key: str, value: float, step: int, timestamp: int) -> Point:
