@@ -12,8 +12,8 @@ Where a run decides from numbers it does not have, it decides so:
   its last epoch; a run that stops early opens a prefix of them;
 * ``verify`` patches its first ``2 N`` units (a run patches the ``N`` largest estimates and
   ``N`` drawn): the same count and shapes, the units' addresses chosen at run time;
-* a model whose KV cache keeps no keys for some layer runs its last-column forwards whole in
-  a run, as listed here only when the cache keeps keys for every layer.
+* a model whose KV cache keeps no keys for some layer runs its last-column forwards (a fit's,
+  ``verify``'s) whole in a run, as listed here only when the cache keeps keys for every layer.
 """
 from __future__ import annotations
 

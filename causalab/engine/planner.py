@@ -108,11 +108,17 @@ def forward_stages(ctx: PassContext, forward: Forward) -> Iterator[Stage]:
         yield Stage("serve", forwards=(forward,))
 
 
-def fused_stages(units: list[PassContext], later: list[PassContext],
-                 index: int) -> Iterator[Stage]:
+def fused_stages(units: list[PassContext], later: list[PassContext], index: int, *,
+                 last_column: bool = False) -> Iterator[Stage]:
     """Forward ``index`` of several points' passes of one signature, every row, no grad:
     an un-intervened one filled for all (and the ``later`` points) in one trace per window,
-    an intervened one as one trace per entry point, its points stacked (``fuse``)."""
+    an intervened one as one trace per entry point, its points stacked (``fuse``).
+
+    With ``last_column`` (``verify``'s exact patches, which tolerate float rounding) an
+    intervened forward tapping only the prompt's last column (``tail.at_last_column``) keeps
+    the batch's keys and values once, and runs as one trace of that column alone over them,
+    every point stacked (``_last_columns``); without keys kept (a model whose cache keeps
+    none for some layer) it runs as an exact sweep's points do."""
     each = tuple(ctx.pass_.forwards[index] for ctx in units)
     ahead = tuple(ctx.pass_.forwards[index] for ctx in later)
     if not each[0].writes:
@@ -124,6 +130,16 @@ def fused_stages(units: list[PassContext], later: list[PassContext],
         return
     first = units[0]
     batch = first.pass_.inputs[each[0].input]
+    if last_column and all(tail.at_last_column(forward) for forward in each):
+        stage = _keys_stage(first, batch)
+        if stage is not None:
+            yield stage
+        if first.state.cache.keys.get(batch_key(batch)) is not None and all(tail.all_last(
+                (p for tap in _taps(forward, unit)
+                 for p in units[unit].windows.positions(tap, batch.role, first.rows)),
+                batch.tokens) for unit, forward in enumerate(each)):
+            yield Stage("forward", (_last_columns(units, each, batch),), each)
+            return
     entries = entries_of(each)
     needs = needs_of(entries)
     stage = _prefix_stage(first, batch, needs, ahead=ahead_of(ahead))
@@ -138,6 +154,16 @@ def fused_stages(units: list[PassContext], later: list[PassContext],
     yield Stage("forward", tuple(jobs), each)
 
 
+def _last_columns(units: list[PassContext], each: tuple[Forward, ...],
+                  batch: PromptBatch) -> TraceJob:
+    """Every unit's forward stacked in one trace of the last column over the batch's kept
+    keys, from the embeddings whatever its layer: a column costs a unit's rows one token per
+    block, so one trace for all beats a trace per entry, and no prefix need be kept. Blocks
+    before a unit's tap compute the un-intervened last column up to float rounding."""
+    return fuse([_job("forward", batch, units[0].rows, _taps(forward, unit), units, tail=True)
+                 for unit, forward in enumerate(each)], units)
+
+
 def fuse(jobs: list[TraceJob], units: list[PassContext]) -> TraceJob:
     """Alike jobs (one batch, the same rows, one entry) merged into one trace over their
     rows stacked, job ``i``'s taps acting on copy ``i`` only: address order first, then
@@ -148,7 +174,7 @@ def fuse(jobs: list[TraceJob], units: list[PassContext]) -> TraceJob:
     taps = tuple(tap for _, tap in sorted(keyed, key=lambda item: item[0]))
     first = jobs[0]
     return _job(first.kind, first.batch, first.rows, taps, units, copies=len(jobs),
-                resume=first.resume, grad=first.grad)
+                resume=first.resume, tail=first.tail, grad=first.grad)
 
 
 def _intervened(ctx: PassContext, forward: Forward) -> Iterator[Stage]:

@@ -6,9 +6,10 @@ columns ``0 … T−2`` are the ones the intervened forward computes there. A fi
 its eval then run the last column alone: the blocks before their entry served from the kept
 prefix's last column, the rest one position over the kept keys and values, forward and
 backward. The numbers are the whole forward's up to float rounding (one position sums in
-another order), which is why only fits take this path: a patching table stays byte-identical
-to the unresumed forward. This module says from plan data where that may happen and keeps the
-tensors; the planner decides, the walk runs the traces.
+another order), which is why only fits and ``verify``'s exact checks take this path (the
+latter every unit stacked in one trace, ``planner._last_columns``): a patching table stays
+byte-identical to the unresumed forward. This module says from plan data where that may
+happen and keeps the tensors; the planner decides, the walk runs the traces.
 """
 from __future__ import annotations
 
@@ -48,9 +49,11 @@ class Keys(NamedTuple):
 
     layers: list
 
-    def cache(self, chunk: tuple, model: StandardizedTransformer) -> DynamicCache:
-        """A fresh KV cache holding the rows ``chunk`` (the trace appends the last column)."""
-        index = torch.tensor(chunk, dtype=torch.long)
+    def cache(self, chunk: tuple, model: StandardizedTransformer,
+              copies: int = 1) -> DynamicCache:
+        """A fresh KV cache holding the rows ``chunk``, stacked ``copies`` times as a fused
+        trace stacks its points (the trace appends the last column)."""
+        index = torch.tensor(tuple(chunk) * copies, dtype=torch.long)
         cache = kv_cache(model)
         for layer, (keys, values) in enumerate(self.layers):
             where = index.to(keys.device)

@@ -87,7 +87,8 @@ def _inputs(ctx: PassContext, job: TraceJob) -> tuple[dict, torch.Tensor]:
 
 def _cache(ctx: PassContext, job: TraceJob) -> Cache | None:
     if job.tail:
-        return ctx.state.cache.keys[batch_key(job.batch)].cache(job.rows, ctx.model)
+        return ctx.state.cache.keys[batch_key(job.batch)].cache(job.rows, ctx.model,
+                                                                 job.copies)
     if job.kind in ("keys", "decode"):
         return tail.kv_cache(ctx.model)
     return None

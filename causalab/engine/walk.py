@@ -115,8 +115,8 @@ def _attribute(node: Attribute, runner: Runner, state: WalkState,
     if node.verify:
         count = min(2 * node.verify, len(node.units) * len(node.labels))
         where = f"{state.where} verify ({count} units chosen at run time)"
-        written += runner.verify(node, lambda ps: run_fused(runner, ps, state, where),
-                                 directory)
+        written += runner.verify(
+            node, lambda ps: run_fused(runner, ps, state, where, last_column=True), directory)
     return written
 
 
@@ -126,17 +126,22 @@ def _open(runner: Runner, pass_: Pass, state: WalkState, rows=None,
                      facts=runner.facts)
 
 
-def run_fused(runner: Runner, passes_: list[Pass], state: WalkState,
-              where: str = "") -> list[PassResult]:
-    """Passes of one shape run as an exact sweep's fused points are, each forward together."""
+def run_fused(runner: Runner, passes_: list[Pass], state: WalkState, where: str = "", *,
+              last_column: bool = False) -> list[PassResult]:
+    """Passes of one shape run as an exact sweep's fused points are, each forward together;
+    with ``last_column`` (``verify``) a forward tapping the last column alone runs that
+    column alone over kept keys (``planner.fused_stages``). The first run of passes fills
+    the un-intervened values the later runs take too (as ``prefetch``'s ``ahead``)."""
     size = max(1, planner.capacity(passes_[:1], state.batch_size, state.cache))
     results = []
     for start in range(0, len(passes_), size):
         with runner.at(where):
             units = [_open(runner, pass_, state) for pass_ in passes_[start:start + size]]
+            later = [_open(runner, pass_, state) for pass_ in passes_[size:]] if not start else []
             with torch.no_grad():
                 for step in range(len(units[0].pass_.forwards)):
-                    runner.run(planner.fused_stages(units, [], step), units)
+                    runner.run(planner.fused_stages(units, later, step,
+                                                    last_column=last_column), units + later)
                     for ctx in units:
                         runner.take(ctx, ctx.pass_.forwards[step])
             results += [runner.result(ctx) for ctx in units]

@@ -113,3 +113,37 @@ def test_with_graddrop_verify_ranks_units_by_atp_stars_magnitude(kit, tiny, tmp_
     assert report["bound"]["largest_exact_bound"] >= max(
         v for k, v in magnitude.items() if k not in {
             (u["coordinates"]["layers"], u["coordinates"]["heads"]) for u in report["units"]})
+
+
+def test_verify_runs_every_unit_at_the_last_column_fused_and_matches_hooks(
+        kit, tiny, oracle, tmp_path, monkeypatch):
+    """``verify: 4`` on 8 heads patches all of them, at both layers, stacked in one trace of
+    the last column over the base's kept keys from the embeddings; every exact effect is the
+    whole-forward hook's (fp32 rounding)."""
+    from causalab.engine import runner
+
+    resolved = tiny("tiny-llama")
+    model, tokenizer = oracle(resolved.path)
+    rows = kit.pair_rows(kit.PAIRS)
+    doc = kit.patching_document(resolved, component="attention_premix")
+    doc["steps"] = {"attribute": {"kind": "attribute", "interventions": "patch",
+                                  "rows": {"base": "pairs", "counterfactual": "pairs"},
+                                  "layers": "all", "unit": "head", "verify": 4,
+                                  "metrics": ["logit_diff"]}}
+    data_root = kit.write_table(tmp_path / "data", "pairs", rows)
+    seen, original = [], runner.run_trace
+
+    def record(model_, job, live):
+        seen.append(job)
+        return original(model_, job, live)
+    monkeypatch.setattr(runner, "run_trace", record)
+    kit.run_compiled(doc, data_root, tmp_path / "out")
+    report = json.loads((tmp_path / "out" / "attribute.verify.json").read_text())["logit_diff"]
+    patched = [job for job in seen if job.kind == "forward"]
+    assert [(job.tail, job.copies, job.resume) for job in patched] == [(True, 8, None)]
+    exact = _exact(model, tokenizer, kit, rows)
+    assert len(report["units"]) == 8
+    for unit in report["units"]:
+        key = (unit["coordinates"]["layers"], unit["coordinates"]["heads"])
+        # One column over kept keys sums in another order than the whole forward: ~1e-7.
+        assert unit["exact"] == pytest.approx(exact[key], abs=1e-5)

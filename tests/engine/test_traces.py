@@ -240,8 +240,11 @@ def test_explain_plans_verifys_fused_exact_patches_on_stand_in_units(tiny, kit, 
     opened = _opened(document, data_root, tmp_path / "out", monkeypatch)
     # 2 N = 4 units, each patched once: fused copies of the rows, on stand-ins when planned
     # (how the copies split over traces depends on the layers of the units chosen).
+    # Every unit taps END alone: all run as one trace of the last column over kept keys.
     for jobs in ([p.job for p in found], opened):
         assert sum(j.copies for j in jobs if j.kind == "forward") == 4
+        assert [(j.kind, j.tail, j.resume) for j in jobs if j.kind in ("keys", "forward")] == [
+            ("keys", False, None), ("forward", True, None)]
     assert {p.where for p in found if p.job.kind != "attribute"} == {
         "<root>/attribute verify (4 units chosen at run time)"}
     checks = sum(p.job.kind != "attribute" for p in found)
