@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
-import torch
 
 from causalab.compile.plan import Forward, Pass, ReadOp
 from causalab.engine import generate, overflow, tail
@@ -26,6 +25,7 @@ from causalab.engine.metrics import metric_table, score
 from causalab.engine.outputs import Published
 from causalab.engine.seam import Window, express, gather
 from causalab.engine.state import ModelFacts, PassContext, WalkState, Windows
+from causalab.lazy import torch
 
 if TYPE_CHECKING:  # annotations only: nnterp takes ~6 s to import
     from nnterp import StandardizedTransformer

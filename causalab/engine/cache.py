@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, TypeAlias
 
-import torch
 
 from causalab.compile.plan import Forward, Pass, PromptBatch, ReadOp
 from causalab.document import vocab
 from causalab.engine.budget import RESUME_SHARE, WHOLE_SHARE, Budget
 from causalab.engine.forwards import batch_key
 from causalab.engine.resume import map_tensors
+from causalab.lazy import torch
 
 if TYPE_CHECKING:  # annotations only: the pass assembly imports this module
     from causalab.engine.assembly import PassResult
 # A kept prefix value: a residual, or a module's raw output (a tensor or a tuple of them).
-Kept = Union[torch.Tensor, tuple[torch.Tensor, ...], None]
+Kept: TypeAlias = "torch.Tensor | tuple[torch.Tensor, ...] | None"
 
 # An un-intervened address tensor is kept whole when at most this big and while the
 # document's kept tensors fit the budget; otherwise its reads are kept gathered.

@@ -76,6 +76,10 @@ class DryRunner:
         self.where = ""
         self.calls = 0
 
+    def grad(self, enabled: bool) -> contextlib.AbstractContextManager[None]:
+        """No trace runs, so no gradient: nothing to switch."""
+        return contextlib.nullcontext()
+
     @contextlib.contextmanager
     def at(self, where: str) -> Iterator[None]:
         """Passes run inside are listed under ``where``, each one a call of its own."""
@@ -314,13 +318,12 @@ def explain_traces(plan: Plan, memory_text: str | None = None) -> dict:
     """``causalab explain --traces``: the schedule of a compiled document, as text and data,
     sized to the memory budget ``memory_text`` (None: the default) with each trace's peak;
     ``jobs`` holds every job's fields (``job_fields``)."""
-    from causalab.models import load_tokenizer
-    from causalab.models.readers import read_config
+    from causalab.models.readers import read_config, read_tokenizer
 
     model = plan.model or points_of(plan)[0].model
     config = read_config(model.path)  # from its files, as compile reads it: no transformers
     sized = planned_budget(model, config, memory_text)
-    found = schedule(plan, config, load_tokenizer(model.path), budget=sized.budget)
+    found = schedule(plan, config, read_tokenizer(model.path), budget=sized.budget)
     return {"text": text(found, memory=sized, fitted=_fits(plan)),
             "budget": sized.budget.total, "held": sized.budget.held,
             "traces": [{"where": p.where, "pass": p.call, "trace": describe(p.job),

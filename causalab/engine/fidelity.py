@@ -14,12 +14,12 @@ import dataclasses
 from importlib import metadata
 from typing import TYPE_CHECKING, NamedTuple
 
-import torch
 
 from causalab.compile.addresses import resolve_address
 from causalab.compile.plan import Observe, Pass, Plan, PositionSpec
 from causalab.document.vocab import IDENTITY
 from causalab.errors import RunError
+from causalab.lazy import torch
 
 if TYPE_CHECKING:  # annotations only: nnterp takes ~6 s to import
     from nnterp import StandardizedTransformer

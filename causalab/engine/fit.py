@@ -14,10 +14,9 @@ import os
 import sys
 from typing import TYPE_CHECKING, Callable
 
-import torch
-from torch import Tensor
 
 from causalab.errors import RunError
+from causalab.lazy import torch
 
 if TYPE_CHECKING:  # the types only annotate; importing them pulls in the compiler
     from causalab.compile.plan import Fit, Plan
@@ -36,17 +35,17 @@ def anneal_temperature(start: float, end: float, update: int, updates: int) -> f
     return start * (end / start) ** (update / max(updates - 1, 1))
 
 
-def _metric_values(result: PassResult, name: str) -> Tensor:
+def _metric_values(result: PassResult, name: str) -> torch.Tensor:
     return result.metrics[name][0]
 
 
-def _mean(values: Tensor, at: tuple) -> Tensor:
+def _mean(values: torch.Tensor, at: tuple) -> torch.Tensor:
     if values.numel() == 0:
         raise RunError(at, "no eligible row to score in this pass; a mean over zero rows does not exist")
     return values.float().mean()
 
 
-def objective_loss(fit: Fit, result: PassResult, featurizers: dict) -> Tensor:
+def objective_loss(fit: Fit, result: PassResult, featurizers: dict) -> torch.Tensor:
     """Σ wᵢ·mean(termᵢ): a term is a metric of the pass or ``<gate>.mask`` (soft-mask mean)."""
     total = None
     for index, (weight, term) in enumerate(fit.objective):

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
 
 from causalab.compile.plan import Forward, Pass, PositionSpec
 from causalab.engine.forwards import tap_ops
 from causalab.errors import RunError
+from causalab.lazy import torch
 
 if TYPE_CHECKING:  # annotations only
     from nnterp import StandardizedTransformer

@@ -8,13 +8,14 @@ here a wrong name is a ``TypeError``.
 """
 from __future__ import annotations
 
-from typing import Union
+from typing import TypeAlias
 
-import torch
+from causalab.lazy import torch
+
 
 
 # A write's operand: a read or a featurizer's value (a tensor), or a literal number.
-Operand = Union[torch.Tensor, float, None]
+Operand: TypeAlias = "torch.Tensor | float | None"
 
 def _like(operand: Operand, f: torch.Tensor) -> torch.Tensor:
     """The operand as a tensor of f's shape: a number is broadcast, a tensor expanded."""

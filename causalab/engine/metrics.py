@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-import torch
 
 from causalab.compile.plan import MetricOp
 from causalab.errors import RunError
+from causalab.lazy import torch
 
 
 # The reason a table gives a row that was placed and had every column, yet whose logits came

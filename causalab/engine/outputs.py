@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-import torch
 
 from causalab.compile.plan import OutputOp
 from causalab.errors import RunError
+from causalab.lazy import torch
 
 if TYPE_CHECKING:  # annotations only
     from causalab.engine.seam import Window

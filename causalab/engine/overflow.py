@@ -12,11 +12,11 @@ Llama head) with no NaN anywhere, so it is refused here too.
 """
 from __future__ import annotations
 
-import torch
 
 from causalab.compile.plan import Operand, Pass, WriteOp
 from causalab.engine.seam import Written
 from causalab.errors import RunError
+from causalab.lazy import torch
 
 
 def refuse_overflowed(pass_: Pass, written: dict[str, list[tuple[tuple[int, ...], Written]]]

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal, NamedTuple, Union
 
-import torch
 
 from causalab.compile.plan import Address, Forward
 from causalab.document import vocab
 from causalab.engine.forwards import tap_ops
+from causalab.lazy import torch
 
 # A block's parts in forward order, each with the vocabulary order of the component that
 # first sees its whole output: a first tap there or later leaves the part's output as it was.

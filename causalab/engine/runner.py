@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-import torch
 
 from causalab.compile.plan import Attribute, Featurizers, Fit, Forward, Observe, Pass, Plan, Weights
 from causalab.engine import fidelity, record, steps, taps
@@ -31,6 +30,7 @@ from causalab.engine.state import ModelFacts, PassContext, WalkState
 from causalab.engine.step_sources import build_from_step
 from causalab.engine.taps import Live, PreparedTap
 from causalab.files import DOCUMENT
+from causalab.lazy import torch
 
 if TYPE_CHECKING:  # annotations only: nnterp takes ~6 s to import
     from nnterp import StandardizedTransformer
@@ -52,6 +52,7 @@ class Runner(Protocol):
     facts: ModelFacts
 
     def at(self, where: str) -> contextlib.AbstractContextManager[None]: ...
+    def grad(self, enabled: bool) -> contextlib.AbstractContextManager[None]: ...
     def run(self, stages: Iterable[Stage], units: list[PassContext]) -> None: ...
     def take(self, ctx: PassContext, forward: Forward) -> None: ...
     def result(self, ctx: PassContext) -> PassResult: ...
@@ -82,6 +83,10 @@ class TraceRunner:
     @contextlib.contextmanager
     def at(self, where: str) -> Iterator[None]:
         yield
+
+    def grad(self, enabled: bool) -> contextlib.AbstractContextManager[None]:
+        """Autograd on or off for the traces run inside."""
+        return torch.set_grad_enabled(enabled)
 
     def run(self, stages: Iterable[Stage], units: list[PassContext]) -> None:
         """Each stage's jobs bound and traced in order, then its values kept, before the
@@ -211,7 +216,7 @@ def _tap(places: Places, tap: JobTap, entry: PreparedTap) -> object:
         places.put(address, activation + leaf)
         return activation.detach().clone(), leaf
     if tap.kind == "gate":
-        places.put(address, atp_star.Gate.apply(activation, entry.operand, address.layer))
+        places.put(address, atp_star.gate(activation, entry.operand, address.layer))
         return None
     if tap.whole:
         # Kept past this forward: a copy, safe from any in-place update after the tap.

@@ -24,11 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, Sequence
 
-import torch
 
 from causalab.compile.plan import Address, WriteOp
 from causalab.engine.mechanisms import MECHANISMS, NEEDS_F0, Operand
 from causalab.errors import RunError
+from causalab.lazy import torch
 
 
 class Featurizer(Protocol):

@@ -16,11 +16,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, NamedTuple
 
-import torch
 
 from causalab.compile.plan import Forward
 from causalab.engine.forwards import tap_ops
 from causalab.engine.resume import map_tensors
+from causalab.lazy import torch
 
 if TYPE_CHECKING:  # annotations only
     from nnterp import StandardizedTransformer

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-import torch
 
 from causalab.compile.plan import PromptBatch, WriteOp
 from causalab.document import vocab
@@ -24,6 +23,7 @@ from causalab.engine.mechanisms import Operand
 from causalab.engine.seam import Featurizer, Window
 from causalab.engine.state import PassContext
 from causalab.errors import RunError
+from causalab.lazy import torch
 
 if TYPE_CHECKING:  # annotations only
     from nnterp import StandardizedTransformer

@@ -17,7 +17,6 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 
 from causalab.compile.plan import Attribute, Featurizers, Fit, Observe, Pass, Plan, Weights
 from causalab.engine import containment, planner
@@ -109,7 +108,7 @@ def _attribute(node: Attribute, runner: Runner, state: WalkState,
     if node.circuit_k is not None:
         return runner.edges(node, state, directory)
     ctx = attribution.open_step(_open(runner, node.passes[0], state), node, runner.tokenizer)
-    with torch.no_grad():
+    with runner.grad(False):
         runner.run(planner.attribute_stages(ctx, node), [ctx])
     written = runner.attributed(ctx, directory)
     if node.verify:
@@ -138,7 +137,7 @@ def run_fused(runner: Runner, passes_: list[Pass], state: WalkState, where: str 
         with runner.at(where):
             units = [_open(runner, pass_, state) for pass_ in passes_[start:start + size]]
             later = [_open(runner, pass_, state) for pass_ in passes_[size:]] if not start else []
-            with torch.no_grad():
+            with runner.grad(False):
                 for step in range(len(units[0].pass_.forwards)):
                     runner.run(planner.fused_stages(units, later, step,
                                                     last_column=last_column), units + later)
@@ -174,7 +173,7 @@ def prefetch(points: list[Plan], runner: Runner, *, batch_size: int | None = Non
                          for point, state in zip(points, states)]
                 later = [_open(runner, point.children[index].pass_, state)
                          for point, state in zip(ahead, later_states)]
-                with torch.no_grad():
+                with runner.grad(False):
                     for step in range(len(units[0].pass_.forwards)):
                         runner.run(planner.fused_stages(units, later, step), units + later)
                         for ctx in units:
@@ -222,7 +221,7 @@ def pass_on(runner: Runner, pass_: Pass, state: WalkState | None, *, rows=None,
     if fill_prefixes:
         state = dataclasses.replace(state, fill_prefixes=True)
     ctx = _open(runner, pass_, state, rows, grad)
-    with torch.set_grad_enabled(grad):
+    with runner.grad(grad):
         for forward in pass_.forwards:
             runner.run(planner.forward_stages(ctx, forward), [ctx])
             runner.take(ctx, forward)

@@ -51,11 +51,17 @@ def placement(device_map: str) -> str:
     return device_map
 
 
+# How many models this process has loaded (not served from ``_load``'s cache): a budget
+# measured before a load that then came from the cache already counts the weights.
+_LOADS = [0]
+
+
 @functools.lru_cache(maxsize=4)
 def _load(path: str, dtype: str, attn_implementation: str | None, device_map: str,
           control: str | None = None):
     from nnterp import StandardizedTransformer
 
+    _LOADS[0] += 1
     from causalab.models import bars, load_config, load_tokenizer
 
     tokenizer = load_tokenizer(path)
@@ -128,7 +134,7 @@ class Measured(NamedTuple):
     weights: int
     device: str
     dtype: str
-
+    loads: int = 0  # ``_LOADS`` when measured
 
 def device_of(device_map: str) -> str:
     """The device a placement's memory is counted on: the first accelerator, or the CPU."""
@@ -149,12 +155,15 @@ def measure_budget(ref: ModelRef, text: str | None, device_map: str = "cpu") -> 
         raise ModelError(("model", "key"), f"{ref.key}: its weights take {memory.gib(weights)} "
                                            f"in {ref.dtype}, more than the memory budget of "
                                            f"{memory.gib(total)} ({spelled}) on {device}")
-    return Measured(total, memory.used_bytes(device), weights, device, ref.dtype)
+    return Measured(total, memory.used_bytes(device), weights, device, ref.dtype, _LOADS[0])
 
 
 def budget_of(measured: Measured, model) -> Budget:
-    """The budget the planner spends once ``model`` is in: what the process holds now, or
-    before plus the weights when their pages are not all resident yet (a mapped file)."""
-    held = max(memory.used_bytes(measured.device), measured.before + measured.weights)
+    """The budget the planner spends once ``model`` is in: what the process holds now, or,
+    when it was loaded just now, before plus the weights (a mapped file's pages are not all
+    resident yet). A model an earlier run of this process loaded was in ``before`` already."""
+    held = memory.used_bytes(measured.device)
+    if _LOADS[0] != measured.loads:
+        held = max(held, measured.before + measured.weights)
     return Budget(measured.total, held, memory.ITEMSIZE.get(measured.dtype, 4),
                   ModelFacts.of(model._model.config))

@@ -99,13 +99,13 @@ class FileTokenizer:
         """Rendered by transformers itself (loaded once, on the first chat row)."""
         return self._transformers().apply_chat_template(messages, **kwargs)
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         """As transformers decodes (what the engine places a scoped position against): the
-        file's own decoder, special tokens kept. Transformers cleans up spaces only on a
-        non-BPE model whose config asks, and is asked itself then."""
+        file's own decoder, special tokens kept unless skipped. Transformers cleans up spaces
+        only on a non-BPE model whose config asks, and is asked itself then."""
         if self.cleans_up:
-            return self._transformers().decode(list(ids))
-        return self._core.decode(list(ids), skip_special_tokens=False)
+            return self._transformers().decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return self._core.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def _transformers(self) -> Any:
         if self._full is None:

@@ -143,3 +143,24 @@ def test_a_trace_estimate_grows_with_its_rows_and_with_a_graph(tiny):
     facts = ModelFacts.of(load_config(tiny("tiny-llama").path))
     assert row_bytes(facts, 16, 4, grad=True) > row_bytes(facts, 16, 4) > row_bytes(facts, 8, 4)
     assert torch.finfo(torch.bfloat16).bits == 8 * memory.ITEMSIZE["bf16"]
+
+
+def test_a_model_an_earlier_run_loaded_is_not_counted_twice_in_the_budget(tmp_path):
+    """A second run in one process (a notebook, a bench) measures its budget with the weights
+    already in: counting them again left it no room (one-row windows, tables that moved)."""
+    from causalab.compile.plan import ModelRef
+    from causalab.engine import weights as load
+    from causalab.models.standin import standin
+
+    path = str(standin("llama-small", dtype="fp32", home=tmp_path))
+    ref = ModelRef(key=path, revision="", dtype="fp32", attn_implementation=None, path=path)
+    size = memory.weights_bytes(path)
+    load._load.cache_clear()
+    fresh = load.measure_budget(ref, "64GiB")
+    model = load._load(path, "fp32", None, "cpu")
+    assert load.budget_of(fresh, model).held >= fresh.before + size  # its pages may lag
+    again = load.measure_budget(ref, "64GiB")
+    assert load._load(path, "fp32", None, "cpu") is model  # from the cache
+    held = load.budget_of(again, model).held
+    assert held < again.before + size // 2, (held, again.before, size)
+    load._load.cache_clear()

@@ -313,3 +313,32 @@ def test_an_edges_step_makes_the_hooked_forwards_explain_lists(tiny, kit, tmp_pa
     assert len(listed) == 2 * (2 + 2) + 2 * (2 + 3)
     assert made == listed
     assert [p.job for p in found if p.job.kind != "edges"] == opened
+
+
+# explain --traces over every shipped document in one fresh process (models already written),
+# saying which of the heavy libraries it imported: the dry walk needs none of them (the engine imports torch at
+# its first use, causalab.lazy), so the verb costs about what plain explain does.
+_LIGHT = """
+import contextlib, io, json, sys
+from causalab.cli.main import main
+data, paths, failed = sys.argv[1], sys.argv[2:], []
+for path in paths:
+    with contextlib.redirect_stdout(io.StringIO()):
+        if main(["explain", path, "--data-root", data, "--traces"]):
+            failed.append(path)
+print(json.dumps({"failed": failed, "heavy": [m for m in ("torch", "transformers", "nnsight",
+                                                          "nnterp") if m in sys.modules]}))
+"""
+
+
+def test_explain_traces_of_every_shipped_document_imports_no_torch():
+    import subprocess
+    import sys
+
+    paths = [str(p) for p in CORPUS]
+    for _ in range(2):  # the first run may write this session's built-in models (torch)
+        done = subprocess.run([sys.executable, "-c", _LIGHT, str(DATA), *paths], cwd=REPO,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"failed": [], "heavy": []}, found

@@ -10,18 +10,18 @@ this is the linearisation from the attention output onwards.
 
 **GradDrop.** Cancellation between paths can hide a unit's effect from the summed gradient.
 For each layer ``l`` a backward pass runs with the gradient through layer ``l``'s attention
-and MLP outputs zeroed (``Gate``), giving ``ĉ_l(u)``; the paper's combination, kept as the
+and MLP outputs zeroed (``gate``), giving ``ĉ_l(u)``; the paper's combination, kept as the
 table's ``graddrop``, is ``(1/(L−1)) Σ_l |ĉ_l(u)|`` per row.
 """
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
-
-import torch
 
 from causalab.compile.plan import Attribute
 from causalab.engine.trace_jobs import JobTap, SiteOp
 from causalab.engine.seam import Window
+from causalab.lazy import torch
 
 if TYPE_CHECKING:  # annotations only
     from nnterp import StandardizedTransformer
@@ -38,18 +38,28 @@ def taps(node: Attribute) -> list[JobTap]:
             for field, kind, role in kinds for i, address in enumerate(getattr(node, field))]
 
 
-class Gate(torch.autograd.Function):
-    """Identity forward; backward zeroes the gradient when ``dropped[0]`` is this layer."""
+def gate(value: torch.Tensor, dropped: list, layer: int) -> torch.Tensor:
+    """Identity forward; backward zeroes the gradient when ``dropped[0]`` is ``layer``."""
+    return _gate().apply(value, dropped, layer)
 
-    @staticmethod
-    def forward(ctx, value: torch.Tensor, dropped: list, layer: int) -> torch.Tensor:
-        ctx.dropped, ctx.layer = dropped, layer
-        return value.view_as(value)
 
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        keep = ctx.dropped[0] != ctx.layer
-        return (grad if keep else torch.zeros_like(grad)), None, None
+@functools.lru_cache(maxsize=1)
+def _gate() -> type:
+    """The autograd function of :func:`gate`, made at its first use (its base class is
+    torch's, which the engine imports only when it runs)."""
+
+    class Gate(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, value: torch.Tensor, dropped: list, layer: int) -> torch.Tensor:
+            ctx.dropped, ctx.layer = dropped, layer
+            return value.view_as(value)
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor):
+            keep = ctx.dropped[0] != ctx.layer
+            return (grad if keep else torch.zeros_like(grad)), None, None
+
+    return Gate
 
 
 def combined(per_layer: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,6 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 
 from causalab.compile.plan import Attribute, MetricOp
 from causalab.engine import record
@@ -22,6 +21,7 @@ from causalab.engine.attribution import edges
 from causalab.engine.trace_jobs import TraceJob
 from causalab.engine.metrics import score
 from causalab.errors import RunError
+from causalab.lazy import torch
 
 if TYPE_CHECKING:  # annotations only
     from nnterp import StandardizedTransformer

@@ -31,9 +31,10 @@ import contextlib
 import dataclasses
 from typing import Callable
 
-import torch
+from causalab.lazy import torch
 
-Metric = Callable[[torch.Tensor], torch.Tensor]  # last-position logits (rows, vocab) -> (rows,)
+
+Metric = Callable[["torch.Tensor"], "torch.Tensor"]  # last-position logits (rows, vocab) -> (rows,)
 
 
 @dataclasses.dataclass(frozen=True)

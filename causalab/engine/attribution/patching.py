@@ -26,7 +26,6 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
 
 from causalab.compile.plan import Address, Attribute, MetricOp, Pass
 from causalab.document.vocab import ATTRIBUTION_UNITS
@@ -38,6 +37,7 @@ from causalab.engine.metrics import score
 from causalab.engine.seam import Window, gather
 from causalab.engine.state import PassContext, Windows
 from causalab.errors import RunError
+from causalab.lazy import torch
 
 if TYPE_CHECKING:  # annotations only
     from transformers import PreTrainedTokenizerBase
