@@ -61,13 +61,14 @@ def run_document(plan: Plan, raw: dict, *, out: str,
             runner, cache = _loaded(ref, device_map, memory, resume_mib)
             events.receipt(receipt(runner, points[0], ref.dtype))
         written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
-        saves, engine, dtype = [], ENGINE, DTYPES[ref.dtype]
+        engine, dtype = ENGINE, DTYPES[ref.dtype]
         if runner is not None:
-            saves = walk_points(runner, points, out=out, batch_size=batch_size,
-                                events=events, cache=cache, verdicts=verdicts)
             engine, dtype = type(runner.model).__name__, _served(runner)
+        # Before the points: each point's run uploads it with its own files.
         written.append(record.write_run_record(out, engine, batch_size, dtype))
-        written += saves
+        if runner is not None:
+            written += walk_points(runner, points, out=out, batch_size=batch_size,
+                                   events=events, cache=cache, verdicts=verdicts)
         events.run_end(written)
         return written
 

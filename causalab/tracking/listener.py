@@ -123,7 +123,6 @@ class TrackingEvents(StoreWrites, Events):
         self._open: dict[int, PointRun] = {}
         self._stopped: list[tuple[PointRun, list]] = []  # points an interrupt stopped
         self._answered = time.monotonic()  # when the store last answered a call
-        self._ended: list[PointRun] = []
         self._stored: dict[str, Path] = {}  # run id -> its point's folder, read back whole
         self._deferred: PointRun | None = None
         self._done: list[tuple[dict, dict]] = []
@@ -301,6 +300,9 @@ class TrackingEvents(StoreWrites, Events):
         if run is None:
             return
         files = facts.files_of(self.out, point, written, error)
+        record = Path(self.out) / RUN_RECORD
+        if record.is_file() and not any(a == RUN_RECORD for _, a in files):
+            files.append((str(record), RUN_RECORD))
         run.finished = True
         if isinstance(error, KeyboardInterrupt):  # ended by ``close``, bounded in time
             self._stopped.append((run, files))
@@ -318,19 +320,13 @@ class TrackingEvents(StoreWrites, Events):
         elif not getattr(point, "directory", ""):
             self._deferred = run
         else:
-            self._ended.append(run)
             self.lane.send(self._end_point, run, None)
 
     def run_end(self, written: list[str]) -> None:
         record = [(p, RUN_RECORD) for p in written if Path(p).name == RUN_RECORD][:1]
         record = [f for f in record if Path(f[0]).is_file()]
-        for run in self._ended:
-            self.lane.send(lambda run=run: self.call(artifacts.log_files, run.run_id, record))
-        self._ended = []
         if self._deferred is not None:
             run, self._deferred = self._deferred, None
-            self.lane.send(lambda: run.sending(self.call, artifacts.log_files, run.run_id,
-                                               record))
             self.lane.send(self._end_point, run, None)
         self._drop_claims()
         if self._swept:

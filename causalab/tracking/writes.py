@@ -53,12 +53,10 @@ class StoreWrites:
             self.call(store.log_batch, run.run_id, tags=tags, params=params)
             if params:
                 run.params = {}
+        # A new run's params go with its numbers when it ends, in one request; what it is
+        # (its coordinates, digest, inputs) is in its tags from its creation, so a run whose
+        # process dies still says so.
         self.point_runs[run.label] = run.run_id
-        # Params go with the run's creation, so a run whose process dies still says what it
-        # was; a point already finished by now sends them with its numbers, in one request.
-        if run.params and not run.finished:
-            self.call(store.log_batch, run.run_id, params=run.params)
-            run.params = {}
 
     def _reuse(self, point: Any, label: str, found: str) -> None:
         """Link a done point into this parent now (a multirun job), or at the sweep's end; a
