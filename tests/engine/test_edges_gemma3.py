@@ -242,3 +242,23 @@ def test_gemma3_faithfulness_equals_hand_patched_circuits_at_three_k(setup):
             (hand - m_cf) / (m_base - m_cf), abs=1e-4)
     assert curve.faithfulness[0] == pytest.approx(0.0, abs=1e-4)
     assert curve.faithfulness[-1] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_an_edges_step_runs_on_the_built_in_sandwich_model(kit, tiny, tmp_path):
+    """``tiny-gemma2`` (sandwich norms, attention and final softcaps, a sliding layer) through
+    the step: 33 edges, the curve from the counterfactual's forward (0) to the base's (1)."""
+    from day_pairs import EQUAL_PAIRS
+
+    resolved = tiny("tiny-gemma2")
+    doc = kit.patching_document(resolved, component="attention_output", layer=0)
+    doc["steps"] = {"circuit": {"kind": "attribute", "interventions": "patch",
+                                "rows": {"base": "pairs", "counterfactual": "pairs"},
+                                "metrics": ["logit_diff"], "edges": True, "steps": 3,
+                                "circuit_k": [4, 10]}}
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(EQUAL_PAIRS))
+    kit.run_compiled(doc, data_root, tmp_path / "out")
+    table = json.loads((tmp_path / "out" / "circuit.edges.json").read_text())
+    curve = json.loads((tmp_path / "out" / "circuit.faithfulness.json").read_text())
+    assert len(table) == 33 and curve["ks"] == [0, 4, 10, 33]
+    assert curve["faithfulness"][0] == pytest.approx(0.0, abs=1e-4)
+    assert curve["faithfulness"][-1] == pytest.approx(1.0, abs=1e-4)
