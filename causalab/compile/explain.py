@@ -151,7 +151,8 @@ def _edge_lines(node: Attribute, pad: str) -> list[str]:
     sizes = ", ".join(map(str, node.circuit_k)) or "fractions of the edges"
     return [f"{pad}{node.name}: Attribute  edges (EAP-IG, {node.steps} steps)  "
             f"metrics={_names(node.metrics)}  circuit_k={sizes}",
-            f"{pad}    senders: embeddings, every head (through o_proj), every MLP; receivers: "
+            f"{pad}    senders: embeddings, every head (through o_proj; its share of a post-norm's "
+            "output), every MLP; receivers: "
             "every later attention input, MLP input, the logits",
             f"{pad}    forward '{node.counterfactual}' and '{node.base}' ({pass_.rows} rows x "
             f"{tokens} tokens): every sender's output",

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
-
 from causalab.compile.plan import Forward, Pass, ReadOp
 from causalab.engine import generate, overflow, tail
 from causalab.engine.attribution import patching as attribution

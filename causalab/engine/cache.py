@@ -14,7 +14,6 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
-
 from causalab.compile.plan import Forward, Pass, PromptBatch, ReadOp
 from causalab.document import vocab
 from causalab.engine.budget import RESUME_SHARE, WHOLE_SHARE, Budget

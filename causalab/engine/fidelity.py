@@ -14,7 +14,6 @@ import dataclasses
 from importlib import metadata
 from typing import TYPE_CHECKING, NamedTuple
 
-
 from causalab.compile.addresses import resolve_address
 from causalab.compile.plan import Observe, Pass, Plan, PositionSpec
 from causalab.document.vocab import IDENTITY

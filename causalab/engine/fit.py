@@ -14,7 +14,6 @@ import os
 import sys
 from typing import TYPE_CHECKING, Callable
 
-
 from causalab.errors import RunError
 from causalab.lazy import torch
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-
 from causalab.compile.plan import Forward, Pass, PositionSpec
 from causalab.engine.forwards import tap_ops
 from causalab.errors import RunError

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-
 from causalab.compile.plan import MetricOp
 from causalab.errors import RunError
 from causalab.lazy import torch

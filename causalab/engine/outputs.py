@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-
 from causalab.compile.plan import OutputOp
 from causalab.errors import RunError
 from causalab.lazy import torch

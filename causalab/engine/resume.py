@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Literal, NamedTuple, Union
 
-
 from causalab.compile.plan import Address, Forward
 from causalab.document import vocab
 from causalab.engine.forwards import tap_ops

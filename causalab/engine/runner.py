@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-
 from causalab.compile.plan import Attribute, Featurizers, Fit, Forward, Observe, Pass, Plan, Weights
 from causalab.engine import fidelity, record, steps, taps
 from causalab.engine.attribution import atp_star, edge_step, patching as attribution, verify

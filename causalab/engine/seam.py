@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, Sequence
 
-
 from causalab.compile.plan import Address, WriteOp
 from causalab.engine.mechanisms import MECHANISMS, NEEDS_F0, Operand
 from causalab.errors import RunError

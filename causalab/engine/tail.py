@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, NamedTuple
 
-
 from causalab.compile.plan import Forward
 from causalab.engine.forwards import tap_ops
 from causalab.engine.resume import map_tensors

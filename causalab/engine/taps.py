@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-
 from causalab.compile.plan import PromptBatch, WriteOp
 from causalab.document import vocab
 from causalab.engine import tail

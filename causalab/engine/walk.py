@@ -17,7 +17,6 @@ import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-
 from causalab.compile.plan import Attribute, Featurizers, Fit, Observe, Pass, Plan, Weights
 from causalab.engine import containment, planner
 from causalab.engine.attribution import patching as attribution

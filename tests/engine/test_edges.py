@@ -223,11 +223,11 @@ def test_edge_options_refused_where_they_do_not_apply(kit, tiny, tmp_path):
         causalab.compile.compile_document(doc, data_root=data_root)
 
 
-def test_an_edge_step_on_a_model_with_post_norms_is_refused_at_its_field(kit, tiny, tmp_path):
+def test_an_edge_step_on_a_layout_it_cannot_decompose_is_refused_at_its_field(kit, tiny, tmp_path):
     from causalab.errors import RunError
 
     data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(PAIRS))
-    with pytest.raises(RunError, match="post-norms") as refused:
-        kit.run_compiled(_edge_document(kit, tiny("tiny-gemma2")), data_root, tmp_path / "out")
+    with pytest.raises(RunError, match="model.layers") as refused:
+        kit.run_compiled(_edge_document(kit, tiny("tiny-gpt2")), data_root, tmp_path / "out")
     assert "circuit" in str(refused.value)
     assert not list((tmp_path / "out").glob("circuit.*.json"))

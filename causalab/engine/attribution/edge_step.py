@@ -14,7 +14,6 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-
 from causalab.compile.plan import Attribute, MetricOp
 from causalab.engine import record
 from causalab.engine.attribution import edges

@@ -1,40 +1,69 @@
 """Edge attribution (EAP-IG, Hanna et al. 2024) and the faithfulness of its circuits.
 
-The graph is the residual decomposition of a pre-norm decoder: **senders** are the embeddings,
-every head's output (its ``o_proj`` input slice through its columns of ``o_proj``, as the head
-sweep's ``attention_premix`` units are) and every MLP's output; **receivers** are each layer's
-attention input, its MLP input and the logits (the final norm's input). A receiver's input is
-the sum of the outputs of the senders before it, so an edge ``u → v`` is one term of that sum.
-This is the coarse receiver set MIB also scores (one receiver per attention block rather than
-one per head's query, key and value): an edge into ``L3.attention`` moves all its heads.
+The graph is the residual decomposition of a decoder: **senders** are the embeddings (the
+residual stream entering block 0, Gemma's ``√hidden`` scale included), every head's output and
+every MLP's output; **receivers** are each layer's attention input, its MLP input and the logits
+(each the input of the norm in front of it: ``input_layernorm``, the pre-MLP norm, the final
+norm). A receiver's input is the sum of the outputs of the senders before it, so an edge
+``u → v`` is one term of that sum. This is the coarse receiver set MIB also scores (one receiver
+per attention block rather than one per head's query, key and value): an edge into
+``L3.attention`` moves all its heads.
+
+**Senders on the two layouts.** Pre-norm (Llama, Qwen2: ``input_layernorm`` before attention,
+``post_attention_layernorm`` before the MLP): a head's output is its ``o_proj`` input slice
+through its columns of ``o_proj`` (``a_h = W_h z_h``, as the head sweep's ``attention_premix``
+units are), an MLP's is the MLP's output. Sandwich (Gemma-2, Gemma-3: ``input_layernorm`` and
+``pre_feedforward_layernorm`` before the sublayers, ``post_attention_layernorm`` and
+``post_feedforward_layernorm`` on their outputs, before the residual add): the attention adds
+``N(A) = A · γ / rms(A)`` to the stream, ``A = Σ_h a_h``, and head ``h``'s output is its share
+``u_h = a_h · γ / rms(A)``, the norm's scale ``γ / rms(A)`` (``rms`` with the norm's ``eps``)
+taken from the forward the head runs in; an MLP's output is ``post_feedforward_layernorm``'s.
+In every forward a layer's heads sum to exactly what its attention adds to the stream, so a
+receiver's input is still the sum of the senders before it. Each sender's value is read in the
+run it belongs to: ``u_cf`` in the counterfactual's forward (its scale), ``u_base`` in the
+base's, ``u_now`` in the patched forward itself (the scale of the patched run). The shared
+scale couples a layer's heads: a head's share depends on its siblings through ``rms(A)``, a
+coupling inside the sender layer (no edge joins two heads of one layer), not a term of any
+receiver's sum; a patch into ``L3.attention`` moves all of ``L3``'s heads and their scale.
 
 **Score.** ``s(u → v) = Σ_pos (u_cf − u_base) · ḡ_v``, ``ḡ_v`` the gradient of the metric with
 respect to ``v``'s input alone (a zero leaf added where only ``v`` reads it: the input of ``v``'s
 norm), averaged over ``steps`` forwards whose embeddings lie ``k/steps`` of the way from the
 base's to the counterfactual's (``k = 0 … steps−1``; ``steps: 1`` is EAP, the node step's
-``ig`` convention). Per row; tables hold the mean over rows.
+``ig`` convention). Per row; tables hold the mean over rows. It is the first-order estimate of
+**exact edge patching**: the base forward with ``u_cf − u_base`` added to ``v``'s input alone
+(every other receiver, ``u``'s own later receivers included, reads the base's sum), the
+metric's change. On both layouts the two agree on what ``u_cf`` and ``u_base`` are: the
+gradient never passes through a sender's definition, only through ``v``'s input.
 
 **Faithfulness.** A circuit is the top-``k`` edges by ``|score|``; every other edge is patched
 from the counterfactual: in the base forward, each receiver's input gets, for each edge into it
 outside the circuit, ``u_cf − u_now`` added (``u_now`` the sender's output in this same patched
-forward, as Hanna et al.'s and MIB's evaluation take it). With no edge kept the forward is the
-counterfactual's, with every edge kept it is the base's, so the normalised score
-``(m(circuit) − m(cf)) / (m(base) − m(cf))`` (row means) runs from 0 to 1; its area is the
-trapezoid over ``k / |edges|``.
+forward, as Hanna et al.'s and MIB's evaluation take it; on the sandwich layout with that
+forward's post-norm scale). With no edge kept the forward is the counterfactual's, with every
+edge kept it is the base's (on both layouts the senders sum to the stream in every forward), so
+the normalised score ``(m(circuit) − m(cf)) / (m(base) − m(cf))`` (row means) runs from 0 to 1;
+its area is the trapezoid over ``k / |edges|``.
 
-Works on the Llama-like layout (``input_layernorm`` before attention, ``post_attention_layernorm``
-before the MLP, no post-norms): Gemma's post-norms make a head's output a non-additive term.
+Other layouts are refused (GPT-2's ``transformer.h``, OLMo-2's post-norms with no input norms,
+an ``o_proj`` with a bias, which no head owns). The final logit softcap and attention softcaps,
+sliding windows and the attention implementation need nothing: the forwards are the model's own.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from causalab.lazy import torch
 
+if TYPE_CHECKING:  # annotations only
+    from torch import nn
 
 Metric = Callable[["torch.Tensor"], "torch.Tensor"]  # last-position logits (rows, vocab) -> (rows,)
+# Sandwich blocks: the norms in front of and behind each sublayer.
+_SANDWICH = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+             "post_feedforward_layernorm")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,28 +78,52 @@ class Graph:
         return [tuple(e) for e in self.mask.nonzero().tolist()]
 
 
-def _layout(model) -> tuple:
-    """``(embed, layers, final norm, heads, head_dim)``, refused off the Llama-like layout."""
-    inner = model.model
-    layer = inner.layers[0]
-    if not all(hasattr(layer, n) for n in ("input_layernorm", "post_attention_layernorm")) or \
-            hasattr(layer, "pre_feedforward_layernorm"):
-        raise ValueError(f"{type(model).__name__}: edge attribution needs a pre-norm layout "
-                         "with no post-norms (input_layernorm, post_attention_layernorm)")
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where one model's senders and receivers are read: its blocks, its final norm, its head
+    shape and whether its blocks are sandwich blocks (post-norms on the sublayer outputs)."""
+
+    layers: nn.ModuleList
+    final: nn.Module
+    heads: int
+    head_dim: int
+    sandwich: bool
+
+    def pre_mlp(self, layer: nn.Module) -> nn.Module:
+        """The norm whose input is ``layer``'s MLP receiver."""
+        return layer.pre_feedforward_layernorm if self.sandwich else layer.post_attention_layernorm
+
+
+def _layout(model) -> Layout:
+    """The model's layout, refused off the pre-norm and sandwich layouts (module docstring)."""
+    name, inner = type(model).__name__, getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not hasattr(inner, "norm"):
+        raise ValueError(f"{name}: edge attribution needs decoder blocks at model.layers and a "
+                         "final norm at model.norm")
+    children = {child for child, _ in layers[0].named_children()}
+    sandwich = set(_SANDWICH) <= children
+    pre_norm = {"input_layernorm", "post_attention_layernorm"} <= children and not \
+        children & {"pre_feedforward_layernorm", "post_feedforward_layernorm"}
+    if not (sandwich or pre_norm):
+        raise ValueError(f"{name}: edge attribution needs a pre-norm layout (input_layernorm, "
+                         f"post_attention_layernorm) or a sandwich one ({', '.join(_SANDWICH)})")
+    if getattr(layers[0].self_attn.o_proj, "bias", None) is not None:
+        raise ValueError(f"{name}: o_proj has a bias, which no head's output owns")
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return inner.embed_tokens, inner.layers, inner.norm, config.num_attention_heads, head_dim
+    return Layout(layers, inner.norm, config.num_attention_heads, head_dim, sandwich)
 
 
 def graph(model) -> Graph:
     """The model's senders, receivers and edges."""
-    _, layers, _, heads, _ = _layout(model)
-    return graph_of(len(layers), heads)
+    found = _layout(model)
+    return graph_of(len(found.layers), found.heads)
 
 
 def graph_of(layers: int, heads: int) -> Graph:
-    """The graph of a Llama-like model of ``layers`` blocks of ``heads`` heads (its config's
-    shape alone: ``explain --traces`` counts the edges with no weights)."""
+    """The graph of a model of ``layers`` blocks of ``heads`` heads (its config's shape alone:
+    ``explain --traces`` counts the edges with no weights); one graph for both layouts."""
     senders, order = ["embeddings"], [(-1, 0)]
     for l in range(layers):
         senders += [f"L{l}H{h}" for h in range(heads)] + [f"L{l}MLP"]
@@ -85,40 +138,82 @@ def graph_of(layers: int, heads: int) -> Graph:
     return Graph(tuple(senders), tuple(receivers), mask)
 
 
+def _gain(norm: nn.Module) -> tuple[torch.Tensor, float]:
+    """An RMSNorm's ``(γ, eps)`` with ``N(x) = x · γ / sqrt(mean(x²) + eps)``, ``γ`` read off
+    ``N(1)`` (Gemma's ``1 + weight`` and Llama's ``weight`` alike), in float32."""
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+    if eps is None:
+        raise ValueError(f"{type(norm).__name__}: a post-norm with no eps is no RMSNorm")
+    with torch.no_grad():
+        ones = torch.ones(norm.weight.shape[-1], device=norm.weight.device)
+        return norm(ones).float() * (1.0 + eps) ** 0.5, float(eps)
+
+
+def _head_hooks(found: Layout, l: int, senders: list) -> list:
+    """Layer ``l``'s head senders: ``W_h z_h`` per head (pre-norm), or each one's share of the
+    post-norm's output with this forward's scale (sandwich)."""
+    layer, heads, head_dim = found.layers[l], found.heads, found.head_dim
+    pending: list = []
+
+    def on_heads(module, args):
+        z = args[0].unflatten(-1, (heads, head_dim))
+        w = module.weight.unflatten(1, (heads, head_dim))  # (d, heads, head_dim)
+        each = torch.einsum("bshk,dhk->hbsd", z, w)
+        if found.sandwich:
+            pending[:] = [each]
+        else:
+            senders.extend(each.unbind(0))
+
+    handles = [layer.self_attn.o_proj.register_forward_pre_hook(on_heads)]
+    if found.sandwich:
+        gain, eps = _gain(layer.post_attention_layernorm)
+
+        def on_post_norm(module, args, output):
+            mixed = args[0].float()  # Σ_h a_h, what the norm reads
+            scale = gain * torch.rsqrt(mixed.pow(2).mean(-1, keepdim=True) + eps)
+            senders.extend((pending.pop() * scale).to(output.dtype).unbind(0))
+        handles.append(layer.post_attention_layernorm.register_forward_hook(on_post_norm))
+    return handles
+
+
+def _stream_hook(senders: list, embeddings: torch.Tensor | None) -> Callable:
+    """Block 0's input (the embeddings as the residual stream holds them) as the first
+    sender, replaced by ``embeddings`` when given."""
+    def hook(module, args, kwargs):
+        value = args[0] if args else kwargs["hidden_states"]
+        value = value if embeddings is None else embeddings
+        senders.append(value)
+        if args:
+            return (value,) + tuple(args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": value}
+    return hook
+
+
 @contextlib.contextmanager
 def _hooked(model, out: dict, embeddings: torch.Tensor | None, shift: Callable):
     """Hooks for one forward: sender outputs into ``out['senders']`` as ``(rows, seq, d)``
     tensors in sender order; the embeddings replaced by ``embeddings`` when given; each
     receiver's input (its norm's input) passed through ``shift(index, input, senders)``."""
-    embed, layers, final, heads, head_dim = _layout(model)
-    senders, handles = out.setdefault("senders", []), []
-
-    def on_embed(module, args, output):
-        value = output if embeddings is None else embeddings
-        senders.append(value)
-        return value
-
-    def on_heads(layer):
-        def hook(module, args):
-            z = args[0].unflatten(-1, (heads, head_dim))
-            w = module.weight.unflatten(1, (heads, head_dim))  # (d, heads, head_dim)
-            senders.extend(torch.einsum("bshk,dhk->hbsd", z, w).unbind(0))
-        return hook
+    found = _layout(model)
+    senders = out.setdefault("senders", [])
 
     def on_receiver(index):
         def hook(module, args):
             return (shift(index, args[0], senders),) + tuple(args[1:])
         return hook
 
-    handles.append(embed.register_forward_hook(on_embed))
-    for l, layer in enumerate(layers):
+    def on_mlp(module, args, output):
+        senders.append(output)
+
+    handles = [found.layers[0].register_forward_pre_hook(_stream_hook(senders, embeddings),
+                                                         with_kwargs=True)]
+    for l, layer in enumerate(found.layers):
         handles.append(layer.input_layernorm.register_forward_pre_hook(on_receiver(2 * l)))
-        handles.append(layer.self_attn.o_proj.register_forward_pre_hook(on_heads(l)))
-        handles.append(layer.post_attention_layernorm.register_forward_pre_hook(
-            on_receiver(2 * l + 1)))
-        handles.append(layer.mlp.register_forward_hook(
-            lambda module, args, output: senders.append(output)))
-    handles.append(final.register_forward_pre_hook(on_receiver(2 * len(layers))))
+        handles += _head_hooks(found, l, senders)
+        handles.append(found.pre_mlp(layer).register_forward_pre_hook(on_receiver(2 * l + 1)))
+        mlp_out = layer.post_feedforward_layernorm if found.sandwich else layer.mlp
+        handles.append(mlp_out.register_forward_hook(on_mlp))
+    handles.append(found.final.register_forward_pre_hook(on_receiver(2 * len(found.layers))))
     try:
         yield
     finally:
@@ -127,10 +222,11 @@ def _hooked(model, out: dict, embeddings: torch.Tensor | None, shift: Callable):
 
 
 def _forward(model, batch: dict, metric: Metric, embeddings=None, shift=None) -> tuple:
-    """``(metric per row, sender outputs)`` of one hooked forward."""
+    """``(metric per row, sender outputs)`` of one hooked forward (logits at the last
+    position alone: the metric reads no other)."""
     out: dict = {}
     with _hooked(model, out, embeddings, shift or (lambda i, x, s: x)):
-        logits = model(**batch).logits[:, -1]
+        logits = model(**batch, logits_to_keep=1).logits[:, -1]
     return metric(logits), out["senders"]
 
 

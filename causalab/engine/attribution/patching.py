@@ -26,7 +26,6 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-
 from causalab.compile.plan import Address, Attribute, MetricOp, Pass
 from causalab.document.vocab import ATTRIBUTION_UNITS
 from causalab.engine import record
