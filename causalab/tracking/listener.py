@@ -107,6 +107,7 @@ class TrackingEvents(StoreWrites, Events):
                                          else ("tracking", "uri"))
         self._unanswered: TrackingError | None = None
         self.sweep_run_id: str | None = None
+        self._sweep_params: dict[str, str] = {}
         self.point_runs: dict[str, str] = {}
         self.skipped: dict[str, str] = {}
         self.linked: dict[str, str] = {}
@@ -282,6 +283,8 @@ class TrackingEvents(StoreWrites, Events):
     def receipt(self, found: dict | None) -> None:
         if found is not None:
             self.lane.send(self._log_receipt, found)
+        else:
+            self.lane.send(self._send_sweep_params)
 
     def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
         run = self._open.get(id(point))

@@ -39,8 +39,14 @@ class StoreWrites:
         tags[store.SWEEP] = sweep
         self.sweep_run_id = self.call(store.create_run, self.experiment_id,
                                       self.run_name or "sweep", tags, self.parent_run_id)
-        self.call(store.log_batch, self.sweep_run_id, params=params)
+        self._sweep_params = params  # sent with the receipt, once the model is in
         self._log_config(self.sweep_run_id)
+
+    def _send_sweep_params(self, tags: dict[str, str] | None = None) -> None:
+        """The parent's params not sent yet, with ``tags`` (the receipt), in one request."""
+        params, self._sweep_params = self._sweep_params, {}
+        if self.sweep_run_id is not None and (params or tags):
+            self.call(store.log_batch, self.sweep_run_id, params=params, tags=tags)
 
     def _create(self, run: PointRun, name: str, tags: dict) -> None:
         """The point's run: the claim made at the run's start, nested now, or a new one."""
@@ -92,13 +98,17 @@ class StoreWrites:
     def _log_receipt(self, found: dict) -> None:
         """The fidelity receipt as tags of the run's top run: its sweep's parent, else its
         point's run (``causalab.receipt.*``, docs/platform.md §5)."""
-        run_id = self.sweep_run_id or next(iter(self.point_runs.values()), None)
+        if self.sweep_run_id is not None:
+            self._send_sweep_params(receipt_tags(found))
+            return
+        run_id = next(iter(self.point_runs.values()), None)
         if run_id is not None:
             self.call(store.log_batch, run_id, tags=receipt_tags(found))
 
     def _finish_sweep(self, written: list[str], record: list) -> None:
         if self.sweep_run_id is None:
             return
+        self._send_sweep_params()
         if not self.point_runs and self.parent_run_id is None and not self._reattached:
             self.call(store.delete, self.sweep_run_id)
             return
@@ -163,6 +173,7 @@ class StoreWrites:
         run_id = self.sweep_run_id
         if run_id is None or unless_ended and self.call(store.status, run_id) != "RUNNING":
             return
+        self._send_sweep_params()
         self._end(run_id, error)
 
     def _end(self, run_id: str, error: BaseException | None) -> None:
