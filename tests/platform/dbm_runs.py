@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,3 +30,21 @@ def dbm_sweep(folder: Path, epochs: int) -> str:
     path = folder / "dbm.json"
     path.write_text(json.dumps(document))
     return str(path)
+
+
+def each_point_finished_once(uri: str, points: int | None = None) -> None:
+    """No run of the store's default experiment is RUNNING, and each point (``points`` of
+    them, when given) was computed and FINISHED exactly once."""
+    from mlflow import MlflowClient
+
+    from causalab.tracking import runs as store
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(store.DEFAULT_EXPERIMENT).experiment_id
+    runs = client.search_runs([experiment], max_results=1000)
+    assert [r.info.run_id for r in runs if r.info.status == "RUNNING"] == []
+    computed = Counter(r.data.tags[store.PRODUCED_BY] for r in runs
+                       if r.data.tags.get(store.KIND) == "point" and r.info.status == "FINISHED"
+                       and store.REUSED_FROM not in r.data.tags)
+    assert computed and set(computed.values()) == {1}, computed
+    assert points is None or len(computed) == points, computed

@@ -20,16 +20,13 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 from alembic.script import ScriptDirectory
-from mlflow import MlflowClient
 from mlflow.store.db.utils import _get_alembic_config
 
-from causalab.tracking import runs as store
-from dbm_runs import run_env
+from dbm_runs import each_point_finished_once, run_env
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENT = str(REPO / "documents" / "v2" / "patching.json")
@@ -114,17 +111,6 @@ def _killed_at(moment, folder: Path) -> bool:
     return not _at_head(folder)
 
 
-def _each_point_finished_once(uri: str) -> None:
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(store.DEFAULT_EXPERIMENT).experiment_id
-    runs = client.search_runs([experiment], max_results=1000)
-    assert [r.info.run_id for r in runs if r.info.status == "RUNNING"] == []
-    computed = Counter(r.data.tags[store.PRODUCED_BY] for r in runs
-                       if r.data.tags.get(store.KIND) == "point" and r.info.status == "FINISHED"
-                       and store.REUSED_FROM not in r.data.tags)
-    assert computed and set(computed.values()) == {1}, computed
-
-
 @pytest.mark.parametrize("moment", [_lock_taken, _tables_made, _batch_copy, _last_migrations],
                          ids=["lock-taken", "tables-made", "batch-copy", "last-migrations"])
 def test_a_run_killed_while_a_new_store_is_made_leaves_a_store_the_next_run_uses(
@@ -142,5 +128,5 @@ def test_a_run_killed_while_a_new_store_is_made_leaves_a_store_the_next_run_uses
     again = _start(uri, folder / "out")
     _, stderr = again.communicate(timeout=LIMIT_S)
     assert again.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
-    _each_point_finished_once(uri)
+    each_point_finished_once(uri)
     assert [p.name for p in _databases(folder)] == ["mlflow.db"]

@@ -14,14 +14,11 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
-from mlflow import MlflowClient
 
-from causalab.tracking import runs as store
-from dbm_runs import dbm_sweep, run_env
+from dbm_runs import dbm_sweep, each_point_finished_once, run_env
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = str(REPO / "documents" / "data")
@@ -54,17 +51,6 @@ def _points(database: Path, status: str) -> int:
     return sum(1 for kind, found in _statuses(database) if kind == "point" and found == status)
 
 
-def _each_point_finished_once(uri: str) -> None:
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(store.DEFAULT_EXPERIMENT).experiment_id
-    runs = client.search_runs([experiment], max_results=1000)
-    assert [r.info.run_id for r in runs if r.info.status == "RUNNING"] == []
-    computed = Counter(r.data.tags[store.PRODUCED_BY] for r in runs
-                       if r.data.tags.get(store.KIND) == "point" and r.info.status == "FINISHED"
-                       and store.REUSED_FROM not in r.data.tags)
-    assert len(computed) == POINTS and set(computed.values()) == {1}, computed
-
-
 @pytest.mark.parametrize("count", [2, 3], ids=["two", "three"])
 def test_runs_started_at_once_on_a_fresh_store_all_exit_0_and_store_each_point_once(
         tmp_path, count):
@@ -75,7 +61,7 @@ def test_runs_started_at_once_on_a_fresh_store_all_exit_0_and_store_each_point_o
     ended = [run.communicate(timeout=LIMIT_S) for run in started]
     for run, (_, stderr) in zip(started, ended):
         assert run.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
-    _each_point_finished_once(uri)
+    each_point_finished_once(uri, POINTS)
 
 
 def _claimed(database: Path) -> bool:
@@ -108,7 +94,7 @@ def test_a_run_killed_at_any_moment_leaves_nothing_running_after_the_next_run(tm
     again = _start(document, uri, tmp_path / "out")
     _, stderr = again.communicate(timeout=LIMIT_S)
     assert again.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
-    _each_point_finished_once(uri)
+    each_point_finished_once(uri, POINTS)
 
 
 def test_a_run_refused_for_its_out_touches_no_store(tmp_path):
