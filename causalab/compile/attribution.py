@@ -109,6 +109,7 @@ def attribute(step: str, raw: AttributeStep, entry: Entry, ctx: Context) -> Attr
                      layers=layers, addresses=addresses, unit=raw.unit, metrics=metrics,
                      steps=raw.steps, embeddings=embeddings, saves=save_ops(raw.saves),
                      circuit_k=tuple(raw.circuit_k or ()) if raw.edges else None,
+                     receivers=raw.receivers or "heads",
                      **corrections)
 
 

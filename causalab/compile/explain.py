@@ -153,7 +153,9 @@ def _edge_lines(node: Attribute, pad: str) -> list[str]:
             f"metrics={_names(node.metrics)}  circuit_k={sizes}",
             f"{pad}    senders: embeddings, every head (through o_proj; its share of a post-norm's "
             "output), every MLP; receivers: "
-            "every later attention input, MLP input, the logits",
+            + ("every later head's query, key and value input (per key/value head), "
+               if node.receivers == "heads" else "every later attention input, ")
+            + "MLP input, the logits",
             f"{pad}    forward '{node.counterfactual}' and '{node.base}' ({pass_.rows} rows x "
             f"{tokens} tokens): every sender's output",
             f"{pad}    forward + backward '{node.base}' x {node.steps}: d metric / d each "

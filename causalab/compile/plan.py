@@ -282,7 +282,8 @@ class Attribute:
     ``labels[i]`` (``(None,)``: the write's own position); all share the rows and ids.
     ``addresses[j]`` is the site at ``layers[j]`` (a head unit selects every head the site
     has); ``embeddings``: where ``steps > 1`` interpolates; AtP*'s tensors, ``verify``'s units;
-    ``circuit_k`` not None: ``edges: true``, every edge scored (EAP-IG), circuits of those sizes."""
+    ``circuit_k`` not None: ``edges: true``, every edge scored (EAP-IG), circuits of those sizes;
+    ``receivers``: an edge step's attention receivers, ``heads`` (q, k, v per head) or ``blocks``."""
 
     name: str
     passes: tuple[Pass, ...]
@@ -304,6 +305,7 @@ class Attribute:
     verify: int = 0
     units: tuple[Address, ...] = ()
     circuit_k: tuple[int, ...] | None = None
+    receivers: str = "heads"
     saves: tuple[SaveOp, ...] = ()
     results: dict = field(default_factory=_results, compare=False)
 

@@ -139,7 +139,8 @@ class Attribute(Node):
     the straight path between the two prompts' embeddings, EAP-IG style). ``qk_fix`` and
     ``graddrop`` are AtP*'s corrections; ``verify: N`` patches 2 N units exactly in the step.
     ``edges: true`` scores every edge between components instead (EAP-IG,
-    ``causalab.engine.attribution.edges``) and the faithfulness of the top-``circuit_k`` circuits.
+    ``causalab.engine.attribution.edges``) and the faithfulness of the top-``circuit_k`` circuits;
+    ``receivers``: ``heads`` (default: each head's query, key and value input) or ``blocks``.
     """
 
     kind: Literal["attribute"]
@@ -157,6 +158,7 @@ class Attribute(Node):
     verify: Annotated[StrictInt, Field(ge=0)] = 0
     edges: StrictBool = False
     circuit_k: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)] | None = None
+    receivers: Literal["heads", "blocks"] | None = None
     saves: list[Save] = []
 
     @model_validator(mode="after")
@@ -164,6 +166,9 @@ class Attribute(Node):
         if self.circuit_k is not None and not self.edges:
             raise refuse("circuit_k sizes the circuits of an edge step: it needs edges: true",
                          "circuit_k")
+        if self.receivers is not None and not self.edges:
+            raise refuse("receivers chooses an edge step's receivers: it needs edges: true",
+                         "receivers")
         for field in ("qk_fix", "graddrop", "verify"):
             if self.edges and getattr(self, field):
                 raise refuse(f"{field} corrects or checks node attribution; edges: true scores "

@@ -71,6 +71,7 @@ class ModelFacts(NamedTuple):
     intermediate: int = 0
     heads: int = 1
     vocab: int = 0
+    kv_heads: int = 0  # key/value heads (grouped-query attention); 0: as many as ``heads``
 
     @classmethod
     def of(cls, config: PretrainedConfig) -> "ModelFacts":
@@ -83,7 +84,8 @@ class ModelFacts(NamedTuple):
         intermediate = (getattr(config, "intermediate_size", None)
                         or getattr(config, "n_inner", None) or 4 * hidden)
         vocab = getattr(config, "vocab_size", None) or 0
-        return cls(int(layers), hidden, kv, int(intermediate), int(heads), int(vocab))
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        return cls(int(layers), hidden, kv, int(intermediate), int(heads), int(vocab), kv_heads)
 
 
 class OpWindows(NamedTuple):

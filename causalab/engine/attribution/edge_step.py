@@ -79,7 +79,9 @@ def forwards(node: Attribute, batch_size: int | None, facts: ModelFacts) -> list
     base forwards under grad (``edges.scores``); then per window the base's, the
     counterfactual's and one patched base forward per circuit size (``edges.faithfulness``).
     The graph is counted from the config's shape; a layout ``run`` refuses is refused there."""
-    ks = sizes(node, int(edges.graph_of(facts.layers, facts.heads).mask.sum()))
+    shape = edges.graph_of(facts.layers, facts.heads, facts.kv_heads or facts.heads,
+                           node.receivers)
+    ks = sizes(node, int(shape.mask.sum()))
     base, cf = (node.passes[0].inputs[role] for role in (node.base, node.counterfactual))
     chunks = _chunks(node, batch_size)
     found = []
@@ -99,7 +101,7 @@ def run(node: Attribute, model: StandardizedTransformer, directory: Path,
     rows in windows of ``batch_size`` (scores summed, then the mean over eligible rows)."""
     torch_model = getattr(model, "_model", model)
     try:
-        found = edges.graph(torch_model)
+        found = edges.graph(torch_model, node.receivers)
     except ValueError as error:
         raise RunError((node.name, "edges"), str(error)) from None
     device = next(torch_model.parameters()).device
@@ -111,11 +113,11 @@ def run(node: Attribute, model: StandardizedTransformer, directory: Path,
     written, report = [], {}
     for metric in _scored(node):
         windows = [(base, cf, _metric(metric, c)) for (base, cf), c in zip(batches, chunks)]
-        total = sum(edges.scores(torch_model, *window, steps=node.steps).sum(0)
-                    for window in windows)
+        total = sum(edges.scores(torch_model, *window, steps=node.steps,
+                                 receivers=node.receivers).sum(0) for window in windows)
         eligible = len(set(metric.eligible) & set(rows))
         mean = total / max(eligible, 1)
-        curve = edges.faithfulness(torch_model, windows, mean, ks)
+        curve = edges.faithfulness(torch_model, windows, mean, ks, node.receivers)
         edge_rows, node_rows = _tables(found, mean)
         report[metric.name] = {"curve": dataclasses.asdict(curve), "edges": len(edge_rows),
                                "top": edge_rows[:10]}

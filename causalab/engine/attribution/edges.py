@@ -2,12 +2,18 @@
 
 The graph is the residual decomposition of a decoder: **senders** are the embeddings (the
 residual stream entering block 0, Gemma's ``√hidden`` scale included), every head's output and
-every MLP's output; **receivers** are each layer's attention input, its MLP input and the logits
-(each the input of the norm in front of it: ``input_layernorm``, the pre-MLP norm, the final
-norm). A receiver's input is the sum of the outputs of the senders before it, so an edge
-``u → v`` is one term of that sum. This is the coarse receiver set MIB also scores (one receiver
-per attention block rather than one per head's query, key and value): an edge into
-``L3.attention`` moves all its heads.
+every MLP's output; **receivers** (``heads``, the default, as Hanna et al. and MIB) are every
+query head's query input ``L3H1.q``, every key/value head's key and value inputs ``L3KV0.k``,
+``L3KV0.v`` (per key/value head under grouped-query attention; ``KVg`` is head ``g`` without
+it), each layer's MLP input and the logits. A head's input is its own copy of the residual
+stream entering the block, read through ``input_layernorm`` and that head's rows of
+``q_proj`` (``k_proj``, ``v_proj``): the projections' outputs are rebuilt head by head
+(``_qkv_hooks``), so patching ``u → L3H1.q`` moves head 1's query alone; Gemma-3's per-head
+``q_norm``/``k_norm`` run after, inside the model. MLP and logits receivers are the inputs of
+the pre-MLP norm and the final norm. ``blocks`` keeps one receiver per attention block
+(``L3.attention``: ``input_layernorm``'s input, all its heads at once; MIB's coarse set), at
+``heads + 2 · kv_heads`` times less gradient memory. A receiver's input is the sum of the
+outputs of the senders before it, so an edge ``u → v`` is one term of that sum.
 
 **Senders on the two layouts.** Pre-norm (Llama, Qwen2: ``input_layernorm`` before attention,
 ``post_attention_layernorm`` before the MLP): a head's output is its ``o_proj`` input slice
@@ -88,6 +94,7 @@ class Layout:
     heads: int
     head_dim: int
     sandwich: bool
+    kv_heads: int
 
     def pre_mlp(self, layer: nn.Module) -> nn.Module:
         """The norm whose input is ``layer``'s MLP receiver."""
@@ -112,26 +119,43 @@ def _layout(model) -> Layout:
         raise ValueError(f"{name}: o_proj has a bias, which no head's output owns")
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return Layout(layers, inner.norm, config.num_attention_heads, head_dim, sandwich)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return Layout(layers, inner.norm, heads, head_dim, sandwich, kv_heads)
 
 
-def graph(model) -> Graph:
+def graph(model, receivers: str = "heads") -> Graph:
     """The model's senders, receivers and edges."""
     found = _layout(model)
-    return graph_of(len(found.layers), found.heads)
+    return graph_of(len(found.layers), found.heads, found.kv_heads, receivers)
 
 
-def graph_of(layers: int, heads: int) -> Graph:
-    """The graph of a model of ``layers`` blocks of ``heads`` heads (its config's shape alone:
-    ``explain --traces`` counts the edges with no weights); one graph for both layouts."""
+def _attention_receivers(l: int, heads: int, kv_heads: int, receivers: str) -> list[str]:
+    """Layer ``l``'s attention receivers in index order: each query head's query input, each
+    key/value head's key input, then its value input (``heads``), or the block's (``blocks``)."""
+    if receivers == "blocks":
+        return [f"L{l}.attention"]
+    if receivers != "heads":
+        raise ValueError(f"receivers: heads or blocks, got {receivers!r}")
+    return ([f"L{l}H{h}.q" for h in range(heads)] + [f"L{l}KV{g}.k" for g in range(kv_heads)]
+            + [f"L{l}KV{g}.v" for g in range(kv_heads)])
+
+
+def graph_of(layers: int, heads: int, kv_heads: int | None = None,
+             receivers: str = "heads") -> Graph:
+    """The graph of a model of ``layers`` blocks of ``heads`` query heads sharing ``kv_heads``
+    key/value heads (default ``heads``) (its config's shape alone: ``explain --traces`` counts
+    the edges with no weights); one graph for both layouts."""
     senders, order = ["embeddings"], [(-1, 0)]
     for l in range(layers):
         senders += [f"L{l}H{h}" for h in range(heads)] + [f"L{l}MLP"]
         order += [(l, 0)] * heads + [(l, 1)]
-    receivers, places = [], []
+    names, places = [], []
     for l in range(layers):
-        receivers += [f"L{l}.attention", f"L{l}.mlp"]
-        places += [(l, 0), (l, 1)]
+        attention = _attention_receivers(l, heads, kv_heads or heads, receivers)
+        names += attention + [f"L{l}.mlp"]
+        places += [(l, 0)] * len(attention) + [(l, 1)]
+    receivers = names
     receivers.append("logits")
     places.append((layers, 0))
     mask = torch.tensor([[s < r for r in places] for s in order])
@@ -189,13 +213,47 @@ def _stream_hook(senders: list, embeddings: torch.Tensor | None) -> Callable:
     return hook
 
 
+def _qkv_hooks(found: Layout, l: int, first: int, shift: Callable, senders: list) -> list:
+    """Layer ``l``'s per-head receivers (``heads``): ``q_proj``'s output rebuilt head by head,
+    head ``h``'s query rows applied to ``input_layernorm(shift(first + h, x))``, ``x`` the
+    stream entering the block; ``k_proj``'s and ``v_proj``'s likewise per key/value head, their
+    receivers after the queries'. The norms behind the projections (Gemma-3's ``q_norm``,
+    ``k_norm``) act per head on what this returns."""
+    layer, stream = found.layers[l], {}
+    norm = layer.input_layernorm
+
+    def on_norm(module, args):
+        stream["x"] = args[0]
+
+    def rebuilt(start: int, count: int):
+        def hook(module, args, output):
+            x = stream["x"]
+            inputs = torch.stack([shift(start + i, x, senders) for i in range(count)])
+            normed = norm.forward(inputs)  # the module's forward: no hook runs twice
+            weight = module.weight.unflatten(0, (count, -1))  # (count, head_dim, d)
+            each = torch.einsum("cbsd,ckd->bsck", normed, weight)
+            if module.bias is not None:
+                each = each + module.bias.unflatten(0, (count, -1))
+            return each.flatten(-2).to(output.dtype)
+        return hook
+
+    attention, heads, kv = layer.self_attn, found.heads, found.kv_heads
+    return [norm.register_forward_pre_hook(on_norm),
+            attention.q_proj.register_forward_hook(rebuilt(first, heads)),
+            attention.k_proj.register_forward_hook(rebuilt(first + heads, kv)),
+            attention.v_proj.register_forward_hook(rebuilt(first + heads + kv, kv))]
+
+
 @contextlib.contextmanager
-def _hooked(model, out: dict, embeddings: torch.Tensor | None, shift: Callable):
+def _hooked(model, out: dict, embeddings: torch.Tensor | None, shift: Callable,
+            receivers: str = "heads"):
     """Hooks for one forward: sender outputs into ``out['senders']`` as ``(rows, seq, d)``
     tensors in sender order; the embeddings replaced by ``embeddings`` when given; each
-    receiver's input (its norm's input) passed through ``shift(index, input, senders)``."""
+    receiver's input (its norm's input; per head under ``heads``) passed through
+    ``shift(index, input, senders)``."""
     found = _layout(model)
     senders = out.setdefault("senders", [])
+    width = len(_attention_receivers(0, found.heads, found.kv_heads, receivers))
 
     def on_receiver(index):
         def hook(module, args):
@@ -208,12 +266,17 @@ def _hooked(model, out: dict, embeddings: torch.Tensor | None, shift: Callable):
     handles = [found.layers[0].register_forward_pre_hook(_stream_hook(senders, embeddings),
                                                          with_kwargs=True)]
     for l, layer in enumerate(found.layers):
-        handles.append(layer.input_layernorm.register_forward_pre_hook(on_receiver(2 * l)))
+        first = (width + 1) * l
+        if receivers == "blocks":
+            handles.append(layer.input_layernorm.register_forward_pre_hook(on_receiver(first)))
+        else:
+            handles += _qkv_hooks(found, l, first, shift, senders)
         handles += _head_hooks(found, l, senders)
-        handles.append(found.pre_mlp(layer).register_forward_pre_hook(on_receiver(2 * l + 1)))
+        handles.append(found.pre_mlp(layer).register_forward_pre_hook(on_receiver(first + width)))
         mlp_out = layer.post_feedforward_layernorm if found.sandwich else layer.mlp
         handles.append(mlp_out.register_forward_hook(on_mlp))
-    handles.append(found.final.register_forward_pre_hook(on_receiver(2 * len(found.layers))))
+    handles.append(found.final.register_forward_pre_hook(
+        on_receiver((width + 1) * len(found.layers))))
     try:
         yield
     finally:
@@ -221,19 +284,22 @@ def _hooked(model, out: dict, embeddings: torch.Tensor | None, shift: Callable):
             handle.remove()
 
 
-def _forward(model, batch: dict, metric: Metric, embeddings=None, shift=None) -> tuple:
+def _forward(model, batch: dict, metric: Metric, embeddings=None, shift=None,
+             receivers: str = "heads") -> tuple:
     """``(metric per row, sender outputs)`` of one hooked forward (logits at the last
     position alone: the metric reads no other)."""
     out: dict = {}
-    with _hooked(model, out, embeddings, shift or (lambda i, x, s: x)):
+    with _hooked(model, out, embeddings, shift or (lambda i, x, s: x), receivers):
         logits = model(**batch, logits_to_keep=1).logits[:, -1]
     return metric(logits), out["senders"]
 
 
-def scores(model, base: dict, counterfactual: dict, metric: Metric, steps: int = 1) -> torch.Tensor:
+def scores(model, base: dict, counterfactual: dict, metric: Metric, steps: int = 1,
+           receivers: str = "heads") -> torch.Tensor:
     """``(rows, senders, receivers)`` EAP-IG edge scores (zero where no edge); ``base`` and
-    ``counterfactual`` tokenizer batches of equal shape and mask."""
-    found = graph(model)
+    ``counterfactual`` tokenizer batches of equal shape and mask; ``receivers``: ``heads``
+    (each head's query, key and value input) or ``blocks`` (each attention block's input)."""
+    found = graph(model, receivers)
     with torch.no_grad():
         _, cf = _forward(model, counterfactual, metric)
         _, at_base = _forward(model, base, metric)
@@ -244,7 +310,7 @@ def scores(model, base: dict, counterfactual: dict, metric: Metric, steps: int =
         leaves = [torch.zeros_like(embeddings, requires_grad=True)
                   for _ in found.receivers]
         values, _ = _forward(model, base, metric, embeddings,
-                             lambda i, x, s: x + leaves[i])
+                             lambda i, x, s: x + leaves[i], receivers)
         step = torch.autograd.grad(values.sum(), leaves)
         grads = step if grads is None else [g + h for g, h in zip(grads, step)]
     mean = torch.stack(grads) / steps  # (receivers, rows, seq, d)
@@ -253,14 +319,14 @@ def scores(model, base: dict, counterfactual: dict, metric: Metric, steps: int =
 
 
 def patched(model, base: dict, counterfactual: dict | list, metric: Metric,
-            outside: torch.Tensor) -> torch.Tensor:
+            outside: torch.Tensor, receivers: str = "heads") -> torch.Tensor:
     """The metric per row with every edge in ``outside`` ``(senders, receivers)`` patched from
     the counterfactual: each receiver's input gets ``Σ_u (u_cf − u_now)`` over those edges.
     ``counterfactual``: its batch, or its sender outputs already taken."""
     with torch.no_grad():
         cf = counterfactual
         if isinstance(cf, dict):
-            cf = _forward(model, counterfactual, metric)[1]
+            cf = _forward(model, counterfactual, metric, receivers=receivers)[1]
 
         def shift(index, x, now):
             senders = outside[:, index].nonzero().flatten().tolist()
@@ -268,7 +334,7 @@ def patched(model, base: dict, counterfactual: dict | list, metric: Metric,
                 return x
             return x + (torch.stack([cf[u] for u in senders]).sum(0)
                         - torch.stack([now[u] for u in senders]).sum(0))
-        values, _ = _forward(model, base, metric, shift=shift)
+        values, _ = _forward(model, base, metric, shift=shift, receivers=receivers)
     return values
 
 
@@ -294,20 +360,21 @@ def circuit(mean_scores: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tens
 
 
 def faithfulness(model, windows: list[tuple[dict, dict, Metric]], mean_scores: torch.Tensor,
-                 ks: list[int]) -> Curve:
+                 ks: list[int], receivers: str = "heads") -> Curve:
     """The curve over ``ks`` for the circuits ``mean_scores`` (senders, receivers) ranks;
     ``windows``: ``(base, counterfactual, metric)`` per window of rows, row means over all."""
-    mask = graph(model).mask
+    mask = graph(model, receivers).mask
     total = int(mask.sum())
     outside = [mask & ~circuit(mean_scores, mask, k) for k in ks]
     found: list[list[torch.Tensor]] = [[] for _ in range(len(ks) + 2)]
     with torch.no_grad():
         for base, cf, metric in windows:
-            found[0].append(_forward(model, base, metric)[0])
-            values, senders = _forward(model, cf, metric)
+            found[0].append(_forward(model, base, metric, receivers=receivers)[0])
+            values, senders = _forward(model, cf, metric, receivers=receivers)
             found[1].append(values)
             for j, edges_out in enumerate(outside):
-                found[j + 2].append(patched(model, base, senders, metric, edges_out))
+                found[j + 2].append(patched(model, base, senders, metric, edges_out,
+                                            receivers))
     m_base, m_cf, *values = [float(torch.cat(each).mean()) for each in found]
     normal = [(v - m_cf) / (m_base - m_cf) for v in values]
     x = [k / total for k in ks]
