@@ -197,8 +197,23 @@ def _intervened(ctx: PassContext, forward: Forward) -> Iterator[Stage]:
             yield stage
         keys = cache.keys.get(batch_key(batch))
     taps = _taps(forward)
-    jobs = []
-    for chunk in forwards.chunks(ctx.rows, ctx.window(batch, ctx.grad)):
+    # Last-column traces are windowed as one-token rows (what they cost, trace_bytes): a fit's
+    # minibatch then stays one trace under a tight budget, as without one. Any window that
+    # cannot run as a last column sizes them all as whole rows again.
+    jobs = _forward_jobs(ctx, batch, taps, entry, needs, kept, keys, 1) if keys is not None \
+        else []
+    if not jobs or not all(job.tail for job in jobs):
+        jobs = _forward_jobs(ctx, batch, taps, entry, needs, kept, keys, batch.tokens)
+    yield Stage("forward", tuple(jobs), (forward,))
+
+
+def _forward_jobs(ctx: PassContext, batch: PromptBatch, taps: tuple, entry, needs: set,
+                  kept: dict, keys, tokens: int) -> list[TraceJob]:
+    """An intervened forward's jobs over windows sized for rows of ``tokens`` tokens, each
+    resumed from the kept prefix covering it and a last column where it can be."""
+    fill, jobs = ctx.state.fill_prefixes, []
+    window = ctx.state.cache.window(ctx.state.batch_size, tokens, ctx.grad)
+    for chunk in forwards.chunks(ctx.rows, window):
         resume = entry if entry is not None and all(
             need in kept and kept[need].covers(chunk, any_rows=fill) for need in needs) else None
         last = keys is not None and resume is not None and tail.all_last(
@@ -206,7 +221,7 @@ def _intervened(ctx: PassContext, forward: Forward) -> Iterator[Stage]:
             batch.tokens)
         jobs.append(_job("forward", batch, chunk, taps, [ctx], resume=resume, tail=last,
                          grad=ctx.grad))
-    yield Stage("forward", tuple(jobs), (forward,))
+    return jobs
 
 
 def attribute_stages(ctx: PassContext, node: Attribute) -> Iterator[Stage]:
