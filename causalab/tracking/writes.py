@@ -119,10 +119,11 @@ class StoreWrites:
         self.call(artifacts.log_files, self.sweep_run_id,
                   [f for f in files if Path(f[0]).is_file()])
         done = self._done + self.call(links.means_of, list(self.linked.values()))
-        # The parent's pictures are the output folder's too: drawn once (SweepPictures then
-        # finds them among ``written``).
+        # The parent's pictures are the output folder's too, when this run computed points:
+        # drawn once (SweepPictures then finds them among ``written``).
         landed = self.call(landing.land, self.sweep_run_id, done, title=self._title,
-                           folder=self.out, local=self._stored) or {}
+                           folder=self.out if self.point_runs else None,
+                           local=self._stored) or {}
         written += [p for p in landed.get("pictures", []) if p not in written]
         self._end(self.sweep_run_id, RuntimeError("a point failed") if self.failed else None)
 
