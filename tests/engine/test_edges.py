@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from causalab.engine.attribution import edges
 import qkv_oracle
 from day_pairs import EQUAL_PAIRS
+from edge_curves import check_curve
 
 PAIRS = EQUAL_PAIRS
 # Scaled by 5, plain EAP (steps 1) ranks the 33 edges at Spearman 0.971 against exact edge
@@ -138,23 +139,8 @@ def test_faithfulness_equals_hand_patched_circuits_at_three_k(setup):
     cf_out = _outputs(model, cf, metric)
     m_base = float(_run(model, base, metric, {}).mean())
     m_cf = float(_run(model, cf, metric, {}).mean())
-    order = sorted(found.edges(), key=lambda e: -abs(float(scored.mean(0)[e])))
-    for k in (5, 12, 20):
-        outside = {}
-        for u, v in order[k:]:
-            outside.setdefault(found.receivers[v], []).append(found.senders[u])
-
-        def add(senders):
-            return lambda now: sum(cf_out[s] - now[s] for s in senders)
-        hand = float(_run(model, base, metric,
-                          {r: add(s) for r, s in outside.items()}).mean())
-        # float32 sums over 16-wide residuals in a different order: 1e-4 is ~1e3 ulps.
-        assert curve.metric[ks.index(k)] == pytest.approx(hand, abs=1e-4)
-        assert curve.faithfulness[ks.index(k)] == pytest.approx(
-            (hand - m_cf) / (m_base - m_cf), abs=1e-4)
-    # No edge kept is the counterfactual's forward, every edge kept the base's.
-    assert curve.faithfulness[0] == pytest.approx(0.0, abs=1e-4)
-    assert curve.faithfulness[-1] == pytest.approx(1.0, abs=1e-4)
+    check_curve(curve, ks, (5, 12, 20), found, scored.mean(0), cf_out,
+                lambda adds: _run(model, base, metric, adds), m_base, m_cf)
 
 
 def _edge_document(kit, resolved, **options) -> dict:
@@ -329,22 +315,8 @@ def test_head_faithfulness_equals_hand_patched_circuits_at_three_k(setup):
     cf_out = _outputs(model, cf, metric)
     m_base = float(_run_heads(model, base, metric, {}).mean())
     m_cf = float(_run_heads(model, cf, metric, {}).mean())
-    order = sorted(found.edges(), key=lambda e: -abs(float(mean[e])))
-    for k in (10, 40, 80):
-        outside = {}
-        for u, v in order[k:]:
-            outside.setdefault(found.receivers[v], []).append(found.senders[u])
-
-        def add(senders):
-            return lambda now: sum(cf_out[s] - now[s] for s in senders)
-        hand = float(_run_heads(model, base, metric,
-                                {r: add(s) for r, s in outside.items()}).mean())
-        print(f"k={k}: causalab {curve.metric[ks.index(k)]:.6f}, hand {hand:.6f}")
-        assert curve.metric[ks.index(k)] == pytest.approx(hand, abs=1e-4)
-        assert curve.faithfulness[ks.index(k)] == pytest.approx(
-            (hand - m_cf) / (m_base - m_cf), abs=1e-4)
-    assert curve.faithfulness[0] == pytest.approx(0.0, abs=1e-4)
-    assert curve.faithfulness[-1] == pytest.approx(1.0, abs=1e-4)
+    check_curve(curve, ks, (10, 40, 80), found, mean, cf_out,
+                lambda adds: _run_heads(model, base, metric, adds), m_base, m_cf)
 
 
 def test_an_edges_step_scores_head_receivers_by_default(kit, tiny, tmp_path):

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 import qkv_oracle
 from causalab.engine.attribution import edges
+from edge_curves import check_curve
 
 ROWS, SEQ, VOCAB = 3, 10, 64
 
@@ -226,23 +227,8 @@ def test_gemma3_faithfulness_equals_hand_patched_circuits_at_three_k(setup):
     cf_out = _outputs(model, cf)
     m_base = float(_run(model, base, metric, {}).mean())
     m_cf = float(_run(model, cf, metric, {}).mean())
-    order = sorted(found.edges(), key=lambda e: -abs(float(mean[e])))
-    for k in (8, 20, 40):
-        outside = {}
-        for u, v in order[k:]:
-            outside.setdefault(found.receivers[v], []).append(found.senders[u])
-
-        def add(senders):
-            return lambda now: sum(cf_out[s] - now[s] for s in senders)
-        hand = float(_run(model, base, metric, {r: add(s) for r, s in outside.items()}).mean())
-        print(f"k={k}: causalab {curve.metric[ks.index(k)]:.6f} (faithfulness "
-              f"{curve.faithfulness[ks.index(k)]:.4f}), hand {hand:.6f} "
-              f"({(hand - m_cf) / (m_base - m_cf):.4f})")
-        assert curve.metric[ks.index(k)] == pytest.approx(hand, abs=1e-4)
-        assert curve.faithfulness[ks.index(k)] == pytest.approx(
-            (hand - m_cf) / (m_base - m_cf), abs=1e-4)
-    assert curve.faithfulness[0] == pytest.approx(0.0, abs=1e-4)
-    assert curve.faithfulness[-1] == pytest.approx(1.0, abs=1e-4)
+    check_curve(curve, ks, (8, 20, 40), found, mean, cf_out,
+                lambda adds: _run(model, base, metric, adds), m_base, m_cf)
 
 
 def test_an_edges_step_runs_on_the_built_in_sandwich_model(kit, tiny, tmp_path):
@@ -342,20 +328,5 @@ def test_gemma3_head_faithfulness_equals_hand_patched_circuits_at_three_k(setup)
     cf_out = _outputs(model, cf)
     m_base = float(_run_heads(model, base, metric, {}).mean())
     m_cf = float(_run_heads(model, cf, metric, {}).mean())
-    order = sorted(found.edges(), key=lambda e: -abs(float(mean[e])))
-    for k in (15, 50, 100):
-        outside = {}
-        for u, v in order[k:]:
-            outside.setdefault(found.receivers[v], []).append(found.senders[u])
-
-        def add(senders):
-            return lambda now: sum(cf_out[s] - now[s] for s in senders)
-        hand = float(_run_heads(model, base, metric,
-                                {r: add(s) for r, s in outside.items()}).mean())
-        print(f"k={k}: causalab {curve.metric[ks.index(k)]:.6f} (faithfulness "
-              f"{curve.faithfulness[ks.index(k)]:.4f}), hand {hand:.6f}")
-        assert curve.metric[ks.index(k)] == pytest.approx(hand, abs=1e-4)
-        assert curve.faithfulness[ks.index(k)] == pytest.approx(
-            (hand - m_cf) / (m_base - m_cf), abs=1e-4)
-    assert curve.faithfulness[0] == pytest.approx(0.0, abs=1e-4)
-    assert curve.faithfulness[-1] == pytest.approx(1.0, abs=1e-4)
+    check_curve(curve, ks, (15, 50, 100), found, mean, cf_out,
+                lambda adds: _run_heads(model, base, metric, adds), m_base, m_cf)
