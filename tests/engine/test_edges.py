@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from causalab.engine.attribution import edges
 import qkv_oracle
 from day_pairs import EQUAL_PAIRS
-from edge_curves import check_curve
+from edge_curves import check_faithfulness
 
 PAIRS = EQUAL_PAIRS
 # Scaled by 5, plain EAP (steps 1) ranks the 33 edges at Spearman 0.971 against exact edge
@@ -132,15 +132,9 @@ def test_eap_ig_ranks_edges_as_exact_edge_patching_does(setup):
 
 def test_faithfulness_equals_hand_patched_circuits_at_three_k(setup):
     model, base, cf, metric = setup
-    found = edges.graph(model, "blocks")
-    scored = edges.scores(model, base, cf, metric, steps=3, receivers="blocks")
-    ks = [0, 5, 12, 20, 33]
-    curve = edges.faithfulness(model, [(base, cf, metric)], scored.mean(0), ks, "blocks")
-    cf_out = _outputs(model, cf, metric)
-    m_base = float(_run(model, base, metric, {}).mean())
-    m_cf = float(_run(model, cf, metric, {}).mean())
-    check_curve(curve, ks, (5, 12, 20), found, scored.mean(0), cf_out,
-                lambda adds: _run(model, base, metric, adds), m_base, m_cf)
+    check_faithfulness(model, base, cf, metric, [0, 5, 12, 20, 33], (5, 12, 20),
+                       _outputs(model, cf, metric),
+                       lambda batch, adds: _run(model, batch, metric, adds), receivers="blocks")
 
 
 def _edge_document(kit, resolved, **options) -> dict:
@@ -308,15 +302,9 @@ def test_eap_is_exact_per_head_patchings_first_order_term(setup):
 
 def test_head_faithfulness_equals_hand_patched_circuits_at_three_k(setup):
     model, base, cf, metric = setup
-    found = edges.graph(model)
-    mean = edges.scores(model, base, cf, metric, steps=3).mean(0)
-    ks = [0, 10, 40, 80, 110]
-    curve = edges.faithfulness(model, [(base, cf, metric)], mean, ks)
-    cf_out = _outputs(model, cf, metric)
-    m_base = float(_run_heads(model, base, metric, {}).mean())
-    m_cf = float(_run_heads(model, cf, metric, {}).mean())
-    check_curve(curve, ks, (10, 40, 80), found, mean, cf_out,
-                lambda adds: _run_heads(model, base, metric, adds), m_base, m_cf)
+    check_faithfulness(model, base, cf, metric, [0, 10, 40, 80, 110], (10, 40, 80),
+                       _outputs(model, cf, metric),
+                       lambda batch, adds: _run_heads(model, batch, metric, adds))
 
 
 def test_an_edges_step_scores_head_receivers_by_default(kit, tiny, tmp_path):

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import qkv_oracle
 from causalab.engine.attribution import edges
-from edge_curves import check_curve
+from edge_curves import check_faithfulness
 
 ROWS, SEQ, VOCAB = 3, 10, 64
 
@@ -220,15 +220,9 @@ def test_eap_is_exact_edge_patchings_first_order_term(setup):
 
 def test_gemma3_faithfulness_equals_hand_patched_circuits_at_three_k(setup):
     model, base, cf, metric = setup
-    found = edges.graph(model, "blocks")
-    mean = edges.scores(model, base, cf, metric, steps=3, receivers="blocks").mean(0)
-    ks = [0, 8, 20, 40, 64]
-    curve = edges.faithfulness(model, [(base, cf, metric)], mean, ks, "blocks")
-    cf_out = _outputs(model, cf)
-    m_base = float(_run(model, base, metric, {}).mean())
-    m_cf = float(_run(model, cf, metric, {}).mean())
-    check_curve(curve, ks, (8, 20, 40), found, mean, cf_out,
-                lambda adds: _run(model, base, metric, adds), m_base, m_cf)
+    check_faithfulness(model, base, cf, metric, [0, 8, 20, 40, 64], (8, 20, 40),
+                       _outputs(model, cf),
+                       lambda batch, adds: _run(model, batch, metric, adds), receivers="blocks")
 
 
 def test_an_edges_step_runs_on_the_built_in_sandwich_model(kit, tiny, tmp_path):
@@ -321,12 +315,6 @@ def test_gemma3_eap_is_exact_per_head_patchings_first_order_term(setup):
 
 def test_gemma3_head_faithfulness_equals_hand_patched_circuits_at_three_k(setup):
     model, base, cf, metric = setup
-    found = edges.graph(model)
-    mean = edges.scores(model, base, cf, metric, steps=3).mean(0)
-    ks = [0, 15, 50, 100, 154]
-    curve = edges.faithfulness(model, [(base, cf, metric)], mean, ks)
-    cf_out = _outputs(model, cf)
-    m_base = float(_run_heads(model, base, metric, {}).mean())
-    m_cf = float(_run_heads(model, cf, metric, {}).mean())
-    check_curve(curve, ks, (15, 50, 100), found, mean, cf_out,
-                lambda adds: _run_heads(model, base, metric, adds), m_base, m_cf)
+    check_faithfulness(model, base, cf, metric, [0, 15, 50, 100, 154], (15, 50, 100),
+                       _outputs(model, cf),
+                       lambda batch, adds: _run_heads(model, batch, metric, adds))
