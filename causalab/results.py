@@ -71,7 +71,7 @@ class Result:
         and ``eval/<metric>``."""
         import pandas
 
-        from causalab.tracking.naming import listed
+        from causalab.scores.naming import listed
 
         rows = []
         for point, coordinates in self.coordinates.items():
@@ -134,14 +134,14 @@ class _Collect(Events):
         return True
 
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
-        from causalab.tracking.naming import metric_key
+        from causalab.scores.naming import metric_key
 
         if mean is not None:
             directory = getattr(point, "directory", "") or ""
             self.scores.setdefault(directory, {})[metric_key(step, name)] = float(mean)
 
     def interval(self, point: Any, step: str, name: str, low: float, high: float) -> None:
-        from causalab.tracking.naming import bound_keys, metric_key
+        from causalab.scores.naming import bound_keys, metric_key
 
         found = self.scores.setdefault(getattr(point, "directory", "") or "", {})
         found.update(zip(bound_keys(metric_key(step, name)), (float(low), float(high))))
@@ -248,7 +248,8 @@ def _temporary() -> str:
 def _reused(tracker, collect: _Collect, out: str) -> list[str]:
     """Every reused point's files, read back from its run into its directory under ``out``
     (a file this run wrote is kept); its saved values and scores join ``collect``."""
-    from causalab.tracking import artifacts, naming
+    from causalab.scores import naming
+    from causalab.tracking import artifacts
     from causalab.tracking import runs as store
 
     found: list[str] = []

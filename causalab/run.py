@@ -101,7 +101,8 @@ def _report_tracking(events) -> None:
     """What was logged where, once it is stored."""
     if events is None:
         return
-    from causalab.tracking import landing, naming, summary, ui_command
+    from causalab.scores import naming, summary
+    from causalab.tracking import landing, ui_command, views
     from causalab.tracking import runs as store
 
     for label, run_id in events.skipped.items():
@@ -119,7 +120,7 @@ def _report_tracking(events) -> None:
     if not found:
         print(f"see them: {ui_command(events.uri, events.experiment_id)}")
     elif events.uri.startswith(("http://", "https://")):
-        for line in summary.where(events.uri, events.experiment_id, found["view"],
+        for line in views.where(events.uri, events.experiment_id, found["view"],
                                   found["runs"]):
             print(line)
     else:  # the UI's port is the one `causalab ui` finds free, so it prints the addresses

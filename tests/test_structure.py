@@ -30,7 +30,11 @@ FORBIDDEN = {
                "causalab.cli"},
     # the rooms around the three: pictures from plain numbers, Hydra's side, the team server
     "plots": {"torch", "transformers", "nnsight", "nnterp", "mlflow", "hydra", "causalab.cli",
-              "causalab.compile", "causalab.models"},
+              "causalab.compile", "causalab.models", "causalab.tracking"},
+    # a sweep's scores as plain numbers: read by tracking and plots, reading neither
+    "scores": {"torch", "transformers", "nnsight", "nnterp", "mlflow", "hydra", "omegaconf",
+               "causalab.compile", "causalab.engine", "causalab.models", "causalab.tracking",
+               "causalab.plots", "causalab.cli", "causalab.hydra", "causalab.server"},
     "hydra": {"torch", "transformers", "nnsight", "nnterp", "causalab.engine", "causalab.cli"},
     "server": {"torch", "transformers", "nnsight", "nnterp", "causalab.engine",
                "causalab.compile", "causalab.document", "causalab.models"},

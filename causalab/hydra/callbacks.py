@@ -26,9 +26,8 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from causalab.tracking import landing, owners, summary
-from causalab.plots import attribution_maps as attribution_plots
 from causalab.hydra import jobs
+from causalab.tracking import landing, owners, pictures, views
 from causalab.tracking import runs as store
 
 PARENT_FILE = ".mlflow_parent.json"
@@ -136,8 +135,8 @@ class MultirunParent(Callback):
             landed = landing.land(mlflow, parent["run_id"], [], title=self._title,
                                   folder=parent.get("folder"))
             _say_where(parent, landed)
-            attribution_plots.log_comparison(mlflow, parent["run_id"], parent["experiment_id"],
-                                             title=self._title)
+            pictures.log_comparison(mlflow, parent["run_id"], parent["experiment_id"],
+                                    title=self._title)
         good = reason is None and all(run.info.status == "FINISHED" for run in children)
         if reason is not None:
             store.log_batch(mlflow, parent["run_id"], tags={store.ERROR: reason})
@@ -178,6 +177,6 @@ def _say_where(parent: dict, landed: dict) -> None:
     if not uri.startswith(("http://", "https://")):
         print(f"see the sweep: {store.ui_command(uri, run_id=landed['view'])}")
         return
-    for line in summary.where(uri, parent["experiment_id"], landed["view"],
+    for line in views.where(uri, parent["experiment_id"], landed["view"],
                               landed.get("runs", [])):
         print(line)

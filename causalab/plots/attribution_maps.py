@@ -1,33 +1,22 @@
-"""Attribution runs in MLflow: their heatmaps, and a parent's plot of attribution against exact.
+"""Attribution as pictures: a step's per-unit grid as sweep points, and attribution against exact.
 
 An attribute step (docs/format.md §9.7) is one point whose table covers a whole sweep's
 units. Its per-unit means (``results["grid"]`` of the plan node, plain data) are drawn with
 the sweep pictures of :mod:`causalab.plots.curves`, as if each unit were a point of the
-exact sweep, and kept as ``attribution/<step>.json`` with the run tagged
-``causalab.attribution``. A multirun's parent that holds both an attribution run and the
-points of an exact sweep of the same units gets ``plots/attribution_vs_exact.png``: one dot
-per unit, exact mean against attribution mean, per metric, with their rank correlation.
-Knows no engine: it reads plan results and runs.
+exact sweep. Against an exact sweep of the same units: one dot per unit, exact mean against
+attribution mean, per metric, with their rank correlation. Knows no engine and no store: it
+reads plan results and plain numbers (:mod:`causalab.tracking.pictures` logs them).
 """
 from __future__ import annotations
 
-import functools
 import io
-import json
 import math
-import tempfile
-import time
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from causalab.plots import curves as plots, faithfulness as edge_plots, verification as verify_plots
-from causalab.tracking import runs as store
-from causalab.tracking.naming import is_score, split_score
-from causalab.tracking.summary import plain
+from causalab.plots import curves as plots
+from causalab.scores.naming import is_score, split_score
+from causalab.scores.summary import plain
 
-TAG = "causalab.attribution"
-FOLDER = "attribution"
-COMPARISON = "plots/attribution_vs_exact.png"
 _UNIT_AXES = ("layers", "heads", "units", "pos")
 
 
@@ -42,7 +31,7 @@ def grids_of(point: Any) -> dict[str, list]:
     return found
 
 
-def _points(step: str, grid: Mapping[str, list]) -> list[plots.Point]:
+def grid_points(step: str, grid: Mapping[str, list]) -> list[plots.Point]:
     """Each unit as a sweep point: its coordinates, and ``<step>/<metric>`` its mean."""
     merged: dict[str, tuple[dict, dict]] = {}
     for metric, cells in grid.items():
@@ -52,25 +41,6 @@ def _points(step: str, grid: Mapping[str, list]) -> list[plots.Point]:
             if mean is not None:
                 entry[1][f"{step}/{metric}"] = mean
     return list(merged.values())
-
-
-def log_grids(mlflow, run_id: str, grids: Mapping[str, Mapping[str, list]], *,
-              title: str) -> dict[str, int]:
-    """A point's attribute steps: their heatmaps or curves, their grids, and the tag; returns
-    what was sent."""
-    from causalab.tracking import artifacts
-
-    prefix = len(grids) > 1
-    sent: dict[str, int] = {}
-    for step, grid in grids.items():
-        for name, png in plots.sweep_plots(_points(step, grid), title=title).items():
-            folder, file = name.rsplit("/", 1)
-            sent.update(artifacts.log_bytes(mlflow, run_id, png,
-                                            f"{folder}/{step}_{file}" if prefix else name))
-        text = json.dumps({m: [[c, v] for c, v in cells] for m, cells in grid.items()})
-        sent.update(artifacts.log_bytes(mlflow, run_id, text.encode(), f"{FOLDER}/{step}.json"))
-    store.log_batch(mlflow, run_id, tags={TAG: json.dumps(sorted(grids))})
-    return sent
 
 
 def _unit(coordinates: Mapping[str, Any]) -> tuple:
@@ -142,64 +112,3 @@ def _png(figure) -> bytes:
     return buffer.getvalue()
 
 
-def _grids(mlflow, run) -> dict[str, list]:
-    """The grids an attribution run logged, merged over its steps (a metric from its last)."""
-    merged: dict[str, list] = {}
-    with tempfile.TemporaryDirectory(prefix="causalab-attribution-") as folder:
-        for step in json.loads(run.data.tags[TAG]):
-            local = mlflow.download_artifacts(run.info.run_id, f"{FOLDER}/{step}.json", folder)
-            merged.update(json.loads(Path(local).read_text()))
-    return merged
-
-
-def log_comparison(mlflow, run_id: str, experiment: str, *, title: str = "") -> None:
-    """On a parent: every attribution run below it against every exact point below it."""
-    below = store.descendants(mlflow, experiment, run_id)
-    estimated = [run for run in below if TAG in run.data.tags]
-    if not estimated:
-        return
-    exact = [(json.loads(run.data.tags.get(store.COORDINATES) or "{}"), dict(run.data.metrics))
-             for run in below if TAG not in run.data.tags]
-    found: dict[str, list] = {}
-    for run in estimated:
-        for metric, points in pairs(exact, _grids(mlflow, run)).items():
-            found.setdefault(metric, []).extend(points)
-    png = comparison(found, title=title)
-    if png is not None:
-        from causalab.tracking import artifacts
-
-        artifacts.log_bytes(mlflow, run_id, png, COMPARISON)
-
-
-def send_grids(listener: Any, run: Any, point: Any) -> None:
-    """From a tracking listener's ``point_end``: a point with attribute steps sends their
-    grids to its run, in the listener's lane, after the point's files."""
-    grids = grids_of(point)
-    if grids:
-        listener.lane.send(lambda: run.sending(listener.call, log_grids, run.run_id, grids,
-                                               title=run.title))
-    for module, name, numbers in ((verify_plots, "verify", None),
-                                  (edge_plots, "faithfulness", edge_plots.areas)):
-        reports = module.reports_of(point)
-        if reports:
-            listener.lane.send(functools.partial(
-                run.sending, listener.call, log_step_pictures, run.run_id, reports, module.figure,
-                name, title=run.title, metrics=numbers(reports) if numbers else {}))
-
-
-def log_step_pictures(mlflow, run_id: str, reports: Mapping[str, Any], draw, name: str, *,
-                      title: str, metrics: Mapping[str, float]) -> dict[str, int]:
-    """Each step's report drawn by ``draw`` as ``plots/<step>_<name>.png`` on its run, and
-    ``metrics`` (an edge step's faithfulness areas) beside them; returns what was sent."""
-    from causalab.tracking import artifacts
-
-    if metrics:
-        now = int(time.time() * 1000)
-        store.log_batch(mlflow, run_id, metrics=[store.metric(key, value, 0, now)
-                                                 for key, value in metrics.items()])
-    sent: dict[str, int] = {}
-    for step, report in reports.items():
-        png = draw(report, title=title)
-        if png is not None:
-            sent.update(artifacts.log_bytes(mlflow, run_id, png, f"plots/{step}_{name}.png"))
-    return sent

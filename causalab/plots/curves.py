@@ -11,18 +11,18 @@ S2, END) in the order the sweep gave it; a quantity named as a fraction (``iia``
 has an axis or colour scale from 0 to 1; a score's 95 % interval, when its point logged one,
 is a shaded band behind its line. A method comparison is a ranking
 (:mod:`causalab.plots.ranking_chart`). Figures are drawn on :mod:`causalab.plots.canvas`' canvas. Inputs are plain numbers (coordinates and
-metrics, :mod:`causalab.tracking.summary`); this module knows no runs.
+metrics, :mod:`causalab.scores.summary`); this module knows no runs.
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Mapping, Sequence
 
-from causalab.tracking import summary
+from causalab.scores import summary
 from causalab.plots.canvas import limit_ticks, new_figure, png, ticks
-from causalab.tracking.naming import site_facts, writes_of
+from causalab.scores.naming import site_facts, writes_of
 from causalab.plots.ranking_chart import ranking_chart, ranking_figure  # noqa: F401
-from causalab.tracking.summary import CONTROLS, Point, numeric, plain, short, text
+from causalab.scores.summary import CONTROLS, Point, numeric, plain, short, text
 
 _LAYER = ("layers", "layer")
 _HEAD = ("heads", "head")

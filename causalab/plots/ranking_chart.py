@@ -1,14 +1,14 @@
 """A method comparison as a ranking: a bar per method, best first, its control beside it,
 every value written on it, a whisker for the score's 95 % interval, a zero a thin bar of its
-colour. Inputs are plain numbers (:mod:`causalab.tracking.summary`'s points)."""
+colour. Inputs are plain numbers (:mod:`causalab.scores.summary`'s points)."""
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
-from causalab.tracking import summary
+from causalab.scores import summary
 from causalab.plots.canvas import limit_ticks, new_figure, png
-from causalab.tracking.summary import Point, text
+from causalab.scores.summary import Point, text
 
 CONTROL_METHOD = "random"
 

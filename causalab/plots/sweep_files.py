@@ -10,8 +10,8 @@ from typing import Any, Sequence
 
 from causalab.engine.events import Events
 from causalab.plots.curves import sweep_plots, title_of, varied
-from causalab.tracking.naming import bound_keys
-from causalab.tracking.summary import Point
+from causalab.scores.naming import bound_keys
+from causalab.scores.summary import Point
 
 
 def write_plots(points: Sequence[Point], folder: str | Path, *, title: str = "") -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from causalab.errors import UsageError
 from causalab.files import DOCUMENT
-from causalab.tracking import naming
+from causalab.scores import naming
 
 TOLERANCE = 1e-6  # about float32 rounding of a mean of magnitude ~10: a rerun here is exact
 

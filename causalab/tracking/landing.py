@@ -6,23 +6,25 @@ the parent shows what was stored whoever logged it (a point run, a link to a reu
 job on another host). The parent then gets the sweep's plots, the first point's main scores
 as its own metrics (``iia/test``, its interval, ``iia/control``; ``first/k`` when no point is
 tied with it), its ranking (``ranking.json``, tag ``causalab.first``: every point tied for
-first, :mod:`causalab.tracking.ranking`), across swept seeds each score's mean, sd and
-interval (``seeds.json``, :mod:`causalab.tracking.seeds`), ``summary.html`` (a row per point)
+first, :mod:`causalab.scores.ranking`), across swept seeds each score's mean, sd and
+interval (``seeds.json``, :mod:`causalab.scores.seeds`), ``summary.html`` (a row per point)
 and a saved view of the experiment's runs page that lists the points (searched by their
 parent, or by their ids when a multirun's jobs hold them) with the swept params and those
-scores as columns (:func:`causalab.tracking.summary.view_address` opens it). Every call goes
+scores as columns (:func:`causalab.tracking.views.view_address` opens it). Every call goes
 through the client it is given.
 """
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from causalab.tracking import ranking, seeds, summary
+from causalab.files import DOCUMENT
 from causalab.plots import curves as plots
-from causalab.tracking import runs as store
+from causalab.scores import ranking, seeds, summary
+from causalab.tracking import runs as store, views
 from causalab.tracking.artifacts import log_bytes
 
 
@@ -48,6 +50,38 @@ def coordinates_of(run) -> dict[str, Any]:
     if "model" in place and tags.get(store.MODEL_KEY):
         place["model"] = tags[store.MODEL_KEY]
     return place
+
+
+def table_rows(mlflow, run, name: str, step: str | None,
+               local: Path | None = None) -> dict[str, float] | None:
+    """example id -> value of the eligible rows of the table ``run`` saved for ``name`` at
+    ``step`` (None: no such table; the point's order is :func:`causalab.scores.summary.ranked`'s). A linked
+    point's files are on the run it reuses. ``local``: the folder this process uploaded the
+    run's files from, their stored sizes read back (the same bytes): read there, not
+    downloaded again."""
+    from mlflow.exceptions import MlflowException
+
+    from causalab.progress import mlflow_bars
+
+    source = run.data.tags.get(store.REUSED_FROM) or run.info.run_id
+    try:
+        with tempfile.TemporaryDirectory(prefix="causalab-ranking-") as folder, mlflow_bars():
+            def read(path: str) -> Any:
+                found = Path(local, path) if local is not None else \
+                    Path(mlflow.download_artifacts(source, path, folder))
+                return json.loads(found.read_text(encoding="utf-8"))
+
+            document = read(DOCUMENT)
+            saves = ((document.get("steps") or {}).get(step or "") or {}).get("saves") or []
+            path = next((s["file_path"] for s in saves
+                         if str(s.get("value", "")).rsplit("/", 1)[-1] == name), None)
+            if path is None:
+                return None
+            table = read(path)
+    except (OSError, ValueError, KeyError, MlflowException):  # none stored: means alone
+        return None
+    return {str(row["example_id"]): float(row["value"]) for row in table
+            if row.get("eligible") and row.get("value") is not None}
 
 
 def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
@@ -88,12 +122,12 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
                               note=" · ".join(filter(None, [ranking.line(ranked),
                                                             seeds.line(across)])))
     log_bytes(mlflow, run_id, page.encode(), summary.TABLE)
-    search = summary.points_filter(run_id, [run.info.run_id for run in runs],
+    search = views.points_filter(run_id, [run.info.run_id for run in runs],
                                    [run.data.tags.get(store.PARENT) for run in runs])
-    view = summary.view_state(points, swept, name=f"{parent.info.run_name or 'sweep'} "
+    view = views.view_state(points, swept, name=f"{parent.info.run_name or 'sweep'} "
                                                   f"({len(points)} points)", created_ms=now,
                               search=search)
-    mlflow.set_experiment_tag(experiment, f"{summary.VIEW_TAG}{run_id}", view)
+    mlflow.set_experiment_tag(experiment, f"{views.VIEW_TAG}{run_id}", view)
     return {"view": run_id, "points": len(points), "runs": [run.info.run_id for run in runs],
             "first": ranking.line(ranked) if ranked["first"] else None, "pictures": pictures}
 
@@ -104,7 +138,7 @@ def _judged(mlflow, run_id: str, runs: list, points: list, swept: list,
     logged: ``(ranking, seed groups, the ranking's tags)``. ``runs[i]`` is ``points[i]``'s run
     (none: points without a store, ranked by their means)."""
     name, test, _ = summary.main_keys(points)
-    ranked = ranking.rank(points, swept, [ranking.table_rows(mlflow, run, name, test,
+    ranked = ranking.rank(points, swept, [table_rows(mlflow, run, name, test,
                                                              local.get(run.info.run_id))
                                           for run in runs])
     body, tags = ranking.record(ranked)
@@ -118,7 +152,7 @@ def _judged(mlflow, run_id: str, runs: list, points: list, swept: list,
 def landed(mlflow, experiment: str, parent: str) -> dict | None:
     """``{"view": key, "runs": point ids}`` of a parent :func:`land` gave a view, else None."""
     tags = mlflow.get_experiment(experiment).tags
-    if f"{summary.VIEW_TAG}{parent}" not in tags:
+    if f"{views.VIEW_TAG}{parent}" not in tags:
         return None
     return {"view": parent, "runs": [run.info.run_id for run in
                                      stored_points(mlflow, experiment, parent)]}
@@ -136,9 +170,9 @@ def newest_landed(mlflow, parent: str | None = None) -> tuple[str, str, list] | 
             return None
         found = landed(mlflow, experiment, parent)
         return None if found is None else (experiment, parent, found["runs"])
-    keyed = [(experiment.experiment_id, key[len(summary.VIEW_TAG):])
+    keyed = [(experiment.experiment_id, key[len(views.VIEW_TAG):])
              for experiment in mlflow.search_experiments()
-             for key in experiment.tags if key.startswith(summary.VIEW_TAG)]
+             for key in experiment.tags if key.startswith(views.VIEW_TAG)]
     if not keyed:
         return None
     started = {run_id: mlflow.get_run(run_id).info.start_time or 0 for _, run_id in keyed}

@@ -34,9 +34,9 @@ from typing import Any, Mapping
 from causalab.engine.events import Events
 from causalab.errors import CausalabError, Path as JsonPath, TrackingError, UsageError, reason
 from causalab.files import RUN_RECORD
-from causalab.tracking import artifacts, claims, naming, owners
-from causalab.plots import attribution_maps as attribution_plots, curves as plots
-from causalab.tracking import stored
+from causalab.plots import curves as plots
+from causalab.scores import naming
+from causalab.tracking import artifacts, claims, owners, pictures, stored
 from causalab.tracking import points as facts
 from causalab.tracking import runs as store
 from causalab.tracking.points import PointRun
@@ -314,7 +314,7 @@ class TrackingEvents(StoreWrites, Events):
         if run.whole:
             run.folder = str(Path(self.out) / point.directory)
         self.lane.send(self._upload, run, files)
-        attribution_plots.send_grids(self, run, point)
+        pictures.send_grids(self, run, point)
         self._done.append((dict(getattr(point, "coordinates", None) or {}), dict(run.means)))
         if error is not None:
             self.lane.send(self._end_point, run, error)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from causalab.errors import reason
 from causalab.files import DOCUMENT
-from causalab.tracking import naming
+from causalab.scores import naming
 from causalab.tracking import runs as store
 
 

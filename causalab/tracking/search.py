@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 
-from causalab.tracking import naming
+from causalab.scores import naming
 from causalab.tracking import runs as store
 
 

@@ -16,6 +16,7 @@ import pytest
 from causalab.pipeline import run_document
 from causalab.tracking import TrackingEvents
 from causalab.plots import attribution_maps as attribution_plots
+from causalab.tracking import pictures
 from causalab.tracking import runs as store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ def tracked(tmp_path_factory):
         with TrackingEvents(tracking_uri=uri, experiment="attribution", out=str(out),
                             parent_run_id=parent, run_name=name) as events:
             run_document(document, out=str(out), data_root=DATA, events=events)
-    attribution_plots.log_comparison(mlflow, parent, experiment, title="heads")
+    pictures.log_comparison(mlflow, parent, experiment, title="heads")
     return mlflow, experiment, parent
 
 
@@ -62,19 +63,19 @@ def _artifacts(mlflow, run_id: str, folder: str = "") -> set[str]:
 def test_an_attribution_run_carries_its_table_its_head_heatmap_and_its_grid(tracked):
     mlflow, experiment, parent = tracked
     runs = [r for r in store.descendants(mlflow, experiment, parent)
-            if attribution_plots.TAG in r.data.tags]
+            if pictures.TAG in r.data.tags]
     assert len(runs) == 1
     files = _artifacts(mlflow, runs[0].info.run_id)
     assert {"logit_diff.json", "plots/head_heatmap.png", "attribution/attribute.json",
             "attribute.verify.json", "plots/attribute_verify.png"} <= files
-    assert json.loads(runs[0].data.tags[attribution_plots.TAG]) == ["attribute"]
+    assert json.loads(runs[0].data.tags[pictures.TAG]) == ["attribute"]
 
 
 def test_the_parent_plots_attribution_against_the_exact_sweep_of_the_same_heads(tracked):
     mlflow, experiment, parent = tracked
-    assert attribution_plots.COMPARISON in _artifacts(mlflow, parent)
+    assert pictures.COMPARISON in _artifacts(mlflow, parent)
     sweep = [r for r in store.children(mlflow, experiment, parent)
-             if attribution_plots.TAG not in r.data.tags]
+             if pictures.TAG not in r.data.tags]
     assert "plots/head_heatmap.png" in _artifacts(mlflow, sweep[0].info.run_id)
 
 

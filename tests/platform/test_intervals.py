@@ -120,7 +120,7 @@ def _paired(first, other, seed=0, resamples=1000) -> float:
 
 
 def test_the_ranking_names_every_point_tied_first_and_the_probabilities_behind_it():
-    from causalab.tracking import ranking
+    from causalab.scores import ranking
 
     rows = [f"r{i}" for i in range(12)]
     values = {"das": [1.0] * 12, "full": [1.0] * 12, "dbm": [1.0] * 11 + [0.0],
@@ -146,7 +146,7 @@ def test_the_ranking_names_every_point_tied_first_and_the_probabilities_behind_i
 
 
 def summary_metrics(points, ranked):
-    from causalab.tracking import summary
+    from causalab.scores import summary
 
     return summary.parent_metrics(points, ["method"], ranked["indices"])
 

@@ -256,15 +256,15 @@ def test_causalab_ui_on_a_store_without_a_sweep_serves_its_runs_page_and_sigterm
 def test_a_saved_view_searches_a_sweep_s_points_by_parent_or_for_a_multirun_by_their_ids():
     import json
 
-    from causalab.tracking import summary
+    from causalab.tracking import views
 
-    own = summary.points_filter("p", ["a", "b"], ["p", "p"])
+    own = views.points_filter("p", ["a", "b"], ["p", "p"])
     assert own == "tags.`mlflow.parentRunId` = 'p'"
-    jobs = summary.points_filter("p", ["a", "b"], ["job1", "job2"])  # a multirun's jobs hold them
+    jobs = views.points_filter("p", ["a", "b"], ["job1", "job2"])  # a multirun's jobs hold them
     assert jobs == "attributes.run_id IN ('a', 'b')"
     points = [({"k": k}, {"iia/test": 1.0, "iia/control": 0.0, "ce/test": 1.0,
                           "ce/control": 2.0}) for k in (1, 4)]
-    state = json.loads(json.loads(summary.view_state(points, ["k"], name="das", created_ms=1,
+    state = json.loads(json.loads(views.view_state(points, ["k"], name="das", created_ms=1,
                                                      search=own))["state"])
     assert state["searchFilter"] == own and state["orderByAsc"] is True
     assert state["selectedColumns"] == state["columnOrder"] == [
@@ -282,21 +282,21 @@ def test_a_saved_view_searches_a_sweep_s_points_by_parent_or_for_a_multirun_by_t
 
 
 def test_a_sweep_without_a_numeric_coordinate_charts_its_scores_as_bars_by_point():
-    from causalab.tracking import summary
+    from causalab.tracking import views
 
     points = [({"method": m}, {"iia/test": 1.0, "iia/control": 0.0}) for m in ("das", "pca")]
-    charts, (section,) = summary.view_charts(points, ["method"])
+    charts, (section,) = views.view_charts(points, ["method"])
     assert [(c["type"], c.get("metricKey")) for c in charts] == [
         ("BAR", "iia/test"), ("BAR", "iia/control"), ("PARALLEL", None)]
     assert section["name"] == "sweep: method"
 
 
 def test_the_compare_address_is_the_saved_view_s_chart_view():
-    from causalab.tracking import summary
+    from causalab.tracking import views
 
-    lines = summary.where("http://h:1/", "3", "p", ["a", "b"])
+    lines = views.where("http://h:1/", "3", "p", ["a", "b"])
     assert lines == ["open the sweep: http://h:1/#/experiments/3/runs?viewStateShareKey=p"
                      "&workflowType=machine_learning",
                      "compare its points: http://h:1/#/experiments/3/runs?viewStateShareKey=p"
                      "&workflowType=machine_learning&compareRunsMode=CHART"]
-    assert summary.where("http://h:1", "3", "p", ["a"]) == lines[:1]
+    assert views.where("http://h:1", "3", "p", ["a"]) == lines[:1]

@@ -273,7 +273,7 @@ def test_the_four_layer_hydra_multirun_parent_plot_is_one_connected_curve_per_qu
         cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     # named by its layer once (not `layer=0,layers=0`); iia ties at 1.0: the first layer is
-    # among those first on its step's iia (tracking.ranking)
+    # among those first on its step's iia (scores.ranking)
     line, = [line for line in done.stdout.splitlines() if line.startswith("multirun:")]
     assert "first on iia/" in line and "layer=0" in line and "layers=" not in line, line
     mlflow = store.client(f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -1,18 +1,14 @@
-"""What a sweep's parent run says first: its points' scores as quantities, their order, a
-small HTML table, and the MLflow view that opens on them.
+"""What a sweep's parent run says first: its points' scores as quantities, their order and a
+small HTML table.
 
 A point's stored metrics (``iia/test``, ``iia/control``, ``n/iia/test``, ``train/loss``,
 ``eval/iia``) are read here as *quantities* (``iia``) measured by *steps* (``test``,
 ``control``); a point that only fits is read by the final value of its fit's series
 (``eval/iia`` is ``iia`` measured by ``eval``). The main quantity is ``iia`` where a point has
 one, else the first scored; its test step is ``test`` (else the first step that is not a
-control) and its control ``control`` (else ``random``). The view is MLflow 3.17's saved view
-of an experiment's runs page (an experiment tag ``mlflow.sharedViewState.<key>`` that the
-address's ``viewStateShareKey=<key>`` opens): which columns the runs table shows and, in
-the page's chart view (``compareRunsMode=CHART``, the compare address), which charts come
-first: each main score against the swept coordinate, then all swept params and both scores
-as parallel coordinates. Plain data in, plain data out; this module knows no runs and no
-MLflow client.
+control) and its control ``control`` (else ``random``). Plain data in, plain data out; this
+module knows no runs and no MLflow client (the view that opens a sweep in MLflow's UI is
+:mod:`causalab.tracking.views`).
 """
 from __future__ import annotations
 
@@ -22,15 +18,13 @@ import math
 from typing import Any, Mapping, Sequence
 
 from causalab.document.sweep import shown
-from causalab.tracking.naming import (CONTROLS, COUNT, MAIN, SERIES, bound_keys, is_score,
+from causalab.scores.naming import (CONTROLS, COUNT, MAIN, SERIES, bound_keys, is_score,
                                       split_score)
 
 Point = tuple[Mapping[str, Any], Mapping[str, float]]  # (coordinates, metrics)
 FIRST = "first"  # a parent's coordinates of the one point first (``first/k``)
-VIEW_TAG = "mlflow.sharedViewState."
-VIEW_KEY = "viewStateShareKey"
 TABLE = "summary.html"
-_MAX_COLUMNS = 8
+MAX_COLUMNS = 8
 
 
 def fit_finals(metrics: Mapping[str, float]) -> dict[tuple[str, str], float]:
@@ -91,7 +85,7 @@ def bounds(metrics: Mapping[str, float], name: str, step: str | None
     """The 95 % interval a point logged beside a score (``iia/test.lo``, ``.hi``), if any."""
     if not step:
         return None
-    found = [metrics.get(key) for key in bound_keys(_key(name, step))]
+    found = [metrics.get(key) for key in bound_keys(stored_key(name, step))]
     return None if None in found else (float(found[0]), float(found[1]))
 
 
@@ -99,7 +93,7 @@ def ranked(points: Sequence[Point]) -> list[int]:
     """The indices of the scored points by their main test score, highest first (a loss:
     lowest); equal means go to the point whose control scores lower, then to the first by
     its coordinates, so the order does not hang on which of a multirun's jobs stored its
-    runs first. Whether the first really beats the next is :mod:`causalab.tracking.ranking`'s."""
+    runs first. Whether the first really beats the next is :mod:`causalab.scores.ranking`'s."""
     name, test, control = main_keys(points)
     sign = 1 if name == "loss" else -1
     scored = []
@@ -171,8 +165,8 @@ def parent_metrics(points: Sequence[Point], swept: Sequence[str],
     for step in (test, control):
         score = value(metrics, name, step)
         if score is not None:
-            found[_key(name, step)] = score
-            found.update(zip(bound_keys(_key(name, step)), bounds(metrics, name, step) or ()))
+            found[stored_key(name, step)] = score
+            found.update(zip(bound_keys(stored_key(name, step)), bounds(metrics, name, step) or ()))
     for key in swept if len(first) == 1 else ():
         number = plain(coordinates.get(key))
         if numeric(number):
@@ -181,12 +175,8 @@ def parent_metrics(points: Sequence[Point], swept: Sequence[str],
 
 
 def stored_key(name: str, step: str) -> str:
-    """The stored key of a quantity's step (``iia/test``, ``eval/iia``)."""
-    return _key(name, step)
-
-
-def _key(name: str, step: str) -> str:
-    """The stored key of a quantity's step: a score (``iia/test``) or a fit's series."""
+    """The stored key of a quantity's step: a score (``iia/test``) or a fit's series
+    (``eval/iia``)."""
     if step in SERIES:
         return f"{step}/{name}"
     if " " in step:
@@ -197,12 +187,12 @@ def _key(name: str, step: str) -> str:
 
 def table_columns(points: Sequence[Point]) -> list[tuple[str, str]]:
     """(quantity, step) columns of the summary table: every step of the main quantity, then
-    the test step of each other quantity, at most :data:`_MAX_COLUMNS`."""
+    the test step of each other quantity, at most :data:`MAX_COLUMNS`."""
     found = quantities(points)
     columns = []
     for index, (name, steps) in enumerate(found.items()):
         columns += [(name, step) for step in (steps if index == 0 else steps[:1])]
-    return columns[:_MAX_COLUMNS]
+    return columns[:MAX_COLUMNS]
 
 
 def html_table(points: Sequence[Point], swept: Sequence[str], *, title: str = "",
@@ -212,7 +202,7 @@ def html_table(points: Sequence[Point], swept: Sequence[str], *, title: str = ""
     scores with their intervals), every point tied first in bold, ``note`` saying so."""
     columns = table_columns(points)
     first = set(first if first is not None else [i for i in [best(points)] if i is not None])
-    head = ["point", *[short(k) for k in swept], *[_key(n, s) for n, s in columns]]
+    head = ["point", *[short(k) for k in swept], *[stored_key(n, s) for n, s in columns]]
     rows = []
     for index, (coordinates, metrics) in enumerate(points):
         name = names[index] if index < len(names) else label(coordinates, swept)
@@ -242,102 +232,3 @@ def _number(found: float | None, interval: tuple[float, float] | None = None) ->
     if found is None:
         return ""
     return f"{found:.3f}" + ("" if interval is None else f" [{interval[0]:.2f}, {interval[1]:.2f}]")
-
-
-def view_params(swept: Sequence[str]) -> list[str]:
-    """The point runs' param keys of the swept coordinates (``k``; a model by ``model.key``)."""
-    params = [short(k) for k in swept if short(k) != "model"]
-    return ["model.key", *params] if any(short(k) == "model" for k in swept) else params
-
-
-def view_columns(points: Sequence[Point], swept: Sequence[str]) -> list[str]:
-    """The runs table's columns for this sweep: its swept params, then each quantity's
-    scores, every test step beside its control (main quantity first, at most
-    :data:`_MAX_COLUMNS`)."""
-    steps = [(name, step) for name, found in quantities(points).items() for step in found]
-    return [f"params.`{k}`" for k in view_params(swept)] + \
-        [f"metrics.`{_key(n, s)}`" for n, s in steps[:_MAX_COLUMNS]]
-
-
-def view_charts(points: Sequence[Point], swept: Sequence[str]) -> tuple[list[dict], list[dict]]:
-    """(charts, sections) of the saved view's chart view: one section first, two charts a
-    row, that reads the sweep at a glance: the main test score and its control each against
-    the first swept coordinate whose values are all numbers (a scatter; bars by point when
-    none is), then the swept params and both scores as parallel coordinates. MLflow 3.17
-    adds its own sections (a chart per metric, by prefix) after it."""
-    name, test, control = main_keys(points)
-    scored = [_key(name, step) for step in (test, control) if step]
-    params = view_params(swept)
-    axis = next((short(k) for k in swept if short(k) != "model" and
-                 all(numeric(plain(c.get(k))) for c, _ in points)), None)
-    section = "causalab-sweep"
-    shown_runs = max(100, len(points))  # MLflow's chart cards plot at most this many runs
-    charts: list[dict] = []
-    for key in scored:
-        if axis:
-            chart = {"type": "SCATTER", "xaxis": {"key": axis, "type": "PARAM"},
-                     "yaxis": {"key": key, "type": "METRIC"}}
-        else:
-            chart = {"type": "BAR", "metricKey": key, "displayName": key}
-        charts.append(chart)
-    if len(params) + len(scored) >= 2:  # MLflow draws parallel coordinates from two axes
-        charts.append({"type": "PARALLEL", "selectedParams": params, "selectedMetrics": scored,
-                       "showAllRuns": False})
-    charts = [{**chart, "uuid": f"{section}-{index}", "metricSectionId": section,
-               "runsCountToCompare": shown_runs, "deleted": False, "isGenerated": False}
-              for index, chart in enumerate(charts)]
-    title = "sweep: " + ", ".join(params) if params else "sweep"
-    sections = [{"uuid": section, "name": title, "display": True, "isReordered": False,
-                 "columns": 2, "cardHeight": 360}]
-    return charts, sections
-
-
-def points_filter(parent: str, run_ids: Sequence[str], parents: Sequence[str]) -> str:
-    """The runs-table search that shows a sweep's points and nothing else: its children
-    (``parents`` are the points' own parents), or, when some are a job's children (a
-    multirun's), the points by their ids."""
-    if run_ids and set(parents) != {parent}:
-        return "attributes.run_id IN (" + ", ".join(f"'{r}'" for r in run_ids) + ")"
-    return f"tags.`mlflow.parentRunId` = '{parent}'"
-
-
-def view_state(points: Sequence[Point], swept: Sequence[str], *, name: str,
-               created_ms: int, search: str = "") -> str:
-    """The experiment tag value of a saved runs-page view (MLflow 3.17's envelope: ``name``,
-    ``createdAt``, ``updatedAt`` and the view's state as a JSON string). The state holds the
-    table's search too (``search``, oldest point first), so the points are the rows it opens
-    on; MLflow leaves a saved view's ``runsExpanded`` out, so a parent cannot open expanded.
-    Its chart view (:func:`view_charts`) opens on the sweep's own section; the run list stays
-    beside it (folding it, ``runListHidden``, would also drop the table's count of runs)."""
-    columns = view_columns(points, swept)
-    charts, sections = view_charts(points, swept)
-    state = {"selectedColumns": columns, "columnOrder": columns, "runsHiddenMode": "SHOW_ALL",
-             "runListHidden": False, "viewMaximized": False, "compareRunCharts": charts,
-             "compareRunSections": sections, "isAccordionReordered": True}
-    if search:
-        state.update(searchFilter=search, orderByKey="attributes.created", orderByAsc=True)
-    return json.dumps({"name": name, "createdAt": created_ms, "updatedAt": created_ms,
-                       "state": json.dumps(state)})
-
-
-def view_address(base: str, experiment_id: str, key: str) -> str:
-    """The runs page of ``experiment_id`` opened on the saved view ``key``."""
-    return (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
-            f"?{VIEW_KEY}={key}&workflowType=machine_learning")
-
-
-def compare_address(base: str, experiment_id: str, key: str) -> str:
-    """The same runs page and saved view in its chart view: the sweep's charts first
-    (:func:`view_charts`), the scores against what was swept. MLflow's compare page
-    (``#/compare-runs``) cannot be told what to show first: it lists every param before any
-    metric, and its plot starts on one metric."""
-    return f"{view_address(base, experiment_id, key)}&compareRunsMode=CHART"
-
-
-def where(base: str, experiment_id: str, view: str, run_ids: Sequence[str]) -> list[str]:
-    """The lines that open a landed sweep in the UI at ``base``: the runs page on its saved
-    view and, for more than one point, that view's charts."""
-    lines = [f"open the sweep: {view_address(base, experiment_id, view)}"]
-    if len(run_ids) > 1:
-        lines.append(f"compare its points: {compare_address(base, experiment_id, view)}")
-    return lines

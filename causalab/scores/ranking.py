@@ -4,7 +4,8 @@ Points are ordered by their main test score (``iia/test``; a loss: lowest first)
 mean broken as before by the lower control, then by coordinates. Whether the first one
 really beats another is the paired bootstrap over the rows both scored
 (:func:`causalab.uncertainty.beats`): the rows of each point's saved table of that score,
-read back from its run (a reused point's from the run it reuses). Every point the first does
+read back from its run (a reused point's from the run it reuses,
+:func:`causalab.tracking.landing.table_rows`). Every point the first does
 not beat with probability :data:`causalab.uncertainty.BEATS` is tied for first; points with
 no saved table are compared by their means alone, tied when equal. The parent gets
 ``ranking.json`` (order, tied first, each score's interval, every pairwise probability) and
@@ -14,50 +15,14 @@ the tags ``causalab.first`` (the labels tied for first, a JSON list) and
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from causalab import uncertainty
-from causalab.files import DOCUMENT
-from causalab.tracking import runs as store
-from causalab.tracking import summary
+from causalab.scores import summary
 
 FILE = "ranking.json"
 FIRST = "causalab.first"
 BEATS = "causalab.first_beats"  # {point: P(the first point beats it)}, a JSON object
-
-
-def table_rows(mlflow, run, name: str, step: str | None,
-               local: Path | None = None) -> dict[str, float] | None:
-    """example id -> value of the eligible rows of the table ``run`` saved for ``name`` at
-    ``step`` (None: no such table; the point's order is :func:`summary.ranked`'s). A linked
-    point's files are on the run it reuses. ``local``: the folder this process uploaded the
-    run's files from, their stored sizes read back (the same bytes): read there, not
-    downloaded again."""
-    from mlflow.exceptions import MlflowException
-
-    from causalab.progress import mlflow_bars
-
-    source = run.data.tags.get(store.REUSED_FROM) or run.info.run_id
-    try:
-        with tempfile.TemporaryDirectory(prefix="causalab-ranking-") as folder, mlflow_bars():
-            def read(path: str) -> Any:
-                found = Path(local, path) if local is not None else \
-                    Path(mlflow.download_artifacts(source, path, folder))
-                return json.loads(found.read_text(encoding="utf-8"))
-
-            document = read(DOCUMENT)
-            saves = ((document.get("steps") or {}).get(step or "") or {}).get("saves") or []
-            path = next((s["file_path"] for s in saves
-                         if str(s.get("value", "")).rsplit("/", 1)[-1] == name), None)
-            if path is None:
-                return None
-            table = read(path)
-    except (OSError, ValueError, KeyError, MlflowException):  # none stored: means alone
-        return None
-    return {str(row["example_id"]): float(row["value"]) for row in table
-            if row.get("eligible") and row.get("value") is not None}
 
 
 def rank(points: Sequence[summary.Point], swept: Sequence[str],

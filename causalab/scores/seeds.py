@@ -14,7 +14,7 @@ import statistics
 from typing import Any, Sequence
 
 from causalab import uncertainty
-from causalab.tracking import summary
+from causalab.scores import summary
 
 FILE = "seeds.json"
 SEED = "seed"
