@@ -38,7 +38,7 @@ _PUBLIC = {
     "Events": "causalab.engine.events",
     "TrackingEvents": "causalab.tracking",
     "fetch": "causalab.tracking",
-    "list_runs": "causalab.tracking",
+    "list_runs": "causalab.results.listing",
     "render": "causalab.hydra.rendering",
     "CausalabError": "causalab.errors",
     "DocumentError": "causalab.errors",

@@ -131,7 +131,7 @@ def verb_restamp(args: argparse.Namespace) -> dict:
 
 def verb_runs(args: argparse.Namespace) -> dict:
     """Tracked runs, newest first, optionally only those of one point digest."""
-    from causalab.tracking import list_runs
+    from causalab.results.listing import list_runs
 
     runs = list_runs(produced_by=args.produced_by, tracking_uri=args.tracking_uri)
     if not runs:
@@ -156,7 +156,7 @@ _RUNS_HEADER = {"run_id": "run", "status": "status", "model": "model", "job": "j
 def verb_diff(args: argparse.Namespace) -> dict:
     """Compare two runs or output folders point by point: every metric of every point matched
     by its coordinates (else its produced_by), against --tol; exit 1 when any moved."""
-    from causalab.tracking import diff
+    from causalab.results import diff
 
     tol = diff.TOLERANCE if args.tol is None else args.tol
     if not tol >= 0:

@@ -6,8 +6,7 @@ MLflow's fluent active-run stack; every call names its tracking URI and run ids.
 """
 from causalab.tracking.artifacts import fetch, resolve_artifact, resolver
 from causalab.tracking.listener import TrackingEvents
-from causalab.tracking.listing import list_runs
 from causalab.tracking.runs import resolve_uri, ui_command
 
-__all__ = ["TrackingEvents", "fetch", "list_runs", "resolve_artifact", "resolve_uri",
-           "resolver", "ui_command"]
+__all__ = ["TrackingEvents", "fetch", "resolve_artifact", "resolve_uri", "resolver",
+           "ui_command"]

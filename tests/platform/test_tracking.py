@@ -17,7 +17,8 @@ from causalab.compile.plan import ModelRef, Plan
 from causalab.document import digest
 from causalab.errors import CompileError, RunError
 from causalab.pipeline import run_document
-from causalab.tracking import TrackingEvents, fetch, list_runs, resolve_artifact, ui_command
+from causalab.results.listing import list_runs
+from causalab.tracking import TrackingEvents, fetch, resolve_artifact, ui_command
 from causalab.tracking import runs as store
 
 REPO = Path(__file__).resolve().parents[2]

@@ -343,7 +343,7 @@ def search_points(experiment: str | None = None, *, tracking_uri: str | None = N
     ``experiment`` defaults to MLFLOW_EXPERIMENT_NAME, else ``causalab``; ``parent_run_id``
     keeps one sweep's or multirun's children.
     """
-    from causalab.tracking.search import point_rows
+    from causalab.results.search import point_rows
 
     return point_rows(experiment, tracking_uri=tracking_uri, filter_string=filter_string,
                       parent_run_id=parent_run_id)
