@@ -11,6 +11,7 @@ refuses the run, naming it. One small batch, two forwards: cheap beside any step
 from __future__ import annotations
 
 import dataclasses
+import functools
 from importlib import metadata
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -89,14 +90,21 @@ def plain_logits(model: StandardizedTransformer, ids: torch.Tensor, mask: torch.
     return output.logits[:, -1]
 
 
-def versions() -> dict[str, str]:
+@functools.cache
+def _installed() -> tuple[tuple[str, str], ...]:
+    """Each library's installed version, read once a process (reading a package's metadata
+    parses its files: milliseconds a run)."""
     found = {}
     for name in LIBRARIES:
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             found[name] = "absent"
-    return found
+    return tuple(found.items())
+
+
+def versions() -> dict[str, str]:
+    return dict(_installed())
 
 
 def check(model: StandardizedTransformer, found: NoOp, result: PassResult,
