@@ -89,9 +89,9 @@ SHOWN: dict[str, Twin] = {
         Twin((PY, "scripts/bench/patching.py"), measured=True, slow=True),
     ".venv/bin/python scripts/bench/medium.py":
         Twin((PY, "scripts/bench/medium.py"), measured=True, slow=True),
-    ".venv/bin/python scripts/bench/tracking.py --smollm2-samples 0 --samples 5":
-        Twin((PY, "scripts/bench/tracking.py", "--smollm2-samples", "0", "--samples", "1",
-              "--cli-samples", "1"), measured=True, slow=True),
+    ".venv/bin/python scripts/bench/tracking.py --samples 7 --cli-samples 0 --smollm2-samples 0":
+        Twin((PY, "scripts/bench/tracking.py", "--samples", "1", "--cli-samples", "0",
+              "--smollm2-samples", "0"), measured=True, slow=True),
     ".venv/bin/python scripts/bench/cayley.py":
         Twin((PY, "scripts/bench/cayley.py"), measured=True, slow=True),
     ".venv/bin/python scripts/bench/explain.py":
