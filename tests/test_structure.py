@@ -31,6 +31,9 @@ FORBIDDEN = {
     # the rooms around the three: pictures from plain numbers, Hydra's side, the team server
     "plots": {"torch", "transformers", "nnsight", "nnterp", "mlflow", "hydra", "causalab.cli",
               "causalab.compile", "causalab.models", "causalab.tracking"},
+    # results read back: a store only through tracking's client (tracking alone imports MLflow)
+    "results": {"mlflow", "hydra", "omegaconf", "nnsight", "nnterp", "causalab.cli",
+                "causalab.hydra", "causalab.server"},
     # a sweep's scores as plain numbers: read by tracking and plots, reading neither
     "scores": {"torch", "transformers", "nnsight", "nnterp", "mlflow", "hydra", "omegaconf",
                "causalab.compile", "causalab.engine", "causalab.models", "causalab.tracking",

@@ -68,12 +68,15 @@ def _saved_means(directory: Path, document: Mapping) -> tuple[dict[str, float], 
     return metrics, produced
 
 
-def run_points(mlflow, run_id: str) -> dict[str, dict[str, Any]]:
-    """label -> {coordinates, produced_by, metrics} of a tracked run's points."""
+def run_points(mlflow, run_id: str) -> dict[str, dict[str, Any]] | None:
+    """label -> {coordinates, produced_by, metrics} of a tracked run's points; None when the
+    store has no such run."""
     from causalab.tracking import landing
     from causalab.tracking import runs as store
 
-    run = mlflow.get_run(run_id)
+    run = store.found_run(mlflow, run_id)
+    if run is None:
+        return None
     below = landing.stored_points(mlflow, run.info.experiment_id, run_id)
     found = {}
     for point in below or [run]:
@@ -161,9 +164,7 @@ def side(source: str, tracking_uri: str | None, where: str) -> dict[str, dict[st
     reach(uri, source_of())
     if not store_exists(uri):
         raise UsageError((where,), f"{source}: not a folder, and there is no store at {uri}")
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return run_points(client(uri), source)
-    except MlflowException:
-        raise UsageError((where,), f"{source}: no such folder or run in {uri}") from None
+    found = run_points(client(uri), source)
+    if found is None:
+        raise UsageError((where,), f"{source}: no such folder or run in {uri}")
+    return found

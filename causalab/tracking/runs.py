@@ -209,6 +209,17 @@ def status(mlflow: MlflowClient, run_id: str) -> str:
     return mlflow.get_run(run_id).info.status
 
 
+def found_run(mlflow: MlflowClient, run_id: str) -> Any:
+    """The run ``run_id`` of this store, or None when the store cannot give it (no such run,
+    or not a run id)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return mlflow.get_run(run_id)
+    except MlflowException:
+        return None
+
+
 def parent_of(mlflow: MlflowClient, run_id: str) -> str | None:
     return mlflow.get_run(run_id).data.tags.get(PARENT)
 

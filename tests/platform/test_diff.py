@@ -73,6 +73,19 @@ def test_the_text_report_names_each_moved_metric_on_its_own_line(folders, capsys
     assert any(line.startswith("heads=0  logit_diff/patch: ") for line in lines)
 
 
+
+def test_a_run_id_the_store_does_not_hold_is_one_line_naming_the_side(folders, tmp_path, capsys):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    MlflowClient(uri).search_experiments()  # a store, made by MLflow, without that run
+    capsys.readouterr()  # MLflow's own lines as it made the store
+    status = main(["diff", str(folders / "one"), "0123456789abcdef", "--tracking-uri", uri])
+    err = capsys.readouterr().err
+    assert status != 0
+    assert "0123456789abcdef: no such folder or run in" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+
 @pytest.mark.slow  # two tracked sweeps into a store; the folder tests above cover the comparison
 def test_two_tracked_runs_of_one_sweep_diff_by_their_parents(folders, tmp_path, capsys,
                                                              monkeypatch):
