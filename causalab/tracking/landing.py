@@ -55,10 +55,10 @@ def coordinates_of(run) -> dict[str, Any]:
 def table_rows(mlflow, run, name: str, step: str | None,
                local: Path | None = None) -> dict[str, float] | None:
     """example id -> value of the eligible rows of the table ``run`` saved for ``name`` at
-    ``step`` (None: no such table; the point's order is :func:`causalab.scores.summary.ranked`'s). A linked
-    point's files are on the run it reuses. ``local``: the folder this process uploaded the
-    run's files from, their stored sizes read back (the same bytes): read there, not
-    downloaded again."""
+    ``step`` (None: no such table; the point's order is
+    :func:`causalab.scores.summary.ranked`'s). A linked point's files are on the run it
+    reuses. ``local``: the folder this process uploaded the run's files from, their stored
+    sizes read back (the same bytes): read there, not downloaded again."""
     from mlflow.exceptions import MlflowException
 
     from causalab.progress import mlflow_bars
@@ -123,10 +123,10 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
                                                             seeds.line(across)])))
     log_bytes(mlflow, run_id, page.encode(), summary.TABLE)
     search = views.points_filter(run_id, [run.info.run_id for run in runs],
-                                   [run.data.tags.get(store.PARENT) for run in runs])
+                                 [run.data.tags.get(store.PARENT) for run in runs])
     view = views.view_state(points, swept, name=f"{parent.info.run_name or 'sweep'} "
-                                                  f"({len(points)} points)", created_ms=now,
-                              search=search)
+                                                f"({len(points)} points)", created_ms=now,
+                            search=search)
     mlflow.set_experiment_tag(experiment, f"{views.VIEW_TAG}{run_id}", view)
     return {"view": run_id, "points": len(points), "runs": [run.info.run_id for run in runs],
             "first": ranking.line(ranked) if ranked["first"] else None, "pictures": pictures}
@@ -139,7 +139,7 @@ def _judged(mlflow, run_id: str, runs: list, points: list, swept: list,
     (none: points without a store, ranked by their means)."""
     name, test, _ = summary.main_keys(points)
     ranked = ranking.rank(points, swept, [table_rows(mlflow, run, name, test,
-                                                             local.get(run.info.run_id))
+                                                     local.get(run.info.run_id))
                                           for run in runs])
     body, tags = ranking.record(ranked)
     log_bytes(mlflow, run_id, body, ranking.FILE)
@@ -161,13 +161,11 @@ def landed(mlflow, experiment: str, parent: str) -> dict | None:
 def newest_landed(mlflow, parent: str | None = None) -> tuple[str, str, list] | None:
     """(experiment id, parent id, point ids) of ``parent``, else of the newest parent
     :func:`land` gave a view in any experiment; None when there is none."""
-    from mlflow.exceptions import MlflowException
-
     if parent is not None:
-        try:
-            experiment = mlflow.get_run(parent).info.experiment_id
-        except MlflowException:  # no such run in this store
+        run = store.found_run(mlflow, parent)
+        if run is None:  # no such run in this store
             return None
+        experiment = run.info.experiment_id
         found = landed(mlflow, experiment, parent)
         return None if found is None else (experiment, parent, found["runs"])
     keyed = [(experiment.experiment_id, key[len(views.VIEW_TAG):])

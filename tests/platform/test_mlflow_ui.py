@@ -300,3 +300,17 @@ def test_the_compare_address_is_the_saved_view_s_chart_view():
                      "compare its points: http://h:1/#/experiments/3/runs?viewStateShareKey=p"
                      "&workflowType=machine_learning&compareRunsMode=CHART"]
     assert views.where("http://h:1", "3", "p", ["a"]) == lines[:1]
+
+
+def test_a_run_the_store_does_not_hold_is_refused_as_no_sweep_parent(tmp_path):
+    from mlflow import MlflowClient
+
+    from causalab.cli.ui import sweep_lines
+    from causalab.errors import UsageError
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    MlflowClient(uri).search_experiments()  # a store, made by MLflow, without that run
+    with pytest.raises(UsageError) as refused:
+        sweep_lines(uri, "http://127.0.0.1:1", run_id="0123456789abcdef")
+    assert refused.value.path == ("--run",)
+    assert "run 0123456789abcdef is no sweep parent" in refused.value.message
