@@ -25,8 +25,9 @@ if TYPE_CHECKING:  # annotations only: a rerun of done points imports no torch
     from causalab.engine.runner import Runner
 
 ENGINE = "StandardizedTransformer"  # what the engine loads a checkpoint as (run.json's engine)
-# The fidelity receipt's pass, as explain --traces names it.
-RECEIPT = "fidelity receipt (no write, against a plain transformers forward)"
+# The fidelity receipt's pass, as explain --traces names it (its trace's rows are the
+# receipt's own, numbered from 0: the label names the input's rows they are).
+RECEIPT = "fidelity receipt (no write, {rows} of '{role}', against a plain transformers forward)"
 
 
 def points_of(plan: Plan) -> list[Plan]:
@@ -103,8 +104,9 @@ def receipt(runner: Runner, point: Plan, dtype: str) -> dict | None:
     found = fidelity.receipt_pass(point, runner.config)
     if found is None:
         return None
-    with runner.at(RECEIPT):
-        result = pass_on(runner, found.pass_, None, rows=found.rows)
+    rows = ("row " if len(found.rows) == 1 else "rows ") + " and ".join(map(str, found.rows))
+    with runner.at(RECEIPT.format(rows=rows, role=found.role)):
+        result = pass_on(runner, found.pass_, None)
     return runner.receipt(found, result, dtype)
 
 

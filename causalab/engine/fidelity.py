@@ -1,12 +1,12 @@
 """The fidelity receipt: proof that the engine's no-op forward is the plain model.
 
 Before a run's points, the first pass of the first point is run through the engine again with
-its writes taken out (the model's final logits read at the last prompt token, on at most
-:data:`ROWS` rows) and compared with a plain ``transformers`` forward of the same rows (the
+its writes taken out (the model's final logits read at the last prompt token, on its least
+and its most padded row: :func:`receipt_rows`) and compared with a plain ``transformers`` forward of the same rows (the
 same ids, attention mask and position ids, on nnterp's underlying model). The largest
 absolute logit difference, the dtype and the library versions are the receipt
 (docs/platform.md §5 "Fidelity receipt"); a receipt above :data:`TOLERANCE` for the dtype
-refuses the run, naming it. One small batch, two forwards: cheap beside any step.
+refuses the run, naming it. Two rows, two forwards: a few milliseconds beside any step.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, NamedTuple
 
 from causalab.compile.addresses import resolve_address
-from causalab.compile.plan import Observe, Pass, Plan, PositionSpec
+from causalab.compile.plan import Observe, Pass, Plan, PositionSpec, PromptBatch
 from causalab.document.vocab import IDENTITY
 from causalab.errors import RunError
 from causalab.lazy import torch
@@ -27,7 +27,6 @@ if TYPE_CHECKING:  # annotations only: nnterp takes ~6 s to import
 
     from causalab.engine.assembly import PassResult
 
-ROWS = 8
 # The most a no-op forward may move a logit, by the model's dtype: fp32 leaves room for a
 # fused kernel's reordered sums (a built-in's receipt is 0 or ~1e-6), bf16 for one step of its
 # 8-bit mantissa at a logit of magnitude ~32.
@@ -63,12 +62,34 @@ def no_op_pass(pass_: Pass, config: PretrainedConfig) -> tuple[Pass, str, str]:
 
 
 class NoOp(NamedTuple):
-    """The receipt's pass, the read it takes, the input role it reads and its rows."""
+    """The receipt's pass (over its rows alone), the read it takes, the input role it reads
+    and its rows' places in that role's batch."""
 
     pass_: Pass
     name: str
     role: str
     rows: tuple[int, ...]
+
+
+def receipt_rows(batch: PromptBatch) -> tuple[int, ...]:
+    """The rows the receipt reads: the first with the least left padding and the first with
+    the most, so both an unpadded row and the mask and position ids of a padded one are
+    checked (one row when they are the same)."""
+    padding = [mask.count(0) for mask in batch.attention_mask]
+    return tuple(sorted({padding.index(min(padding)), padding.index(max(padding))}))
+
+
+def rows_of(pass_: Pass, role: str, rows: tuple[int, ...]) -> Pass:
+    """``pass_`` over ``rows`` of ``role`` alone: an un-intervened read fills every row of
+    its batch (for later points), and the receipt's must cost only its own."""
+    batch = pass_.inputs[role]
+    pick = lambda values: tuple(values[row] for row in rows)  # noqa: E731
+    batch = dataclasses.replace(
+        batch, prompts=pick(batch.prompts), input_ids=pick(batch.input_ids),
+        attention_mask=pick(batch.attention_mask),
+        anchors={name: pick(values) for name, values in batch.anchors.items()})
+    return dataclasses.replace(pass_, rows=len(rows), example_ids=pick(pass_.example_ids),
+                               inputs={role: batch})
 
 
 def receipt_pass(plan: Plan, config: PretrainedConfig) -> NoOp | None:
@@ -78,7 +99,8 @@ def receipt_pass(plan: Plan, config: PretrainedConfig) -> NoOp | None:
     if pass_ is None:
         return None
     no_op, name, role = no_op_pass(pass_, config)
-    return NoOp(no_op, name, role, tuple(range(min(ROWS, pass_.rows))))
+    rows = receipt_rows(no_op.inputs[role])
+    return NoOp(rows_of(no_op, role, rows), name, role, rows)
 
 
 def plain_logits(model: StandardizedTransformer, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -114,8 +136,8 @@ def check(model: StandardizedTransformer, found: NoOp, result: PassResult,
     engine = result.reads[found.name].reshape(len(rows), -1).float()
     batch = found.pass_.inputs[found.role]
     device = model._model.get_input_embeddings().weight.device
-    ids = torch.tensor([batch.input_ids[r] for r in rows], dtype=torch.long, device=device)
-    mask = torch.tensor([batch.attention_mask[r] for r in rows], dtype=torch.long, device=device)
+    ids = torch.tensor(batch.input_ids, dtype=torch.long, device=device)
+    mask = torch.tensor(batch.attention_mask, dtype=torch.long, device=device)
     plain = plain_logits(model, ids, mask).float().to(engine.device)
     found = float((engine - plain).abs().max())
     limit = TOLERANCE.get(dtype, TOLERANCE["bf16"])

@@ -168,6 +168,8 @@ def _need(need: Need) -> str:
 
 
 def _span(rows: tuple) -> str:
+    if len(rows) == 1:
+        return f"row {rows[0]}"
     if rows and rows == tuple(range(rows[0], rows[0] + len(rows))):
         return f"rows {rows[0]}-{rows[-1]}"
     shown = ", ".join(map(str, rows[:6]))
@@ -177,7 +179,8 @@ def _span(rows: tuple) -> str:
 def describe(job: TraceJob, *, rows: bool = True) -> str:
     """One line saying what ``job`` runs: rows (which ones too, with ``rows``), entry, head,
     where it stops, taps."""
-    count = f"{len(job.rows)} rows" if job.copies == 1 else f"{job.copies} x {len(job.rows)} rows"
+    count = f"{len(job.rows)} row{'s' if len(job.rows) != 1 else ''}"
+    count = count if job.copies == 1 else f"{job.copies} x {count}"
     width = 1 if job.tail or (job.step or 0) > 0 else job.batch.tokens
     span = f" ({_span(job.rows)})" if rows else ""
     parts = [f"{job.kind} on '{job.batch.role}' {count}{span} x {width} tokens"]
