@@ -390,8 +390,6 @@ class TrackingEvents(StoreWrites, Events):
             self.close(stop)
             raise
 
-    # --- helpers ----------------------------------------------------------------------------
-
     def _drop_claims(self) -> None:
         """Withdraw the claims on points this run never started: nothing of them was made."""
         for run_id in self._claimed.values():

@@ -7,9 +7,12 @@ folder, ``rerun`` so no point is skipped) alternate in this process after a warm
 every sample shown. A tracked run's time is until everything is stored (``run_document``
 returns, then ``events.wait()``). What tracking adds (tracked minus untracked, medians) is
 set against a bare ``MlflowClient`` writing the same runs and files in the same process, as
-a hand-written script would: per point a run, one ``log_batch`` of its params and numbers,
-each file its folder holds, its end; the parent's document, record and sweep plot. The bare
-client writes each point as it ends, inside an untracked run, and its cost is that run over
+a hand-written script would: per point a run with the tags the tracked one got, one
+``log_batch`` of its params and numbers, each of its files, its end; the parent with its
+params, numbers, tags and files (its sweep plot drawn again) and the experiment's saved
+view, all as the tracked sweep stored them (read from its store after a warm-up). What
+tracking adds over it is its guarantees: claims, the read-back before FINISHED, the
+ranking read from the points' tables. The bare client writes each point as it ends, inside an untracked run, and its cost is that run over
 the untracked one: tracking's cost is measured the same way, between the model's forwards
 (target: tracking until stored ≤ 1.2× the bare client). The same writes back to back after
 a run are shown beside it. Then what a user waits for: the same sweep as
@@ -34,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 # Every store here is the bench's own, in a temporary folder: a tracking URI set for the
 # user's work would otherwise take the tracked runs (it wins over a configured one).
@@ -41,9 +45,14 @@ os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("CAUSALAB_QUIET", "1")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+from mlflow.entities import Metric, Param  # noqa: E402
+
+from causalab.tracking.views import VIEW_TAG  # noqa: E402
 
 
 def _medium_model(folder: Path) -> str:
@@ -117,8 +126,37 @@ def _once(document: dict, out: str, uri: str | None, data_root: str) -> tuple[fl
     return returned, time.perf_counter() - start
 
 
-def _stored_points(uri: str) -> list[tuple[str, dict, dict]]:
-    """``(label, params, metrics)`` of the newest tracked sweep's points, from its store."""
+class _Stored(NamedTuple):
+    """One run as the tracked sweep stored it: what a bare client writes again."""
+
+    params: dict
+    metrics: dict
+    tags: dict
+    files: dict  # artifact path -> bytes
+
+
+# Tags MLflow sets itself, or that name another run: the bare client's runs get their own.
+_OWN_TAGS = ("mlflow.parentRunId", "mlflow.user", "mlflow.source.name", "mlflow.source.type",
+             "mlflow.source.git.commit")
+
+
+def _stored(client, run) -> _Stored:
+    files: dict = {}
+    folders: list = [None]
+    while folders:
+        for info in client.list_artifacts(run.info.run_id, folders.pop()):
+            if info.is_dir:
+                folders.append(info.path)
+            else:
+                local = client.download_artifacts(run.info.run_id, info.path)
+                files[info.path] = Path(local).read_bytes()
+    tags = {k: v for k, v in run.data.tags.items() if k not in _OWN_TAGS}
+    return _Stored(dict(run.data.params), dict(run.data.metrics), tags, files)
+
+
+def _stored_sweep(uri: str) -> dict:
+    """The newest tracked sweep as stored: ``{"points": {label: _Stored}, "parent":
+    _Stored, "view": its saved view}``."""
     from mlflow import MlflowClient
 
     client = MlflowClient(uri)
@@ -127,52 +165,71 @@ def _stored_points(uri: str) -> list[tuple[str, dict, dict]]:
                                 order_by=["attributes.start_time DESC"], max_results=1)[0]
     runs = client.search_runs([experiment],
                               f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-    return [(run.data.tags["causalab.point"], dict(run.data.params), dict(run.data.metrics))
-            for run in sorted(runs, key=lambda run: run.data.tags["causalab.point"])]
+    view = client.get_experiment(experiment).tags[f"{VIEW_TAG}{parent.info.run_id}"]
+    return {"points": {run.data.tags["causalab.point"]: _stored(client, run)
+                       for run in sorted(runs, key=lambda run: run.data.tags["causalab.point"])},
+            "parent": _stored(client, parent), "view": view}
 
 
 class _Bare:
-    """A bare MLflow client writing the same runs with the same content, as a hand-written
-    script would: per point a run, one ``log_batch`` of its params and numbers, each file its
-    folder holds, its end; then the parent's document and record and the sweep's plot, drawn
-    with matplotlib (causalab's plot function, the same picture). ``same``: each point's
-    ``(label, params, metrics)`` as the tracked run stored them."""
+    """A bare MLflow client writing the same runs and files as the tracked sweep stored,
+    as a hand-written script would: per point a run with the same tags, one ``log_batch``
+    of its params and numbers, each of its files, its end; then the parent with its params,
+    numbers, tags and files (the sweep's plot drawn with matplotlib, causalab's plot
+    function, the same picture) and the experiment's saved view. ``same``: the sweep as
+    :func:`_stored_sweep` read it. No read-back, no claims: what tracking adds is those."""
 
-    def __init__(self, client, experiment_id: str, out: Path, same: list, title: str):
+    def __init__(self, client, experiment_id: str, out: Path, same: dict, title: str):
         self.client, self.experiment_id, self.out, self.title = client, experiment_id, out, title
-        self.same = {label: (params, metrics) for label, params, metrics in same}
+        self.same = same
         self.parent: str | None = None
         self.drawn: list = []
 
     def start(self) -> None:
-        self.parent = self.client.create_run(self.experiment_id,
-                                             tags={"causalab.kind": "sweep"}).info.run_id
+        parent = self.same["parent"]
+        self.parent = self.client.create_run(self.experiment_id, tags=parent.tags).info.run_id
+        self.client.log_batch(self.parent, params=[Param(k, v) for k, v in parent.params.items()])
+
+    def _files(self, run_id: str, files: dict, folder: Path) -> None:
+        """Each of ``files`` logged from where the run wrote it (``folder``, else the run's
+        own folder: ``run.json``), else from its stored bytes written out (the parent's
+        ranking and table, the plot drawn here)."""
+        with tempfile.TemporaryDirectory() as spare:
+            for path, body in files.items():
+                local = next((place for place in (folder / path, self.out / path)
+                              if place.is_file()), None)
+                if local is None:
+                    local = Path(spare, path)
+                    local.parent.mkdir(parents=True, exist_ok=True)
+                    local.write_bytes(body)
+                inside = str(Path(path).parent)
+                self.client.log_artifact(run_id, str(local), None if inside == "." else inside)
 
     def point(self, label: str) -> None:
-        from mlflow.entities import Metric, Param
-
-        params, metrics = self.same[label]
+        stored = self.same["points"][label]
         run = self.client.create_run(self.experiment_id, tags={
-            "mlflow.parentRunId": self.parent, "causalab.point": label}).info.run_id
+            **stored.tags, "mlflow.parentRunId": self.parent}).info.run_id
         now = int(time.time() * 1000)
-        self.client.log_batch(run, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()],
-                              params=[Param(k, v) for k, v in params.items()])
-        for path in sorted((self.out / label).iterdir()):
-            if path.is_file():
-                self.client.log_artifact(run, str(path))
+        self.client.log_batch(run, metrics=[Metric(k, v, now, 0)
+                                            for k, v in stored.metrics.items()],
+                              params=[Param(k, v) for k, v in stored.params.items()])
+        self._files(run, stored.files, self.out / label)
         self.client.set_terminated(run, "FINISHED")
-        self.drawn.append(({k: json.loads(v) for k, v in params.items() if k in ("layer", "pos")},
-                           metrics))
+        self.drawn.append(({k: json.loads(v) for k, v in stored.params.items()
+                            if k in ("layer", "pos")}, stored.metrics))
 
     def end(self) -> None:
         from causalab.plots import curves as plots
 
-        for name in ("document.json", "run.json"):
-            self.client.log_artifact(self.parent, str(self.out / name))
-        for name, png in plots.sweep_plots(self.drawn, title=self.title).items():
-            picture = self.out.parent / f"{self.out.name}-{Path(name).name}"
-            picture.write_bytes(png)
-            self.client.log_artifact(self.parent, str(picture), "plots")
+        parent = self.same["parent"]
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.parent, metrics=[Metric(k, v, now, 0)
+                                                    for k, v in parent.metrics.items()])
+        drawn = plots.sweep_plots(self.drawn, title=self.title)
+        self._files(self.parent, {path: body for path, body in parent.files.items()
+                                  if path not in drawn} | drawn, self.out)
+        self.client.set_experiment_tag(self.experiment_id, f"{VIEW_TAG}{self.parent}",
+                                       self.same["view"])
         self.client.set_terminated(self.parent, "FINISHED")
 
 
@@ -180,7 +237,7 @@ def _bare_after(bare: _Bare) -> float:
     """The bare client's writes back to back, after an untracked run wrote ``bare.out``."""
     start = time.perf_counter()
     bare.start()
-    for label in bare.same:
+    for label in bare.same["points"]:
         bare.point(label)
     bare.end()
     return time.perf_counter() - start
@@ -223,7 +280,7 @@ def _ratio(label: str, document: dict, data_root: str, samples: int, tmp: str,
     _once(document, f"{tmp}/{label}-warm-u", None, data_root)
     _once(document, f"{tmp}/{label}-warm-t", uri, data_root)
     if client is not None:
-        same = _stored_points(uri)
+        same = _stored_sweep(uri)
         _bare_after(_Bare(client, bare_id, Path(f"{tmp}/{label}-warm-u"), same, label))
         _bare_during(document, _Bare(client, bare_id, Path(f"{tmp}/{label}-warm-b"), same,
                                      label), data_root)
