@@ -2,11 +2,11 @@
 
 Before a run's points, the first pass of the first point is run through the engine again with
 its writes taken out (the model's final logits read at the last prompt token, on its least
-and its most padded row: :func:`receipt_rows`) and compared with a plain ``transformers`` forward of the same rows (the
-same ids, attention mask and position ids, on nnterp's underlying model). The largest
-absolute logit difference, the dtype and the library versions are the receipt
-(docs/platform.md §5 "Fidelity receipt"); a receipt above :data:`TOLERANCE` for the dtype
-refuses the run, naming it. Two rows, two forwards: a few milliseconds beside any step.
+and its most padded row: :func:`receipt_rows`) and compared with a plain ``transformers``
+forward of the same rows (the same ids, attention mask and position ids, on nnterp's
+underlying model). The largest absolute logit difference, the dtype and the library
+versions are the receipt (docs/platform.md §5 "Fidelity receipt"); a receipt above
+:data:`TOLERANCE` for the dtype refuses the run, naming it. Two rows, two forwards: a few milliseconds beside any step.
 """
 from __future__ import annotations
 
@@ -82,8 +82,10 @@ def receipt_rows(batch: PromptBatch) -> tuple[int, ...]:
 def rows_of(pass_: Pass, role: str, rows: tuple[int, ...]) -> Pass:
     """``pass_`` over ``rows`` of ``role`` alone: an un-intervened read fills every row of
     its batch (for later points), and the receipt's must cost only its own."""
+    def pick(values: tuple) -> tuple:
+        return tuple(values[row] for row in rows)
+
     batch = pass_.inputs[role]
-    pick = lambda values: tuple(values[row] for row in rows)  # noqa: E731
     batch = dataclasses.replace(
         batch, prompts=pick(batch.prompts), input_ids=pick(batch.input_ids),
         attention_mask=pick(batch.attention_mask),

@@ -12,11 +12,11 @@ a hand-written script would: per point a run with the tags the tracked one got, 
 params, numbers, tags and files (its sweep plot drawn again) and the experiment's saved
 view, all as the tracked sweep stored them (read from its store after a warm-up). What
 tracking adds over it is its guarantees: claims, the read-back before FINISHED, the
-ranking read from the points' tables. The bare client writes each point as it ends, inside an untracked run, and its cost is that run over
-the untracked one: tracking's cost is measured the same way, between the model's forwards
-(target: tracking until stored ≤ 1.2× the bare client). The same writes back to back after
-a run are shown beside it. Then what a user waits for: the same sweep as
-fresh ``causalab run`` processes, tracked and not, beside a fresh process that only imports
+ranking read from the points' tables. The bare client writes each point as it ends, inside
+an untracked run, and its cost is that run over the untracked one: tracking's cost is
+measured the same way, between the model's forwards (target: tracking until stored ≤ 1.2×
+the bare client). The same writes back to back after a run are shown beside it. Then what a
+user waits for: the same sweep as fresh ``causalab run`` processes, tracked and not, beside a fresh process that only imports
 MLflow and opens the store (``--cli-samples``, 0 leaves it out). Then a real size:
 SmolLM2's 30-layer END residual sweep over 120 IOI rows (``scripts/bench/smollm2.py``'s
 document), where tracking until stored is given as a share of the untracked wall (target
