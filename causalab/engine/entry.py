@@ -99,13 +99,13 @@ def receipt(runner: Runner, point: Plan, dtype: str) -> dict | None:
     """The fidelity receipt (``causalab.engine.fidelity``): its no-op pass walked through
     ``runner`` on a state of its own, then checked by it; None without an observed metric."""
     from causalab.engine import fidelity
+    from causalab.engine.trace_jobs import span
     from causalab.engine.walk import pass_on
 
     found = fidelity.receipt_pass(point, runner.config)
     if found is None:
         return None
-    rows = ("row " if len(found.rows) == 1 else "rows ") + " and ".join(map(str, found.rows))
-    with runner.at(RECEIPT.format(rows=rows, role=found.role)):
+    with runner.at(RECEIPT.format(rows=span(found.rows), role=found.role)):
         result = pass_on(runner, found.pass_, None)
     return runner.receipt(found, result, dtype)
 

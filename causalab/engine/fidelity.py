@@ -6,7 +6,8 @@ and its most padded row: :func:`receipt_rows`) and compared with a plain ``trans
 forward of the same rows (the same ids, attention mask and position ids, on nnterp's
 underlying model). The largest absolute logit difference, the dtype and the library
 versions are the receipt (docs/platform.md §5 "Fidelity receipt"); a receipt above
-:data:`TOLERANCE` for the dtype refuses the run, naming it. Two rows, two forwards: a few milliseconds beside any step.
+:data:`TOLERANCE` for the dtype refuses the run, naming it. Two rows at most, two forwards:
+a few milliseconds beside any step.
 """
 from __future__ import annotations
 

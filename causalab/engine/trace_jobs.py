@@ -167,7 +167,8 @@ def _need(need: Need) -> str:
     return f"block {need} output" if isinstance(need, int) else f"block {need[0]} {need[1]}"
 
 
-def _span(rows: tuple) -> str:
+def span(rows: tuple) -> str:
+    """``rows`` in words: ``row 3``, ``rows 0-41``, ``rows 0, 5``."""
     if len(rows) == 1:
         return f"row {rows[0]}"
     if rows and rows == tuple(range(rows[0], rows[0] + len(rows))):
@@ -182,8 +183,8 @@ def describe(job: TraceJob, *, rows: bool = True) -> str:
     count = f"{len(job.rows)} row{'s' if len(job.rows) != 1 else ''}"
     count = count if job.copies == 1 else f"{job.copies} x {count}"
     width = 1 if job.tail or (job.step or 0) > 0 else job.batch.tokens
-    span = f" ({_span(job.rows)})" if rows else ""
-    parts = [f"{job.kind} on '{job.batch.role}' {count}{span} x {width} tokens"]
+    which = f" ({span(job.rows)})" if rows else ""
+    parts = [f"{job.kind} on '{job.batch.role}' {count}{which} x {width} tokens"]
     if job.step is not None:
         parts.append(f"step {job.step}")
     if job.resume is not None:
