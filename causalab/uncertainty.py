@@ -11,6 +11,7 @@ knows a model or a store.
 """
 from __future__ import annotations
 
+import functools
 from typing import Mapping, Sequence
 
 import numpy
@@ -22,13 +23,25 @@ LEVEL = 0.95
 # over their shared rows) reaches this; below it both ways, the two are tied.
 BEATS = 0.95
 _CHUNK = 4_000_000  # index entries drawn at once, so a big table stays in a few tens of MB
+_KEPT = 256_000  # index entries of a table small enough to keep its draws (2 MB each)
+
+
+@functools.lru_cache(maxsize=16)
+def _drawn(n: int) -> numpy.ndarray:
+    """The resampled rows of an ``n``-row table, drawn once a process: seeded, so every
+    draw is the same, and a sweep scores hundreds of tables of one size."""
+    index = numpy.random.default_rng(SEED).integers(0, n, size=(RESAMPLES, n))
+    index.flags.writeable = False
+    return index
 
 
 def _resampled_means(columns: numpy.ndarray) -> numpy.ndarray:
     """``(RESAMPLES, k)``: each resample's mean of each of ``columns``' ``k`` columns, over the
     same resampled rows (``columns`` is ``(n, k)``)."""
-    rng = numpy.random.default_rng(SEED)
     n, k = columns.shape
+    if RESAMPLES * n <= _KEPT:
+        return columns[_drawn(n)].mean(axis=1)
+    rng = numpy.random.default_rng(SEED)
     step = max(1, _CHUNK // max(n * k, 1))
     means = []
     for start in range(0, RESAMPLES, step):

@@ -56,3 +56,30 @@ def test_a_receipt_over_its_tolerance_refuses_the_run_naming_it(tiny, kit, tmp_p
     monkeypatch.setitem(fidelity.TOLERANCE, "fp32", -1.0)  # any difference, even 0, is over
     with pytest.raises(RunError, match="fidelity receipt 0: .* than -1, the tolerance for fp32"):
         entry.receipt(TraceRunner(load_model(plan.model)), plan, "fp32")
+
+
+def test_the_plain_side_is_kept_per_weights_state_and_rows(tiny, kit, tmp_path, monkeypatch):
+    """A rerun on the same weights and rows reuses the plain forward; a weight written in
+    place meanwhile is a new state, seen by both sides (a kept plain forward would put the
+    receipt far over its tolerance)."""
+    resolved = tiny("tiny-llama")
+    data_root = kit.write_table(tmp_path, "pairs", kit.pair_rows())
+    plan = causalab.compile.compile_document(kit.patching_document(resolved), data_root=data_root)
+    model = load_model(plan.model)
+    calls = []
+    plain = fidelity.plain_logits
+    monkeypatch.setattr(fidelity, "plain_logits", lambda *args: calls.append(1) or plain(*args))
+    monkeypatch.setattr(fidelity, "_PLAIN", type(fidelity._PLAIN)())
+    for _ in range(2):
+        assert entry.receipt(TraceRunner(model), plan, "fp32")["max_abs_dlogit"] <= FP32
+    assert len(calls) == 1
+    weight = model._model.get_output_embeddings().weight
+    kept = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.mul_(2.0)
+        assert entry.receipt(TraceRunner(model), plan, "fp32")["max_abs_dlogit"] <= FP32
+        assert len(calls) == 2
+    finally:
+        with torch.no_grad():
+            weight.copy_(kept)
