@@ -1,30 +1,14 @@
 """``TrackingEvents``: the engine's progress events, logged to MLflow one run per point.
 
-A swept document gets a parent run and one child per point (``mlflow.parentRunId``); inside
-a Hydra multirun the job's runs nest under the multirun's parent instead of standing alone.
-A point whose digest already has a FINISHED run in the experiment is skipped (resume) unless
-``rerun``; under a parent it is linked there (:mod:`causalab.tracking.links`), so the parent
-shows every point it asked for. Every MLflow call runs in the run's own process, through one
-``MlflowClient`` (:meth:`TrackingEvents.call`): the run's side (events in, numbers buffered
-per point in :class:`~causalab.tracking.points.PointRun`) is here, the calls themselves in
-:mod:`causalab.tracking.writes`. When a point ends its files go, then its numbers in
-one ``log_batch``; all are read back before it is marked FINISHED
-(:mod:`causalab.tracking.stored`). A point that raises ends FAILED with the
-error as the ``causalab.error`` tag; an interrupt ends it KILLED, after what it wrote is
-uploaded. Never touches MLflow's fluent active-run stack.
-
-A call that fails does not stop the ones after it (a run's end still reaches the store):
-``wait`` (or leaving a ``with`` block) raises the first failure. The store is opened at the
-run's first call, after its ``--out`` is claimed (a refused run touches no store). A store
-that stops answering (MLflow's deadlines ran out, ``reach.DEADLINES``) is one refusal: every
-later call fails at once and the run stops at its next point, its files kept in ``out``.
-After an interrupt the run waits for its KILLED ends only while the store answers
-(``STALL_S``); a run killed outright leaves its runs RUNNING to the next run of its document,
-which ends them (:mod:`causalab.tracking.owners`).
+The events come in above (a point's numbers buffered in
+:class:`~causalab.tracking.points.PointRun`), the store calls they make below, each through
+:meth:`TrackingEvents.call`. What is stored, when a point is skipped, claimed or ended, and
+what a store that stops answering does to a run: docs/platform.md §5.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -33,43 +17,25 @@ from typing import Any, Mapping
 
 from causalab.engine.events import Events
 from causalab.errors import CausalabError, Path as JsonPath, TrackingError, UsageError, reason
-from causalab.files import RUN_RECORD
+from causalab.files import DOCUMENT, HYDRA_CONFIG, RUN_RECORD
 from causalab.plots import curves as plots
 from causalab.scores import naming
-from causalab.tracking import artifacts, claims, owners, pictures, stored
+from causalab.tracking import artifacts, claims, landing, links, owners, pictures, stored
 from causalab.tracking import points as facts
 from causalab.tracking import runs as store
 from causalab.tracking.points import PointRun
 from causalab.tracking.reach import StoreRefused, reach, said_once, source_of, translated
-from causalab.tracking.writes import StoreWrites
 
 # After an interrupt the run waits for its KILLED ends only while a call ends at least this
-# often: a store that stopped answering would hold it for MLflow's deadlines (a later run
-# ends what it left open).
+# often: a store that stopped answering would hold it for MLflow's deadlines.
 STALL_S = 1.5
 
 
-class Calls:
-    """A run's MLflow calls, run as they are sent; the first failure is kept for ``wait``
-    (the calls after it still run: a run's end still reaches the store)."""
-
-    def __init__(self) -> None:
-        self.failed: list[Exception] = []
-
-    def send(self, call: Any, *args: Any, **kwargs: Any) -> None:
-        """Run ``call(*args, **kwargs)`` now."""
-        try:
-            call(*args, **kwargs)
-        except Exception as error:
-            self.failed.append(error)
-
-    def raise_first(self) -> None:
-        failed, self.failed = self.failed, []
-        if failed:
-            raise failed[0]
+class IncompleteStore(RuntimeError):
+    """What a point's run lacks in the store; it ends FAILED with this as its reason."""
 
 
-class TrackingEvents(StoreWrites, Events):
+class TrackingEvents(Events):
     """Log a run of a document to MLflow (docs/platform.md §5).
 
     ``tracking_uri``: MLFLOW_TRACKING_URI wins, then this, then ./mlflow.db. ``experiment``:
@@ -88,8 +54,6 @@ class TrackingEvents(StoreWrites, Events):
                  parent_run_id: str | None = None, run_name: str | None = None,
                  job_params: Mapping[str, Any] | None = None, argv: list[str] | None = None,
                  uri_option: JsonPath | None = None):
-        import os
-
         self.out = out or facts.out_from_argv(argv) or ("out" if argv is not None else None)
         if self.out is None:
             raise UsageError(("out",), "TrackingEvents needs out=<the folder run_document "
@@ -113,7 +77,7 @@ class TrackingEvents(StoreWrites, Events):
         self.linked: dict[str, str] = {}
         self.failed: list[str] = []
         self._experiment_id: str | None = None
-        self.lane = Calls()
+        self._failures: list[Exception] = []  # the calls that failed, for ``wait``
         self._client: Any = None
         self._swept = False
         self._done_runs: dict[str, str] = {}
@@ -135,9 +99,8 @@ class TrackingEvents(StoreWrites, Events):
     # --- connection -------------------------------------------------------------------------
 
     def call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
-        """``function(client, *args, **kwargs)`` with this run's store (opened at the first
-        call). Once the store stopped answering a call (MLflow's deadlines ran out), every
-        later call is refused at once with that line."""
+        """``function(client, *args, **kwargs)`` with this run's store, opened at the first
+        call. Once the store stopped answering, every later call is refused at once."""
         self._check()
         try:
             if self._client is None:
@@ -152,9 +115,7 @@ class TrackingEvents(StoreWrites, Events):
                 raise
             if isinstance(found, StoreRefused):  # named where the store came from
                 raise TrackingError(source_of(self.uri_option), found.message) from None
-            self._unanswered = TrackingError(source_of(self.uri_option), (
-                f"{found.message}; the run's files are in {self.out}, and a rerun stores "
-                "the points this one could not"))
+            self._unanswered = self._lost(found.message)
         finally:
             self._answered = time.monotonic()
         self._check()
@@ -170,23 +131,34 @@ class TrackingEvents(StoreWrites, Events):
             self._experiment_id = self.call(store.experiment_id, self.experiment, self.uri)
         return self._experiment_id
 
-    def wait(self) -> None:
-        """Raise the first of this run's MLflow calls that failed, as one line. Every call has
-        run by the time it returns (a point's numbers were waited for at its end), so after
-        it the run can be read back from the store."""
+    def send(self, call: Any, *args: Any, **kwargs: Any) -> None:
+        """``call(*args, **kwargs)`` now; a failure is kept for :meth:`wait` and the calls after
+        it still run (a run's end still reaches the store)."""
         try:
-            self.lane.raise_first()
-        except StoreRefused as error:
-            raise TrackingError(source_of(self.uri_option), (
-                f"{error.message}; the run's files are in {self.out}, and a rerun "
-                "stores what this one could not")) from None
-        except CausalabError:
-            raise
-        except Exception as error:  # any other failure of the store, still one line
-            raise TrackingError(source_of(self.uri_option), (
-                f"the tracking store at {self.uri} failed: {reason(error)}; the run's "
-                f"files are in {self.out}, and a rerun stores what this one could not")
-            ) from None
+            call(*args, **kwargs)
+        except Exception as error:
+            self._failures.append(error)
+
+    def wait(self) -> None:
+        """Raise the first of this run's calls that failed, as one line. Every call has run
+        by then, so after it the run can be read back from the store."""
+        failed, self._failures = self._failures, []
+        if not failed:
+            return
+        error = failed[0]
+        if isinstance(error, StoreRefused):
+            why = error.message
+        elif isinstance(error, CausalabError):
+            raise error
+        else:  # any other failure of the store, still one line
+            why = f"the tracking store at {self.uri} failed: {reason(error)}"
+        raise self._lost(why) from None
+
+    def _lost(self, why: str) -> TrackingError:
+        """``why`` the store has not all of the run, at the option that named the store."""
+        return TrackingError(source_of(self.uri_option), (
+            f"{why}; the run's files are in {self.out}, and a rerun stores what this one "
+            "could not"))
 
     def _tags(self, kind: str, point: Any = None) -> dict[str, str]:
         tags = {store.KIND: kind, store.VERSION: store.code_version(), **owners.owner_tags()}
@@ -224,9 +196,9 @@ class TrackingEvents(StoreWrites, Events):
             self._claimed, self._taken = found.mine, found.taken
         sweep = digest(document) if self._swept else None
         # What a killed earlier run of this document left RUNNING ends KILLED first.
-        self.lane.send(lambda: self.call(owners.reap, self.experiment_id, digests, sweep))
+        self.send(lambda: self.call(owners.reap, self.experiment_id, digests, sweep))
         if self._swept:
-            self.lane.send(self._open_sweep, sweep, first,
+            self.send(self._open_sweep, sweep, first,
                            facts.shared_params(points, self.job_params))
 
     def point_start(self, point: Any) -> bool:
@@ -235,7 +207,7 @@ class TrackingEvents(StoreWrites, Events):
         found = self._done_runs.get(getattr(point, "digest", None))
         if found:
             self.skipped[label] = found
-            self.lane.send(self._reuse, point, label, found)
+            self.send(self._reuse, point, label, found)
             return False
         holder = self._taken.get(getattr(point, "digest", None))
         if holder:  # a live run elsewhere computes it now (tracking/claims.py)
@@ -253,7 +225,7 @@ class TrackingEvents(StoreWrites, Events):
         run.params = naming.point_params(getattr(point, "document", None), coordinates,
                                          self.job_params)
         self._open[id(point)] = run
-        self.lane.send(self._create, run, claim.name, claim.tags)
+        self.send(self._create, run, claim.name, claim.tags)
         return True
 
     def _claim_of(self, point: Any) -> claims.Claim:
@@ -281,10 +253,7 @@ class TrackingEvents(StoreWrites, Events):
             run.interval(step, name, low, high)
 
     def receipt(self, found: dict | None) -> None:
-        if found is not None:
-            self.lane.send(self._log_receipt, found)
-        else:
-            self.lane.send(self._send_sweep_params)
+        self.send(self._log_receipt, found)
 
     def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
         run = self._open.get(id(point))
@@ -313,27 +282,27 @@ class TrackingEvents(StoreWrites, Events):
         run.whole = error is None and bool(getattr(point, "directory", ""))
         if run.whole:
             run.folder = str(Path(self.out) / point.directory)
-        self.lane.send(self._upload, run, files)
+        self.send(self._upload, run, files)
         pictures.send_grids(self, run, point)
         self._done.append((dict(getattr(point, "coordinates", None) or {}), dict(run.means)))
         if error is not None:
-            self.lane.send(self._end_point, run, error)
+            self.send(self._end_point, run, error)
             if self._swept:
-                self.lane.send(self._end_sweep, error)
+                self.send(self._end_sweep, error)
         elif not getattr(point, "directory", ""):
             self._deferred = run
         else:
-            self.lane.send(self._end_point, run, None)
+            self.send(self._end_point, run, None)
 
     def run_end(self, written: list[str]) -> None:
         record = [(p, RUN_RECORD) for p in written if Path(p).name == RUN_RECORD][:1]
         record = [f for f in record if Path(f[0]).is_file()]
         if self._deferred is not None:
             run, self._deferred = self._deferred, None
-            self.lane.send(self._end_point, run, None)
+            self.send(self._end_point, run, None)
         self._drop_claims()
         if self._swept:
-            self.lane.send(self._finish_sweep, written, record)
+            self.send(self._finish_sweep, written, record)
 
     def resolve(self, uri: str) -> str:
         """A ``runs:/<run_id>/<path>`` bundle downloaded from this listener's tracking URI."""
@@ -342,9 +311,8 @@ class TrackingEvents(StoreWrites, Events):
     def close(self, error: BaseException | None = None) -> None:
         """End whatever is still open: KILLED on an interrupt, FAILED on any other error.
 
-        What was already sent (files of points that ended) is uploaded first. After an
-        interrupt the ends run beside the caller, which waits for them only while calls keep
-        ending (``STALL_S``): a store that stopped answering must not hold a stopped run.
+        After an interrupt the ends run beside the caller, which waits for them only while
+        calls keep ending (``STALL_S``): a store that stopped answering must not hold a run.
         """
         error = error or RuntimeError("the run stopped before its end")
         if not isinstance(error, KeyboardInterrupt):
@@ -359,20 +327,20 @@ class TrackingEvents(StoreWrites, Events):
 
     def _close(self, error: BaseException) -> None:
         for run, files in self._stopped:
-            self.lane.send(self._upload, run, files)
-            self.lane.send(self._end_point, run, error)
+            self.send(self._upload, run, files)
+            self.send(self._end_point, run, error)
         self._stopped = []
         for run in list(self._open.values()):
-            self.lane.send(self._upload, run, [])
-            self.lane.send(self._end_point, run, error)
+            self.send(self._upload, run, [])
+            self.send(self._end_point, run, error)
         self._open.clear()
         if self._deferred is not None:
-            self.lane.send(self._end_point, self._deferred, error)
+            self.send(self._end_point, self._deferred, error)
             self._deferred = None
         self._drop_claims()
         if self._swept:
-            self.lane.send(self._end_sweep, error, True)
-        self.lane.failed.clear()  # the run's own error is the one to report
+            self.send(self._end_sweep, error, True)
+        self._failures.clear()  # the run's own error is the one to report
 
     def __enter__(self) -> "TrackingEvents":
         """Reach the store now, in seconds, before the run compiles or loads a model; it is
@@ -393,8 +361,183 @@ class TrackingEvents(StoreWrites, Events):
     def _drop_claims(self) -> None:
         """Withdraw the claims on points this run never started: nothing of them was made."""
         for run_id in self._claimed.values():
-            self.lane.send(lambda run_id=run_id: self.call(store.withdraw, run_id))
+            self.send(lambda run_id=run_id: self.call(store.withdraw, run_id))
         self._claimed = {}
 
     def _label(self, point: Any) -> str:
         return getattr(point, "name", "") if self._swept else ""
+
+    # --- the store's side -------------------------------------------------------------------
+
+    def _open_sweep(self, sweep: str, first: Any, params: dict[str, str]) -> None:
+        """The sweep's parent: a new run, or the killed or failed one a rerun reattaches to."""
+        reattach = None if self.rerun or self.parent_run_id else self.call(
+            owners.resumable_sweep, self.experiment_id, sweep)
+        if reattach:  # the remaining points join the parent of the sweep they belong to
+            self.call(owners.reopen, reattach, owners.owner_tags())
+            self.sweep_run_id, self._reattached = reattach, True
+            return
+        tags = self._tags("sweep", first)
+        tags[store.SWEEP] = sweep
+        self.sweep_run_id = self.call(store.create_run, self.experiment_id,
+                                      self.run_name or "sweep", tags, self.parent_run_id)
+        self._sweep_params = params  # sent with the receipt, once the model is in
+        self._log_config(self.sweep_run_id)
+
+    def _send_sweep_params(self, tags: dict[str, str] | None = None) -> None:
+        """The parent's params not sent yet, with ``tags`` (the receipt), in one request."""
+        params, self._sweep_params = self._sweep_params, {}
+        if self.sweep_run_id is not None and (params or tags):
+            self.call(store.log_batch, self.sweep_run_id, params=params, tags=tags)
+
+    def _create(self, run: PointRun, name: str, tags: dict) -> None:
+        """The point's run: the claim made at the run's start, nested now, or a new one."""
+        parent = self.sweep_run_id or self.parent_run_id
+        if run.run_id is None:
+            run.run_id = self.call(store.create_run, self.experiment_id, name, tags, parent)
+        else:  # the claim made at the run's start, started and nested now (params with it)
+            params = {} if run.finished else run.params
+            tags = {store.CLAIM: "started", **({store.PARENT: parent} if parent else {})}
+            self.call(store.log_batch, run.run_id, tags=tags, params=params)
+            if params:
+                run.params = {}
+        # A new run's params go with its numbers when it ends, in one request; what it is
+        # (its coordinates, digest, inputs) is in its tags from its creation, so a run whose
+        # process dies still says so.
+        self.point_runs[run.label] = run.run_id
+
+    def _reuse(self, point: Any, label: str, found: str) -> None:
+        """Link a done point into this parent now (a multirun job), or at the sweep's end; a
+        point already under this parent (a sweep reattached after a kill) needs no link."""
+        parent = self.sweep_run_id or self.parent_run_id
+        if parent is None or self.call(
+                lambda mlflow: mlflow.get_run(found).data.tags.get(store.PARENT)) == parent:
+            return
+        if self.parent_run_id is not None:
+            self._link(point, label, found)
+        elif self.sweep_run_id is not None:
+            self._reused.append((point, label, found))
+
+    def _link(self, point: Any, label: str, found: str) -> None:
+        parent = self.sweep_run_id or self.parent_run_id
+        name = label if self._swept else (self.run_name or label or "point")
+        self.linked[label] = self.call(links.link, self.experiment_id, found, parent, name,
+                                       self._tags("point", point))
+
+    def _upload(self, run: PointRun, files: list) -> None:
+        """Send a point's files, its config, its loss plots, then its buffered numbers (with
+        the record of what was sent, when that is all of it); what reached the store is kept
+        on ``run`` for the read-back at its end."""
+        run.sending(self.call, artifacts.log_files, run.run_id,
+                    [f for f in files if Path(f[0]).is_file()])
+        run.sending(self._log_config, run.run_id)
+        for step, losses in run.losses.items():
+            watched = f"eval/{run.fits.get(step, 'eval')}"
+            run.sending(self.call, artifacts.log_loss_curve, run.run_id,
+                        f"plots/{step}_loss.png", losses, run.evals.get(step, []),
+                        title=f"{run.title} · {step}", eval_name=watched)
+        run.sending(run.flush, self.call)
+
+    def _log_receipt(self, found: dict | None) -> None:
+        """The fidelity receipt as tags of the run's top run: its sweep's parent (with the
+        parent's params), else its point's run."""
+        tags = receipt_tags(found) if found is not None else None
+        if self.sweep_run_id is not None:
+            self._send_sweep_params(tags)
+            return
+        run_id = next(iter(self.point_runs.values()), None)
+        if tags and run_id is not None:
+            self.call(store.log_batch, run_id, tags=tags)
+
+    def _finish_sweep(self, written: list[str], record: list) -> None:
+        if self.sweep_run_id is None:
+            return
+        self._send_sweep_params()
+        if not self.point_runs and self.parent_run_id is None and not self._reattached:
+            self.call(lambda mlflow: mlflow.delete_run(self.sweep_run_id))
+            return
+        for point, label, found in self._reused:
+            self._link(point, label, found)
+        roots = [p for p in written if Path(p).name == DOCUMENT]
+        files = [(p, DOCUMENT) for p in sorted(roots, key=len)[:1]] + record
+        self.call(artifacts.log_files, self.sweep_run_id,
+                  [f for f in files if Path(f[0]).is_file()])
+        done = self._done + self.call(links.means_of, list(self.linked.values()))
+        # The parent's pictures are the output folder's too, when this run computed points:
+        # drawn once (SweepPictures then finds them among ``written``).
+        landed = self.call(landing.land, self.sweep_run_id, done, title=self._title,
+                           folder=self.out if self.point_runs else None,
+                           local=self._stored) or {}
+        written += [p for p in landed.get("pictures", []) if p not in written]
+        self._end(self.sweep_run_id, RuntimeError("a point failed") if self.failed else None)
+
+    def _log_config(self, run_id: str) -> dict[str, int]:
+        if self.config is None:
+            return {}
+        if self._config_text is None:
+            from omegaconf import DictConfig, OmegaConf
+
+            config = self.config
+            if not isinstance(config, DictConfig):
+                config = OmegaConf.create(config)
+            self._config_text = OmegaConf.to_yaml(config, resolve=True)
+        return self.call(artifacts.log_bytes, run_id, self._config_text.encode(), HYDRA_CONFIG)
+
+    def _end_point(self, run: PointRun, error: BaseException | None) -> None:
+        """End a point's run: FINISHED only once all it sent reads back from the store
+        (:func:`causalab.tracking.stored.finish`), else FAILED with what is missing."""
+        if run.run_id is None:
+            return
+        if error is None and run.lost is None:
+            why = self.call(stored.finish, run.run_id, run.sent, sorted(run.keys),
+                            run.recorded)
+            if why is None:
+                if run.folder is not None:
+                    self._stored[run.run_id] = Path(run.folder)
+                return
+            error = IncompleteStore(why)
+        elif error is None:
+            error = IncompleteStore(f"not all of the point was stored: {run.lost}")
+        self.failed.append(run.run_id)
+        if isinstance(error, IncompleteStore):
+            # A store that stopped answering already said where the files are: once is enough.
+            tail = ("" if "files are in" in str(error) else
+                    f"; its files are in {self.out}, and a rerun computes it again")
+            refusal = TrackingError(source_of(self.uri_option), (
+                f"point {run.label or '<root>'} (run {run.run_id}) is not FINISHED: {error}"
+                f"{tail}"))
+            try:
+                self._end(run.run_id, error)
+            except Exception:  # a store that takes nothing more leaves it RUNNING: not done
+                pass
+            raise refusal
+        self._end(run.run_id, error)
+
+    def _end_sweep(self, error: BaseException, unless_ended: bool = False) -> None:
+        """End the sweep's parent (if it was opened) with ``error``."""
+        run_id = self.sweep_run_id
+        if run_id is None or unless_ended and self.call(
+                lambda mlflow: mlflow.get_run(run_id).info.status) != "RUNNING":
+            return
+        self._send_sweep_params()
+        self._end(run_id, error)
+
+    def _end(self, run_id: str, error: BaseException | None) -> None:
+        if error is None:
+            self.call(store.terminate, run_id, "FINISHED")
+            return
+        message = f"{type(error).__name__}: {error}".strip()
+        self.call(store.log_batch, run_id, tags={store.ERROR: message})
+        status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+        self.call(store.terminate, run_id, status)
+
+
+RECEIPT = "causalab.receipt"
+
+
+def receipt_tags(found: dict) -> dict[str, str]:
+    """``causalab.receipt.max_abs_dlogit``, ``.rows``, ``.dtype`` and one tag a library
+    (``causalab.receipt.torch``, …)."""
+    tags = {f"{RECEIPT}.{key}": str(found[key]) for key in ("max_abs_dlogit", "rows", "dtype")}
+    tags.update({f"{RECEIPT}.{name}": version for name, version in found["versions"].items()})
+    return tags

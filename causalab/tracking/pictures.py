@@ -1,16 +1,8 @@
-"""Pictures a run logs beside its numbers: attribution grids, attribution against exact, a
-step's verification and faithfulness pictures.
-
-An attribute step's per-unit means are drawn as sweep pictures and kept as
-``attribution/<step>.json``, the run tagged ``causalab.attribution``; a multirun's parent that
-holds both an attribution run and the points of an exact sweep of the same units gets
-``plots/attribution_vs_exact.png`` (:mod:`causalab.plots.attribution_maps` draws them). A
-verified step's and an edge step's reports are drawn by :mod:`causalab.plots.verification`
-and :mod:`causalab.plots.faithfulness`, an edge step's faithfulness areas logged as metrics.
+"""Pictures a run logs beside its numbers: attribution grids and attribution against exact
+(docs/platform.md §5), a step's verification and faithfulness pictures.
 """
 from __future__ import annotations
 
-import functools
 import json
 import tempfile
 import time
@@ -73,19 +65,18 @@ def log_comparison(mlflow, run_id: str, experiment: str, *, title: str = "") -> 
 
 
 def send_grids(listener: Any, run: Any, point: Any) -> None:
-    """From a tracking listener's ``point_end``: a point with attribute steps sends their
-    grids to its run, in the listener's lane, after the point's files."""
+    """From a tracking listener's ``point_end``: a point's attribution grids and step
+    pictures, sent to its run after the point's files."""
     grids = attribution_plots.grids_of(point)
     if grids:
-        listener.lane.send(lambda: run.sending(listener.call, log_grids, run.run_id, grids,
-                                               title=run.title))
+        listener.send(run.sending, listener.call, log_grids, run.run_id, grids, title=run.title)
     for module, name, numbers in ((verify_plots, "verify", None),
                                   (edge_plots, "faithfulness", edge_plots.areas)):
         reports = module.reports_of(point)
         if reports:
-            listener.lane.send(functools.partial(
-                run.sending, listener.call, log_step_pictures, run.run_id, reports, module.figure,
-                name, title=run.title, metrics=numbers(reports) if numbers else {}))
+            listener.send(run.sending, listener.call, log_step_pictures, run.run_id, reports,
+                          module.figure, name, title=run.title,
+                          metrics=numbers(reports) if numbers else {})
 
 
 def log_step_pictures(mlflow, run_id: str, reports: Mapping[str, Any], draw, name: str, *,

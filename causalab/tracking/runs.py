@@ -1,13 +1,8 @@
 """Where runs live and how they are found: tracking URI, experiment, run records, params.
 
-Every call goes through an ``MlflowClient`` built for one explicit URI and takes explicit
-run ids; nothing here touches MLflow's fluent, process-global active-run stack or sets
-environment variables (they would leak into child processes) but MLflow's HTTP deadlines
-(``reach.DEADLINES``), which every process talking to a store should have. A client is
-made by :func:`causalab.tracking.reach.client`. URI order
-(docs/platform.md §5): ``MLFLOW_TRACKING_URI``, then the configured URI, then a SQLite database
-``mlflow.db`` with artifacts in ``mlartifacts/`` under the working directory; the ``./mlruns``
-file store is never used.
+Every call takes an ``MlflowClient`` built for one explicit URI (:func:`reach.client`) and
+explicit run ids; nothing here uses MLflow's fluent active-run stack or sets environment
+variables, which would leak into child processes. URI order: docs/platform.md §5.
 """
 from __future__ import annotations
 
@@ -18,9 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 from urllib.parse import urlparse
 
-from causalab.document.names import MAX_ENTITY_KEY_LENGTH, mlflow_key
+from causalab.document.names import mlflow_key
 from causalab.errors import TrackingError
-from causalab.tracking.moved import ROOT_TAG
+from causalab.tracking.moved import ARTIFACTS, ROOT_TAG
 from causalab.tracking.reach import client, sqlite_file
 
 if TYPE_CHECKING:
@@ -28,7 +23,6 @@ if TYPE_CHECKING:
 
 DEFAULT_EXPERIMENT = "causalab"
 DATABASE = "mlflow.db"
-ARTIFACTS = "mlartifacts"
 PARENT = "mlflow.parentRunId"
 PRODUCED_BY = "causalab.produced_by"
 POINT = "causalab.point"
@@ -64,10 +58,7 @@ class Point(NamedTuple):
 
 def resolve_uri(configured: str | None = None, cwd: str | None = None) -> str:
     """The URI runs go to: ``MLFLOW_TRACKING_URI``, else ``configured``, else ./mlflow.db.
-
-    A plain path (no scheme) names a directory and gets what the working directory gets
-    without one: ``mlflow.db`` and ``mlartifacts/`` in it. To MLflow a plain path is its file
-    store, which causalab never uses (MLflow 3 refuses it too).
+    A plain path is a folder with ``mlflow.db`` in it, never MLflow's retired file store.
 
     >>> resolve_uri("http://127.0.0.1:5000") if "MLFLOW_TRACKING_URI" not in os.environ else ""
     'http://127.0.0.1:5000'
@@ -89,10 +80,8 @@ def store_exists(uri: str) -> bool:
 
 
 def artifact_location(uri: str) -> str | None:
-    """Explicit artifact root for a SQLite store (``mlartifacts`` beside the database file).
-
-    A server decides its own (``--artifacts-destination``), so it gets ``None``.
-    """
+    """A SQLite store's artifact root, ``mlartifacts`` beside it; None for a server, which
+    decides its own."""
     if not uri.startswith("sqlite:///"):
         return None
     database = Path(uri[len("sqlite:///"):])
@@ -100,11 +89,8 @@ def artifact_location(uri: str) -> str | None:
 
 
 def runs_page(base: str, experiment_id: str | None) -> str:
-    """The UI address of an experiment's runs table.
-
-    MLflow 3.17's UI picks GenAI or model-training pages from a ``workflowType`` it keeps per
-    browser (GenAI unless told), not from the experiment's kind tag; the query says which.
-    """
+    """The UI address of an experiment's runs table. MLflow 3.17's UI picks GenAI or training
+    pages by a ``workflowType`` it keeps per browser, not by the experiment's tag: asked here."""
     if experiment_id is None:
         return base.rstrip("/")
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
@@ -112,8 +98,7 @@ def runs_page(base: str, experiment_id: str | None) -> str:
 
 def ui_command(uri: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
     """The one command that shows these runs: the server's runs page, or ``causalab ui`` on
-    the SQLite store (``run_id``: the sweep whose addresses it prints), spelled as this
-    process's own interpreter runs it, so it works when pasted where the run was started."""
+    the SQLite store (``run_id``: the sweep whose addresses it prints)."""
     if uri.startswith(("http://", "https://")):
         return f"open {runs_page(uri, experiment_id)}"
     command = f"{causalab_command()} ui --store {uri}"
@@ -150,10 +135,8 @@ def code_version() -> str:
 
 
 def experiment_id(mlflow: MlflowClient, name: str, uri: str) -> str:
-    """The id of experiment ``name``, created (with an explicit artifact root) when absent.
-
-    Two processes may race to create it; the loser finds the winner's experiment.
-    """
+    """The id of experiment ``name``, created when absent (of two processes racing to create
+    it, the loser finds the winner's)."""
     found = mlflow.get_experiment_by_name(name)
     if found is not None:
         if found.tags.get(EXPERIMENT_KIND[0]) is None:
@@ -180,13 +163,13 @@ def create_run(mlflow: MlflowClient, experiment: str, name: str, tags: Mapping[s
     tags = dict(tags)
     if parent:
         tags[PARENT] = parent
-    run = mlflow.create_run(experiment, run_name=name or None, tags=_tag_values(tags))
+    run = mlflow.create_run(experiment, run_name=name or None,
+                            tags=_cut(tags, MAX_TAG_VAL_LENGTH))
     _ARTIFACT_URIS[run.info.run_id] = (run.info.artifact_uri, mlflow.tracking_uri)
     return run.info.run_id
 
 
-# Where each run this process created keeps its files: MlflowClient looks a run up (one
-# store query) before its first upload; the created run already says where.
+# Where each run this process created keeps its files, so an upload needs no store lookup.
 _ARTIFACT_URIS: dict[str, tuple[str, str]] = {}
 
 
@@ -205,13 +188,8 @@ def terminate(mlflow: MlflowClient, run_id: str, status: str) -> None:
         mlflow.set_terminated(run_id, status)
 
 
-def status(mlflow: MlflowClient, run_id: str) -> str:
-    return mlflow.get_run(run_id).info.status
-
-
 def found_run(mlflow: MlflowClient, run_id: str) -> Any:
-    """The run ``run_id`` of this store, or None when the store cannot give it (no such run,
-    or not a run id)."""
+    """The run ``run_id`` of this store, or None (no such run, or not a run id)."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -220,21 +198,12 @@ def found_run(mlflow: MlflowClient, run_id: str) -> Any:
         return None
 
 
-def parent_of(mlflow: MlflowClient, run_id: str) -> str | None:
-    return mlflow.get_run(run_id).data.tags.get(PARENT)
-
-
 def metrics_of(mlflow: MlflowClient, run_id: str) -> dict[str, float]:
     return dict(mlflow.get_run(run_id).data.metrics)
 
 
-def delete(mlflow: MlflowClient, run_id: str) -> None:
-    mlflow.delete_run(run_id)
-
-
 def withdraw(mlflow: MlflowClient, run_id: str) -> None:
-    """Take back a claim that held nothing: ended (no run stays RUNNING, even in the trash),
-    then deleted (no list shows it)."""
+    """Take back a claim that held nothing: ended (none stays RUNNING in the trash), deleted."""
     terminate(mlflow, run_id, "KILLED")
     mlflow.delete_run(run_id)
 
@@ -245,23 +214,18 @@ def kill(mlflow: MlflowClient, run_id: str, reason: str) -> None:
     terminate(mlflow, run_id, "KILLED")
 
 
-def _param_values(params: Mapping[str, Any]) -> dict[str, str]:
-    """Params MLflow accepts: keys in its character set and length, values cut to its limit.
+def _cut(values: Mapping[str, Any], limit: int) -> dict[str, str]:
+    """Values MLflow accepts: keys in its character set and length, values cut to ``limit``.
 
     Two names that sanitise alike keep the last value: MLflow refuses one key twice.
     """
-    return {_key(k): str(v)[:MAX_PARAM_VAL_LENGTH] for k, v in params.items() if v is not None}
-
-
-def _tag_values(tags: Mapping[str, Any]) -> dict[str, str]:
-    return {_key(k): str(v)[:MAX_TAG_VAL_LENGTH] for k, v in tags.items() if v is not None}
+    return {mlflow_key(k): str(v)[:limit] for k, v in values.items() if v is not None}
 
 
 def finished_candidates(mlflow: MlflowClient, experiment: str, produced_by: str,
                         limit: int = 20) -> list:
-    """FINISHED runs in ``experiment`` whose ``causalab.produced_by`` is the digest, newest
-    first: the runs that computed it and links to them (a link names its origin). Which one
-    holds the point's result is :func:`causalab.tracking.stored.done_runs`'s to say."""
+    """FINISHED runs of the digest ``produced_by``, newest first: those that computed it and
+    links to them."""
     query = (f"tags.`{PRODUCED_BY}` = '{produced_by}' and attributes.status = 'FINISHED'")
     return list(mlflow.search_runs([experiment], filter_string=query, max_results=limit,
                                    order_by=["attributes.start_time DESC"]))
@@ -286,31 +250,26 @@ def descendants(mlflow: MlflowClient, experiment: str, parent: str) -> list:
 def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Point] = (),
               params: Mapping[str, str] | None = None,
               tags: Mapping[str, str] | None = None) -> None:
-    """Log in one call; MLflow's client cuts it into requests within its batch limits.
-
-    Synchronous: MLflow 3.17's ``set_terminated`` shuts its asynchronous queue down and joins
-    the queue's thread (up to a second), so a point's run logged asynchronously and then
-    ended cost about 0.75 s more (``scripts/bench/tracking.py``)."""
+    """Log in one call, which MLflow's client cuts into requests within its batch limits.
+    Synchronous, for speed: docs/platform.md §5."""
     from mlflow.entities import Metric, Param, RunTag
 
     numbers = [Metric(*point) for point in metrics]
-    words = [Param(k, v) for k, v in _param_values(params or {}).items()]
-    labels = [RunTag(k, v) for k, v in _tag_values(tags or {}).items()]
+    words = [Param(k, v) for k, v in _cut(params or {}, MAX_PARAM_VAL_LENGTH).items()]
+    labels = [RunTag(k, v) for k, v in _cut(tags or {}, MAX_TAG_VAL_LENGTH).items()]
     if numbers or words or labels:
         mlflow.log_batch(run_id, metrics=numbers, params=words, tags=labels)
 
 
 def metric(key: str, value: float, step: int, timestamp: int) -> Point:
-    return Point(_key(key), float(value), timestamp, int(step))
-
-
-def _key(key: str) -> str:
-    """A key MLflow accepts: the document room's rule, so validate saw the same keys."""
-    return mlflow_key(key)
+    """One value under a key MLflow accepts: the document room's rule, so validate saw the
+    same keys."""
+    return Point(mlflow_key(key), float(value), timestamp, int(step))
 
 
 def param_value(value: Any) -> str:
-    """A coordinate as its sweep label writes it: one-element list bare, scalars plain, else JSON."""
+    """A coordinate as its sweep label writes it: a one-element list bare, scalars plain, else
+    JSON."""
     if isinstance(value, (list, tuple)) and len(value) == 1:
         value = value[0]
     if isinstance(value, str):
@@ -318,34 +277,3 @@ def param_value(value: Any) -> str:
     else:
         text = json.dumps(value, separators=(",", ":"), sort_keys=True)
     return text[:MAX_PARAM_VAL_LENGTH]
-
-
-def flatten(config: Any) -> dict[str, str]:
-    """A composed config (DictConfig or plain data) as dotted ``key -> value`` params.
-
-    Lists are indexed (``sites.resid.layers.0``); values are cut to MLflow's length limit.
-    """
-    data = _plain(config)
-    flat: dict[str, str] = {}
-    _walk(data, "", flat)
-    return flat
-
-
-def _plain(config: Any) -> Any:
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    if isinstance(config, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(config, resolve=True)
-    return config
-
-
-def _walk(node: Any, prefix: str, flat: dict[str, str]) -> None:
-    if isinstance(node, Mapping) and node:
-        for key, value in node.items():
-            _walk(value, f"{prefix}.{key}" if prefix else str(key), flat)
-    elif isinstance(node, (list, tuple)) and node:
-        for index, value in enumerate(node):
-            _walk(value, f"{prefix}.{index}" if prefix else str(index), flat)
-    elif prefix:
-        text = node if isinstance(node, str) else json.dumps(node)
-        flat[_key(prefix)] = text[:MAX_PARAM_VAL_LENGTH]

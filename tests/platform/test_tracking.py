@@ -304,10 +304,13 @@ def test_the_tracking_uri_comes_from_the_environment_then_the_config_then_the_cw
     assert ui_command("http://h:1", "7") == "open http://h:1/#/experiments/7/runs?workflowType=machine_learning"
 
 
-def test_the_flattened_config_keeps_every_leaf_within_mlflow_limits():
-    flat = store.flatten({"a": {"b": [1, {"c": "x" * 7000}], "d": None}, "e": True})
-    assert flat["a.b.0"] == "1" and flat["a.d"] == "null" and flat["e"] == "true"
-    assert len(flat["a.b.1.c"]) == 6000
+def test_params_and_tags_are_cut_to_mlflow_limits_named_before_mlflow_is_imported():
+    from mlflow.utils import validation
+
+    assert store.MAX_PARAM_VAL_LENGTH == validation.MAX_PARAM_VAL_LENGTH
+    assert store.MAX_TAG_VAL_LENGTH == validation.MAX_TAG_VAL_LENGTH
+    cut = store._cut({"a/b": "x" * 7000, "d": None}, store.MAX_PARAM_VAL_LENGTH)
+    assert cut == {"a/b": "x" * 6000}
 
 
 def test_a_das_rotation_applied_from_its_runs_uri_gives_the_score_the_fit_run_gave(

@@ -204,7 +204,7 @@ def test_a_server_answering_503_to_every_try_is_a_store_that_stopped_answering_i
     started = time.monotonic()
     try:
         with pytest.raises(Unanswered) as refused:
-            answered(uri, store.status, "0123456789abcdef")
+            answered(uri, lambda mlflow, run_id: mlflow.get_run(run_id), "0123456789abcdef")
     finally:
         server.shutdown()
         server.server_close()
