@@ -102,7 +102,7 @@ def _report_tracking(events) -> None:
     if events is None:
         return
     from causalab.scores import naming, summary
-    from causalab.tracking import landing, ui_command, views
+    from causalab.tracking import landing, ui_command
     from causalab.tracking import runs as store
 
     for label, run_id in events.skipped.items():
@@ -120,8 +120,8 @@ def _report_tracking(events) -> None:
     if not found:
         print(f"see them: {ui_command(events.uri, events.experiment_id)}")
     elif events.uri.startswith(("http://", "https://")):
-        for line in views.where(events.uri, events.experiment_id, found["view"],
-                                  found["runs"]):
+        for line in landing.where(events.uri, events.experiment_id, found["view"],
+                                    found["runs"]):
             print(line)
     else:  # the UI's port is the one `causalab ui` finds free, so it prints the addresses
         print(f"see the sweep: {ui_command(events.uri, run_id=found['view'])}")

@@ -40,7 +40,7 @@ def store_uri(store: str | None) -> str:
 def sweep_lines(uri: str, base: str, run_id: str | None = None) -> list[str]:
     """The addresses that open ``run_id``'s sweep (else the newest one landed) in the UI at
     ``base``; the experiment's runs page when no sweep was landed."""
-    from causalab.tracking import landing, views
+    from causalab.tracking import landing
     from causalab.tracking import runs as store
 
     mlflow = store.client(uri)
@@ -53,7 +53,7 @@ def sweep_lines(uri: str, base: str, run_id: str | None = None) -> list[str]:
         page = store.runs_page(base, experiment.experiment_id if experiment else None)
         return [f"runs: {page}"]
     experiment, parent, points = found
-    return views.where(base, experiment, parent, points)
+    return landing.where(base, experiment, parent, points)
 
 
 def _start(uri: str, port: int, log) -> subprocess.Popen:

@@ -27,7 +27,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from causalab.hydra import jobs
-from causalab.tracking import landing, owners, pictures, views
+from causalab.tracking import landing, owners, pictures
 from causalab.tracking import runs as store
 
 PARENT_FILE = ".mlflow_parent.json"
@@ -177,6 +177,6 @@ def _say_where(parent: dict, landed: dict) -> None:
     if not uri.startswith(("http://", "https://")):
         print(f"see the sweep: {store.ui_command(uri, run_id=landed['view'])}")
         return
-    for line in views.where(uri, parent["experiment_id"], landed["view"],
-                              landed.get("runs", [])):
+    for line in landing.where(uri, parent["experiment_id"], landed["view"],
+                                landed.get("runs", [])):
         print(line)

@@ -8,7 +8,7 @@ A point's stored metrics (``iia/test``, ``iia/control``, ``n/iia/test``, ``train
 one, else the first scored; its test step is ``test`` (else the first step that is not a
 control) and its control ``control`` (else ``random``). Plain data in, plain data out; this
 module knows no runs and no MLflow client (the view that opens a sweep in MLflow's UI is
-:mod:`causalab.tracking.views`).
+:mod:`causalab.tracking.landing`).
 """
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """A sweep's parent run as a reader lands on it: plots, its own summary metrics, a table, a view.
 
-At a sweep's end (a document sweep, or a Hydra multirun, whose jobs may be sweeps of their
-own) the parent's points are read back from the store, with every metric's last value, so
-the parent shows what was stored whoever logged it (a point run, a link to a reused one, a
-job on another host). The parent then gets the sweep's plots, the first point's main scores
-as its own metrics (``iia/test``, its interval, ``iia/control``; ``first/k`` when no point is
-tied with it), its ranking (``ranking.json``, tag ``causalab.first``: every point tied for
-first, :mod:`causalab.scores.ranking`), across swept seeds each score's mean, sd and
-interval (``seeds.json``, :mod:`causalab.scores.seeds`), ``summary.html`` (a row per point)
-and a saved view of the experiment's runs page that lists the points (searched by their
-parent, or by their ids when a multirun's jobs hold them) with the swept params and those
-scores as columns (:func:`causalab.tracking.views.view_address` opens it). Every call goes
-through the client it is given.
+At a sweep's end the parent's points are read back from the store, so the parent shows what
+was stored whoever logged it (a point run, a link to a reused one, a job on another host); its
+ranking, seeds summary and table are docs/format.md §7.10's. Every call goes through the client
+it is given. The view is MLflow 3.17's saved view of a runs page: an experiment tag
+``mlflow.sharedViewState.<key>`` that the address's ``viewStateShareKey=<key>`` opens, with
+the points as the table's rows and their scores as charts.
 """
 from __future__ import annotations
 
@@ -19,13 +13,18 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from causalab.files import DOCUMENT
 from causalab.plots import curves as plots
 from causalab.scores import ranking, seeds, summary
-from causalab.tracking import runs as store, views
+from causalab.scores.summary import (MAX_COLUMNS, Point, main_keys, numeric, plain, quantities,
+                                     short, stored_key)
+from causalab.tracking import runs as store
 from causalab.tracking.artifacts import log_bytes
+
+VIEW_TAG = "mlflow.sharedViewState."
+VIEW_KEY = "viewStateShareKey"
 
 
 def stored_points(mlflow, experiment: str, parent: str) -> list:
@@ -55,10 +54,9 @@ def coordinates_of(run) -> dict[str, Any]:
 def table_rows(mlflow, run, name: str, step: str | None,
                local: Path | None = None) -> dict[str, float] | None:
     """example id -> value of the eligible rows of the table ``run`` saved for ``name`` at
-    ``step`` (None: no such table; the point's order is
-    :func:`causalab.scores.summary.ranked`'s). A linked point's files are on the run it
-    reuses. ``local``: the folder this process uploaded the run's files from, their stored
-    sizes read back (the same bytes): read there, not downloaded again."""
+    ``step`` (None: no such table). A linked point's files are on the run it reuses.
+    ``local``: the folder this process uploaded the run's files from, read there (the same
+    bytes, read back as stored) rather than downloaded again."""
     from mlflow.exceptions import MlflowException
 
     from causalab.progress import mlflow_bars
@@ -88,10 +86,8 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
          folder: str | None = None, local: dict[str, Path] | None = None) -> dict:
     """Give the parent ``run_id`` its plots, summary metrics, ranking, table and view, from
     its points as stored (``points``, ``(coordinates, metrics)`` pairs, only when the store
-    has none); the plots go into ``folder`` too (a multirun's sweep folder). ``local``: run
-    id -> the folder this process uploaded that point's files from, read back as stored
-    (the ranking reads its tables there). Returns what was
-    made: ``{"view": key or None, "points": n, "first": the ranking's line or None, "runs":
+    has none); the plots go into ``folder`` too. ``local``: as :func:`table_rows`, by run id.
+    Returns ``{"view": key or None, "points": n, "first": the ranking's line or None, "runs":
     the point runs' ids, "pictures": the files written into folder}``."""
     parent = mlflow.get_run(run_id)
     experiment = parent.info.experiment_id
@@ -115,28 +111,27 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
                                    points, swept, local or {})
     now = int(time.time() * 1000)
     numbers = summary.parent_metrics(points, swept, ranked["indices"]) | seeds.metrics(across)
-    store.log_batch(mlflow, run_id, metrics=[store.metric(k, v, 0, now) for k, v in numbers.items()],
-                    tags=tags)
+    store.log_batch(mlflow, run_id, tags=tags,
+                    metrics=[store.metric(k, v, 0, now) for k, v in numbers.items()])
     page = summary.html_table(points, swept, title=title or parent.info.run_name,
                               first=ranked["indices"],
                               note=" · ".join(filter(None, [ranking.line(ranked),
                                                             seeds.line(across)])))
     log_bytes(mlflow, run_id, page.encode(), summary.TABLE)
-    search = views.points_filter(run_id, [run.info.run_id for run in runs],
+    search = points_filter(run_id, [run.info.run_id for run in runs],
                                  [run.data.tags.get(store.PARENT) for run in runs])
-    view = views.view_state(points, swept, name=f"{parent.info.run_name or 'sweep'} "
+    view = view_state(points, swept, name=f"{parent.info.run_name or 'sweep'} "
                                                 f"({len(points)} points)", created_ms=now,
                             search=search)
-    mlflow.set_experiment_tag(experiment, f"{views.VIEW_TAG}{run_id}", view)
+    mlflow.set_experiment_tag(experiment, f"{VIEW_TAG}{run_id}", view)
     return {"view": run_id, "points": len(points), "runs": [run.info.run_id for run in runs],
             "first": ranking.line(ranked) if ranked["first"] else None, "pictures": pictures}
 
 
 def _judged(mlflow, run_id: str, runs: list, points: list, swept: list,
             local: dict[str, Path]) -> tuple:
-    """The parent's ranking (``ranking.json``) and its summary across seeds (``seeds.json``),
-    logged: ``(ranking, seed groups, the ranking's tags)``. ``runs[i]`` is ``points[i]``'s run
-    (none: points without a store, ranked by their means)."""
+    """The parent's ranking and its summary across seeds, logged: ``(ranking, seed groups,
+    the ranking's tags)``. ``runs[i]`` is ``points[i]``'s run (none: ranked by their means)."""
     name, test, _ = summary.main_keys(points)
     ranked = ranking.rank(points, swept, [table_rows(mlflow, run, name, test,
                                                      local.get(run.info.run_id))
@@ -152,7 +147,7 @@ def _judged(mlflow, run_id: str, runs: list, points: list, swept: list,
 def landed(mlflow, experiment: str, parent: str) -> dict | None:
     """``{"view": key, "runs": point ids}`` of a parent :func:`land` gave a view, else None."""
     tags = mlflow.get_experiment(experiment).tags
-    if f"{views.VIEW_TAG}{parent}" not in tags:
+    if f"{VIEW_TAG}{parent}" not in tags:
         return None
     return {"view": parent, "runs": [run.info.run_id for run in
                                      stored_points(mlflow, experiment, parent)]}
@@ -168,11 +163,106 @@ def newest_landed(mlflow, parent: str | None = None) -> tuple[str, str, list] | 
         experiment = run.info.experiment_id
         found = landed(mlflow, experiment, parent)
         return None if found is None else (experiment, parent, found["runs"])
-    keyed = [(experiment.experiment_id, key[len(views.VIEW_TAG):])
+    keyed = [(experiment.experiment_id, key[len(VIEW_TAG):])
              for experiment in mlflow.search_experiments()
-             for key in experiment.tags if key.startswith(views.VIEW_TAG)]
+             for key in experiment.tags if key.startswith(VIEW_TAG)]
     if not keyed:
         return None
     started = {run_id: mlflow.get_run(run_id).info.start_time or 0 for _, run_id in keyed}
     experiment, newest = max(keyed, key=lambda pair: started[pair[1]])
     return newest_landed(mlflow, newest)
+
+
+def view_params(swept: Sequence[str]) -> list[str]:
+    """The point runs' param keys of the swept coordinates (``k``; a model by ``model.key``)."""
+    params = [short(k) for k in swept if short(k) != "model"]
+    return ["model.key", *params] if any(short(k) == "model" for k in swept) else params
+
+
+def view_columns(points: Sequence[Point], swept: Sequence[str]) -> list[str]:
+    """The runs table's columns for this sweep: its swept params, then each quantity's
+    scores, every test step beside its control (main quantity first, at most
+    :data:`~causalab.scores.summary.MAX_COLUMNS`)."""
+    steps = [(name, step) for name, found in quantities(points).items() for step in found]
+    return [f"params.`{k}`" for k in view_params(swept)] + \
+        [f"metrics.`{stored_key(n, s)}`" for n, s in steps[:MAX_COLUMNS]]
+
+
+def view_charts(points: Sequence[Point], swept: Sequence[str]) -> tuple[list[dict], list[dict]]:
+    """(charts, sections) of the saved view's chart view: one section first that reads the
+    sweep at a glance: the main test score and its control each against the first numeric
+    swept coordinate (else bars by point), then the swept params and both scores as parallel
+    coordinates."""
+    name, test, control = main_keys(points)
+    scored = [stored_key(name, step) for step in (test, control) if step]
+    params = view_params(swept)
+    axis = next((short(k) for k in swept if short(k) != "model" and
+                 all(numeric(plain(c.get(k))) for c, _ in points)), None)
+    section = "causalab-sweep"
+    shown_runs = max(100, len(points))  # MLflow's chart cards plot at most this many runs
+    charts: list[dict] = []
+    for key in scored:
+        if axis:
+            chart = {"type": "SCATTER", "xaxis": {"key": axis, "type": "PARAM"},
+                     "yaxis": {"key": key, "type": "METRIC"}}
+        else:
+            chart = {"type": "BAR", "metricKey": key, "displayName": key}
+        charts.append(chart)
+    if len(params) + len(scored) >= 2:  # MLflow draws parallel coordinates from two axes
+        charts.append({"type": "PARALLEL", "selectedParams": params, "selectedMetrics": scored,
+                       "showAllRuns": False})
+    charts = [{**chart, "uuid": f"{section}-{index}", "metricSectionId": section,
+               "runsCountToCompare": shown_runs, "deleted": False, "isGenerated": False}
+              for index, chart in enumerate(charts)]
+    title = "sweep: " + ", ".join(params) if params else "sweep"
+    sections = [{"uuid": section, "name": title, "display": True, "isReordered": False,
+                 "columns": 2, "cardHeight": 360}]
+    return charts, sections
+
+
+def points_filter(parent: str, run_ids: Sequence[str], parents: Sequence[str]) -> str:
+    """The runs-table search that shows a sweep's points and nothing else: its children
+    (``parents`` are the points' own parents), or, when some are a job's children (a
+    multirun's), the points by their ids."""
+    if run_ids and set(parents) != {parent}:
+        return "attributes.run_id IN (" + ", ".join(f"'{r}'" for r in run_ids) + ")"
+    return f"tags.`mlflow.parentRunId` = '{parent}'"
+
+
+def view_state(points: Sequence[Point], swept: Sequence[str], *, name: str,
+               created_ms: int, search: str = "") -> str:
+    """The experiment tag value of a saved runs-page view (MLflow 3.17's envelope, the state
+    a JSON string). The state holds the table's ``search`` (oldest point first), so the points
+    are the rows it opens on (MLflow leaves a saved view's ``runsExpanded`` out, so a parent
+    cannot open expanded). The run list stays beside the charts: folding it
+    (``runListHidden``) would also drop the table's count of runs."""
+    columns = view_columns(points, swept)
+    charts, sections = view_charts(points, swept)
+    state = {"selectedColumns": columns, "columnOrder": columns, "runsHiddenMode": "SHOW_ALL",
+             "runListHidden": False, "viewMaximized": False, "compareRunCharts": charts,
+             "compareRunSections": sections, "isAccordionReordered": True}
+    if search:
+        state.update(searchFilter=search, orderByKey="attributes.created", orderByAsc=True)
+    return json.dumps({"name": name, "createdAt": created_ms, "updatedAt": created_ms,
+                       "state": json.dumps(state)})
+
+
+def view_address(base: str, experiment_id: str, key: str) -> str:
+    """The runs page of ``experiment_id`` opened on the saved view ``key``."""
+    return (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
+            f"?{VIEW_KEY}={key}&workflowType=machine_learning")
+
+
+def compare_address(base: str, experiment_id: str, key: str) -> str:
+    """The same runs page and saved view in its chart view, the sweep's charts first. MLflow's
+    compare page cannot be told what to show first (every param before any metric)."""
+    return f"{view_address(base, experiment_id, key)}&compareRunsMode=CHART"
+
+
+def where(base: str, experiment_id: str, view: str, run_ids: Sequence[str]) -> list[str]:
+    """The lines that open a landed sweep in the UI at ``base``: the runs page on its saved
+    view and, for more than one point, that view's charts."""
+    lines = [f"open the sweep: {view_address(base, experiment_id, view)}"]
+    if len(run_ids) > 1:
+        lines.append(f"compare its points: {compare_address(base, experiment_id, view)}")
+    return lines

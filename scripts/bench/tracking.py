@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from mlflow.entities import Metric, Param  # noqa: E402
 
-from causalab.tracking.views import VIEW_TAG  # noqa: E402
+from causalab.tracking.landing import VIEW_TAG  # noqa: E402
 
 
 def _medium_model(folder: Path) -> str:

@@ -256,16 +256,16 @@ def test_causalab_ui_on_a_store_without_a_sweep_serves_its_runs_page_and_sigterm
 def test_a_saved_view_searches_a_sweep_s_points_by_parent_or_for_a_multirun_by_their_ids():
     import json
 
-    from causalab.tracking import views
+    from causalab.tracking import landing
 
-    own = views.points_filter("p", ["a", "b"], ["p", "p"])
+    own = landing.points_filter("p", ["a", "b"], ["p", "p"])
     assert own == "tags.`mlflow.parentRunId` = 'p'"
-    jobs = views.points_filter("p", ["a", "b"], ["job1", "job2"])  # a multirun's jobs hold them
+    jobs = landing.points_filter("p", ["a", "b"], ["job1", "job2"])  # a multirun's jobs hold them
     assert jobs == "attributes.run_id IN ('a', 'b')"
     points = [({"k": k}, {"iia/test": 1.0, "iia/control": 0.0, "ce/test": 1.0,
                           "ce/control": 2.0}) for k in (1, 4)]
-    state = json.loads(json.loads(views.view_state(points, ["k"], name="das", created_ms=1,
-                                                     search=own))["state"])
+    state = json.loads(json.loads(landing.view_state(points, ["k"], name="das", created_ms=1,
+                                                       search=own))["state"])
     assert state["searchFilter"] == own and state["orderByAsc"] is True
     assert state["selectedColumns"] == state["columnOrder"] == [
         "params.`k`", "metrics.`iia/test`", "metrics.`iia/control`", "metrics.`ce/test`",
@@ -282,24 +282,24 @@ def test_a_saved_view_searches_a_sweep_s_points_by_parent_or_for_a_multirun_by_t
 
 
 def test_a_sweep_without_a_numeric_coordinate_charts_its_scores_as_bars_by_point():
-    from causalab.tracking import views
+    from causalab.tracking import landing
 
     points = [({"method": m}, {"iia/test": 1.0, "iia/control": 0.0}) for m in ("das", "pca")]
-    charts, (section,) = views.view_charts(points, ["method"])
+    charts, (section,) = landing.view_charts(points, ["method"])
     assert [(c["type"], c.get("metricKey")) for c in charts] == [
         ("BAR", "iia/test"), ("BAR", "iia/control"), ("PARALLEL", None)]
     assert section["name"] == "sweep: method"
 
 
 def test_the_compare_address_is_the_saved_view_s_chart_view():
-    from causalab.tracking import views
+    from causalab.tracking import landing
 
-    lines = views.where("http://h:1/", "3", "p", ["a", "b"])
+    lines = landing.where("http://h:1/", "3", "p", ["a", "b"])
     assert lines == ["open the sweep: http://h:1/#/experiments/3/runs?viewStateShareKey=p"
                      "&workflowType=machine_learning",
                      "compare its points: http://h:1/#/experiments/3/runs?viewStateShareKey=p"
                      "&workflowType=machine_learning&compareRunsMode=CHART"]
-    assert views.where("http://h:1", "3", "p", ["a"]) == lines[:1]
+    assert landing.where("http://h:1", "3", "p", ["a"]) == lines[:1]
 
 
 def test_a_run_the_store_does_not_hold_is_refused_as_no_sweep_parent(tmp_path):
