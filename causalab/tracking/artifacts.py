@@ -1,11 +1,8 @@
 """Files in and out of runs: log a point's files, fetch one back, resolve ``runs:/`` bundles.
 
-A ``runs:/<run_id>/<path>`` URI is resolved against the same tracking URI runs are logged to
-(``MLFLOW_TRACKING_URI``, else the one given, else ./mlflow.db). A resolved bundle is an
-ordinary local file afterwards: the engine checks its stamp exactly as for any other path.
-Downloads land in ``$CAUSALAB_HOME/artifacts/<run_id>/`` (``~/.cache/causalab`` by default),
-fetched again on every resolve (docs/platform.md §5); a fetched bundle's tensors are checked
-against its stamp's digest before it is placed.
+A resolved bundle is an ordinary local file afterwards, checked against its stamp like any
+other; downloads land in the artifact cache, fetched again on every resolve
+(docs/platform.md §5).
 """
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ import secrets
 import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import Callable
+from typing import Any, Callable
 
 from causalab.document.names import runs_uri_parts
 from causalab.engine.containment import inside
@@ -27,21 +24,11 @@ _WHERE = ("file_path",)
 _URI = ("uri",)
 
 
-def artifact_home() -> Path:
-    """The download cache of ``runs:/`` bundles: ``$CAUSALAB_HOME/artifacts``. Each resolve
-    downloads the artifact again over what is there (a run's artifacts can be replaced in
-    the store), so nothing is read from it unfetched; deleting it is always safe."""
-    return causalab_home() / "artifacts"
-
-
 def _download(uri: str, parts: tuple[str, str], destination: Path, tracking_uri: str | None,
               at: tuple) -> Path:
     """Download ``uri`` (its checked ``(run id, path)`` ``parts``) into ``destination``; every
-    way it can fail is one refusal at ``at``.
-
-    The store is reached first (an unreachable server is refused in seconds, not after
-    MLflow's minutes of retries) and a SQLite store that does not exist is never created.
-    """
+    way it can fail is one refusal at ``at``. A SQLite store that does not exist is never
+    created."""
     import mlflow.artifacts
 
     from causalab.progress import mlflow_bars
@@ -66,7 +53,7 @@ def _download(uri: str, parts: tuple[str, str], destination: Path, tracking_uri:
 
 def _missing(parts: tuple[str, str], store: str) -> str | None:
     """What the store lacks for ``(run id, path)`` in plain words (the run, or the file in
-    it); None when both are there and the download failed for another reason."""
+    it); None when both are there."""
     from mlflow.exceptions import MlflowException
 
     run_id, path = parts
@@ -87,15 +74,14 @@ def _missing(parts: tuple[str, str], store: str) -> str | None:
         return None
     if path.rstrip("/") in listed:
         return None
-    names = [PurePosixPath(name).name for name in listed]
-    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    shown = named([PurePosixPath(name).name for name in listed], 8)
     where = "it holds" if folder == "." else f"its folder {folder}/ holds"
     return f"run {run_id} has no artifact {path!r} ({where} {shown or 'nothing'})"
 
 
 def _run_parts(uri: str, at: tuple, whole_run: bool = True) -> tuple[str, str]:
-    """``runs:/<id>/<path>`` -> (id, path), each part a safe name (the path may be empty:
-    the whole run), before anything is downloaded or created."""
+    """``runs:/<id>/<path>`` -> (id, path), each part a safe name (an empty path: the whole
+    run)."""
     try:
         return runs_uri_parts(uri, whole_run=whole_run)
     except ValueError as error:
@@ -108,8 +94,7 @@ def fetch(uri: str, out_path: str | None = None, tracking_uri: str | None = None
 
     ``out_path`` may be a file name, an existing directory, or None (the artifact's own file
     name in the working directory). ``convert(source, target)`` rewrites the downloaded file
-    first (``fetch --basis``). The result is moved into place only once whole, so a refusal
-    leaves nothing at ``out_path``.
+    first (``fetch --basis``). A refusal leaves nothing at ``out_path``.
     """
     run_id, path = _run_parts(uri, _URI)
     with tempfile.TemporaryDirectory(prefix="causalab-fetch-") as staging:
@@ -131,7 +116,7 @@ def fetch(uri: str, out_path: str | None = None, tracking_uri: str | None = None
 
 def _verify(local: Path, uri: str) -> None:
     """A downloaded bundle (a ``.safetensors`` file or SAELens folder) against its stamp's
-    digest (compile/bundles/integrity.py), refused at ``uri`` before it is placed; other files pass."""
+    digest, refused at ``uri`` before it is placed; other files pass."""
     from causalab.compile.bundles.checks import layout_header
     from causalab.compile.bundles.integrity import check_tensors
     from causalab.files import SAELENS_WEIGHTS, TENSOR_SUFFIX
@@ -144,8 +129,8 @@ def _verify(local: Path, uri: str) -> None:
 
 
 def _place(local: Path, target: Path, uri: str) -> None:
-    """Put a finished download at ``target`` by one rename from a name beside it; a folder
-    that is already there is merged into instead."""
+    """Put a finished download at ``target`` by one rename from beside it; a folder already
+    there is merged into."""
     target.parent.mkdir(parents=True, exist_ok=True)
     if local.is_dir() and target.is_dir():
         shutil.copytree(local, target, dirs_exist_ok=True)
@@ -168,15 +153,12 @@ def _place(local: Path, target: Path, uri: str) -> None:
 
 
 def resolve_artifact(uri: str, tracking_uri: str | None = None) -> str:
-    """The local path of a tracked artifact, downloaded into the artifact cache.
-
-    The featurizer loader calls this for a ``file_path`` that is a ``runs:/`` URI; any other
-    string is returned unchanged.
-    """
+    """The local path of a ``runs:/`` artifact, downloaded into the artifact cache; any other
+    string unchanged."""
     if not uri.startswith("runs:/"):
         return uri
     run_id, path = _run_parts(uri, _WHERE, whole_run=False)
-    home = artifact_home()
+    home = causalab_home() / "artifacts"
     destination = home / run_id / Path(path).parent
     inside(home, destination, _WHERE)
     local = _download(uri, (run_id, path), destination, tracking_uri, _WHERE)
@@ -191,9 +173,8 @@ def resolver(tracking_uri: str | None = None):
 
 
 def log_files(mlflow, run_id: str, files: list[tuple[str, str]]) -> dict[str, int]:
-    """Log ``(local path, artifact path)`` pairs; a directory part becomes the artifact folder.
-    Returns what was sent, ``stored path -> size`` (what :mod:`~causalab.tracking.stored`
-    reads back before the run may end FINISHED)."""
+    """Log ``(local path, artifact path)`` pairs; returns what was sent, ``stored path ->
+    size``, for :mod:`~causalab.tracking.stored` to read back."""
     repository = repository_of(run_id, mlflow.tracking_uri)
     sent: dict[str, int] = {}
     for local, artifact in files:
@@ -210,7 +191,7 @@ def log_files(mlflow, run_id: str, files: list[tuple[str, str]]) -> dict[str, in
 
 def repository_of(run_id: str, tracking_uri: str):
     """The artifact repository of a run this process created in the store at
-    ``tracking_uri`` (no store lookup), else None."""
+    ``tracking_uri``, found without a store lookup; else None."""
     location = artifact_location_of(run_id)
     if location is None or location[1] != tracking_uri:
         return None
@@ -229,7 +210,7 @@ def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> dict[str, int]
 
 def download_run(mlflow, run_id: str, destination: str) -> list[str]:
     """Every file run ``run_id`` logged, copied under ``destination`` (a file already there is
-    kept); their paths relative to it. A notebook's rerun reads a reused point back so."""
+    kept); their paths relative to it."""
     from causalab.progress import mlflow_bars
 
     with tempfile.TemporaryDirectory(prefix="causalab-reused-") as staging, mlflow_bars():
@@ -252,3 +233,25 @@ def log_loss_curve(mlflow, run_id: str, artifact: str, losses: list, evals: list
 
     png = plots.loss_curve(losses, evals, title=title, eval_name=eval_name)
     return log_bytes(mlflow, run_id, png, artifact)
+
+
+def listing(mlflow: Any, run_id: str) -> dict[str, int]:
+    """Every artifact of a run, ``path -> size`` in bytes, folders walked."""
+    repository = repository_of(run_id, mlflow.tracking_uri)
+    listed = repository.list_artifacts if repository is not None else \
+        (lambda folder: mlflow.list_artifacts(run_id, folder))
+    found: dict[str, int] = {}
+    folders: list[str | None] = [None]
+    while folders:
+        for info in listed(folders.pop()):
+            if info.is_dir:
+                folders.append(info.path)
+            else:
+                found[info.path] = int(info.file_size or 0)
+    return found
+
+
+def named(names: list[str], shown: int = 3) -> str:
+    """The first ``shown`` names, then how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more

@@ -1,24 +1,9 @@
 """Claims: a run holds its ``--out`` folder, and each point it computes, before it starts.
 
-**The out folder.** Two runs writing one ``--out`` would each exit 0 and leave a folder
-mixing both. The first run creates ``<out>/.causalab-claim.json`` and holds an exclusive
-``flock`` on it, with its owner (user, host, pid, start) written inside; a second run finds the
-lock held and is refused in one line naming that owner, before it reaches any store. The
-kernel drops the lock when its process dies, even by SIGKILL, so a dead owner's claim is
-simply taken over. The claim is removed when the run ends, and a folder the claim made is
-removed again when nothing else was written to it. Where ``fcntl`` is missing (Windows) a run
-claims nothing.
-
-**The points.** A run's claim on a point is the point's own run, created RUNNING (with its
-owner, ``causalab.owner``) right after the resume lookup, before anything computes. Then every
-RUNNING run of those digests is read back and each digest goes to its earliest live claim
-(start time, then run id): a claim whose owner died on this host does not count, and neither
-does one from another host, whose process cannot be seen from here (it could be a killed
-job's, which would hold the point forever). Every run reads the same claims in the same
-order, so of several runs that start at once exactly one keeps each point; a run that lost
-withdraws its claim (ended, then deleted) and leaves the point to the winner
-(:class:`Claims.taken`), which it reports as skipped. Start times come from each run's clock,
-which on one host is one clock. These functions take the run's ``MlflowClient``.
+The folder: an exclusive ``flock`` on ``<out>/.causalab-claim.json``, which names its owner;
+the kernel drops it when the process dies, even by SIGKILL (docs/format.md §13). Where
+``fcntl`` is missing (Windows) a run claims nothing. The points: each point's run, created
+RUNNING before anything computes, goes to its earliest live claim (docs/platform.md §5).
 
     >>> import tempfile
     >>> with claim(tempfile.mkdtemp()):
@@ -176,14 +161,11 @@ def _ended_meanwhile(mlflow: Any, experiment: str, wanted: Mapping[str, Mapping[
 
 def _holds(run: Any) -> bool:
     """Whether another run's claim stands: its owner is alive on this host."""
-    try:
-        owner = json.loads(run.data.tags.get(owners.OWNER) or "null")
-    except ValueError:
-        return False
-    here = isinstance(owner, dict) and owner.get("host") == socket.gethostname()
-    return here and not owners.owner_is_dead(run)
+    owner = owners.owner_of(run)
+    return owner is not None and owner.get("host") == socket.gethostname() \
+        and not owners.owner_is_dead(run)
 
 
 def _named(run: Any) -> str:
-    owner = json.loads(run.data.tags.get(owners.OWNER) or "{}")
+    owner = owners.owner_of(run) or {}
     return f"run {run.info.run_id} (pid {owner.get('pid')} on {owner.get('host')})"

@@ -1,10 +1,8 @@
 """Links: a point done by an earlier run, shown in the new parent that asked for it again.
 
-Resume skips a point whose digest already has a FINISHED run; a new sweep or multirun parent
-must still show it, or its model or rank silently goes missing there. A link is a small
-FINISHED child of the new parent carrying the original's params, last metric values and
-tags, plus ``causalab.reused_from`` naming the run that holds the files. Resume follows a
-link to its origin (:func:`causalab.tracking.stored.done_runs`), so links never chain.
+A link is a small FINISHED child of the new parent with the original's params, last metric
+values and tags, and ``causalab.reused_from`` naming the run that holds the files. Resume
+follows a link to its origin (:func:`causalab.tracking.stored.done_runs`): links never chain.
 """
 from __future__ import annotations
 

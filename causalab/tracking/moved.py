@@ -1,14 +1,8 @@
 """A SQLite store causalab made can be moved or copied as a folder and keep its artifacts.
 
-MLflow keeps every artifact location absolute (``file:///old/place/mlartifacts/…``): on the
-experiment and again on each run, both resolved when written. So the experiment of a store
-causalab creates carries ``causalab.store_root``, the folder its ``mlflow.db`` was made in.
-Whenever causalab opens the store and finds it in another folder (moved, or a copy), it
-rewrites both columns from the old ``mlartifacts`` to the one beside the database, in one
-transaction, and records the new folder, so MLflow itself (its UI, ``download_artifacts``,
-``runs:/`` URIs) reads and writes the files where they now are. A copy is rebased on its own
-database only; the original keeps its own. Stores causalab did not make, servers and other
-databases are never touched. Plain ``sqlite3``: this runs before MLflow opens the store.
+MLflow keeps every artifact location absolute, so the experiment records the folder its store
+was made in (``causalab.store_root``) and a store found elsewhere is rebased in one transaction
+(docs/platform.md §5). Plain ``sqlite3``: this runs before MLflow opens the store.
 """
 from __future__ import annotations
 

@@ -1,14 +1,9 @@
-"""Who owns a run, so a later run of the same document can end what a dead process left open.
+"""Who owns a run, so a later run can end what a dead process left open.
 
-Every run causalab opens carries ``causalab.owner``: the host, pid and process start of the
-process that opened it. A process killed with SIGKILL cannot end its runs; the next run of the
-same document finds them still RUNNING, sees their owner is gone (no such pid on this host,
-or the pid now belongs to a process that started later) and ends them KILLED, parents
-included; the next multirun in the experiment does the same for any multirun's parent whose
-launching process was killed (nothing else could ever end it). A resumed sweep then
-reattaches to its old parent instead of opening a second one, so the points of one sweep stay
-under one parent. Owners on another host are never judged: their processes cannot be seen
-from here. Talks to MLflow only through the client it is given.
+Every run causalab opens carries ``causalab.owner`` (host, pid, process start). A RUNNING run
+whose owner is gone is ended KILLED by the next run of its document, or multirun, and a resumed
+sweep reattaches to its old parent (docs/platform.md §5). Owners on another host are never
+judged: their processes cannot be seen from here.
 """
 from __future__ import annotations
 
@@ -41,7 +36,8 @@ def owner_tags() -> dict[str, str]:
     return {OWNER: json.dumps(owner, sort_keys=True)}
 
 
-def _owner(run) -> dict | None:
+def owner_of(run) -> dict | None:
+    """A run's ``causalab.owner``, None when it has none (or not one causalab wrote)."""
     try:
         owner = json.loads(run.data.tags.get(OWNER) or "null")
     except ValueError:
@@ -54,7 +50,7 @@ def owner_is_dead(run) -> bool:
     (killed, not yet reaped by its parent) or reused by a process that started later."""
     import psutil
 
-    owner = _owner(run)
+    owner = owner_of(run)
     if owner is None or owner.get("host") != socket.gethostname():
         return False
     try:
@@ -70,7 +66,7 @@ def owner_is_dead(run) -> bool:
 
 
 def _kill(mlflow, run) -> None:
-    owner = _owner(run) or {}
+    owner = owner_of(run) or {}
     store.kill(mlflow, run.info.run_id, f"KilledOwner: its process {owner.get('host')}:"
                                         f"{owner.get('pid')} died without ending it")
 

@@ -1,9 +1,6 @@
 """What a tracked point buffers in the run's process, and the facts read off a point for it.
 
-A :class:`PointRun` holds one point's run id (once its run is created) and every number the
-point produced, as plain data, until it is sent with one ``log_batch`` when the point ends. The
-functions below read a lowered point (its document, directory, coordinates) and a run's
-``--out`` folder. Plain data only: nothing here imports MLflow or talks to a store.
+Plain data only: nothing here imports MLflow or talks to a store.
 """
 from __future__ import annotations
 

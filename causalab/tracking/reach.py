@@ -1,21 +1,8 @@
-"""Reach the tracking store before anything slow, and bound every call to it after.
+"""Reach the tracking store before anything slow, open it, and bound every call to it after.
 
-MLflow's own client retries an unreachable server for minutes (seven retries, doubling
-back-off, two-minute timeouts) and does so only at the first call, which a run makes after
-its model has loaded. :func:`reach` asks the server's ``/health`` first, with urllib3's
-``Retry`` (a few quick tries, short timeouts), so ``causalab run`` and ``causalab runs`` fail
-in seconds with the URI named. A SQLite store is local: a run (``writes``) checks that its
-file can be made where it says (else SQLAlchemy retries for minutes), without making it;
-MLflow's retired file store (``file:``) is refused.
-
-:func:`client` opens a store; a SQLite store's first use (MLflow makes its tables and runs
-its migrations) holds a lock file beside it, so runs started at once never race there, and
-a new store is made in a file beside it and renamed into place, so a run killed meanwhile
-leaves none half made.
-After the start, every MLflow call carries MLflow's own HTTP deadline settings
-(:data:`DEADLINES`, set where the client is made unless the user set them): a server that
-dies or stops answering fails a call in under a minute, and :func:`answered` says so as
-:class:`Unanswered`; a store that answers but takes no write as :class:`StoreRefused`.
+MLflow's client retries an unreachable server for minutes, and only at its first call, after
+the model has loaded; :func:`reach` asks first and refuses in seconds with the URI named.
+Deadlines, a new SQLite store's first use and the refusals: docs/platform.md §5.
 """
 from __future__ import annotations
 
@@ -64,12 +51,9 @@ FETCH_ADVICE = "start it, or point MLFLOW_TRACKING_URI or --tracking-uri at the 
 
 def reach(uri: str, at: Path = ("--tracking-uri",), tries: int = TRIES,
           timeout_s: float = TIMEOUT_S, advice: str = RUN_ADVICE, writes: bool = False) -> None:
-    """Refuse at ``at`` unless the server at ``uri`` answers within ``tries`` short tries.
-
-    Any HTTP answer counts as reached (a server behind authentication answers 401); only a
-    refused connection, a timeout or a name that does not resolve is unreachable. ``advice``
-    ends the refusal: what a run can do differs from what a download can.
-    """
+    """Refuse at ``at`` unless the server at ``uri`` answers within ``tries`` short tries
+    (any HTTP answer counts: a server behind a login answers 401), or a run's SQLite file
+    (``writes``) cannot be made where it says. ``advice`` ends the refusal."""
     if uri.startswith("file:"):
         raise TrackingError(at, f"{uri} is MLflow's file store, which MLflow 3 no longer writes; "
                                 "give a folder (its mlflow.db) or sqlite:///<folder>/mlflow.db")
@@ -103,8 +87,8 @@ def sqlite_file(uri: str) -> FilePath | None:
 
 
 def _writable_database(uri: str, at: Path) -> None:
-    """Refuse at ``at`` a SQLite file that cannot be made: a folder in its place, or no folder
-    it could be made in (``files.cannot_write_in``)."""
+    """Refuse at ``at`` a SQLite file that cannot be made (else SQLAlchemy retries for
+    minutes): a folder in its place, or no folder it could be made in."""
     database = sqlite_file(uri)
     if database is None:
         return
@@ -118,10 +102,8 @@ def _writable_database(uri: str, at: Path) -> None:
 
 
 def client(uri: str) -> "MlflowClient":
-    """A client of the store at ``uri``; MLflow opens the store here (and makes a new SQLite
-    store's tables under its lock, :func:`_first_use`, saying so unless ``CAUSALAB_QUIET=1``).
-    Its calls carry MLflow's HTTP deadlines (``reach.DEADLINES``) unless the process set its
-    own."""
+    """A client of the store at ``uri``, opened here (a new SQLite store made under its lock,
+    :func:`_first_use`); its calls carry :data:`DEADLINES` unless the process set its own."""
     from causalab.progress import mlflow_notes
 
     os.environ.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
@@ -155,10 +137,8 @@ def _client_of(uri: str, database: FilePath | None) -> "MlflowClient":
 
 @contextlib.contextmanager
 def _first_use(database: FilePath) -> Iterator[None]:
-    """Hold ``<database>.lock`` while the store is first opened: MLflow makes a new SQLite
-    store's tables and runs its migrations then, and two processes doing so at once on one
-    file fail (``table _alembic_tmp_experiments already exists``). A new store is made aside
-    (:func:`_made_aside`), so a run killed meanwhile leaves none half made."""
+    """Hold ``<database>.lock`` while the store is first opened: two processes making one
+    file's tables at once fail (``table _alembic_tmp_experiments already exists``)."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not on the platforms causalab runs on
@@ -180,13 +160,10 @@ def _first_use(database: FilePath) -> Iterator[None]:
 
 
 def _made_aside(database: FilePath) -> None:
-    """Make a store that does not exist yet in ``<database>.new`` beside it, then rename it
-    into place, under the lock. MLflow's migrations are not one transaction (a SQLite batch
-    migration copies a table through ``_alembic_tmp_<name>``, each step committed alone), so a
-    run killed while they ran in place left a store no later run could open (``duplicate column
-    name: step``, ``table _alembic_tmp_trace_info already exists``). A staging file a killed run
-    left is made again; a store that exists is opened, and migrated if MLflow must, in place.
-    Same folder, so the rebase and ``causalab.store_root`` (``moved.py``) see the store's own."""
+    """Make a new store in ``<database>.new`` beside it, then rename it into place: MLflow's
+    migrations are not one transaction, so a run killed while they ran in place left a store
+    no later run could open (``duplicate column name: step``). A store that exists is opened,
+    and migrated if MLflow must, in place."""
     if database.exists() and database.stat().st_size > 0:
         return
     import sqlalchemy
@@ -207,9 +184,8 @@ def _made_aside(database: FilePath) -> None:
 
 
 def said_once() -> None:
-    """A run's store errors are said once, by the run: MLflow's tries are its own
-    (:data:`DEADLINES`), and the logged copy of an error it raises (a database's, an
-    asynchronous write's; a full disk's traceback was hundreds of lines) is left out."""
+    """A run's store errors are said once, by the run: MLflow's logged copy of an error it
+    raises (a full disk's traceback was hundreds of lines) is left out."""
     import logging
 
     logging.getLogger("urllib3").setLevel(logging.ERROR)
@@ -218,8 +194,7 @@ def said_once() -> None:
 
 
 def answered(uri: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``function(client of uri, *args, **kwargs)``, what failed said as :func:`translated`
-    says it."""
+    """``function(client of uri, *args, **kwargs)``, a failure said as :func:`translated`."""
     from causalab.errors import CausalabError
 
     try:
@@ -234,9 +209,8 @@ def answered(uri: str, function: Callable[..., Any], *args: Any, **kwargs: Any) 
 
 
 def translated(error: BaseException, uri: str) -> TrackingError | None:
-    """``error`` as the run says it: a store that stopped answering as :class:`Unanswered`,
-    one that cannot take a write as :class:`StoreRefused` (both at no path: the caller names
-    where the URI came from); None for any other failure."""
+    """``error`` as the run says it, at no path (the caller names where the URI came from);
+    None for a failure that is neither :class:`Unanswered` nor :class:`StoreRefused`."""
     why = unanswered(error, uri)
     if why is not None:
         return Unanswered((), f"the tracking store at {uri} stopped answering ({why})")
@@ -252,16 +226,16 @@ _REFUSING = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES,
 
 
 def refused(error: BaseException) -> str | None:
-    """Why the store cannot take a write, when that is what ``error`` says: its SQLite file
-    (full, read-only, corrupt), its artifact folder (no space, no permission) or a server
-    that asks for a login."""
+    """Why the store cannot take a write, when that is what ``error`` says: its SQLite file or
+    artifact folder (full, read-only, corrupt, no permission) or a server that asks for a login."""
     seen: BaseException | None = error
     while seen is not None:
         if _LOGIN.search(str(seen)) and type(seen).__name__ == "MlflowException":
             return ("it asks for a login (HTTP 401/403): set MLFLOW_TRACKING_USERNAME and "
                     "MLFLOW_TRACKING_PASSWORD, e.g. from `causalab server --auth`'s "
                     "admin_password")
-        if type(seen).__module__ == "sqlite3" or isinstance(seen, OSError) and seen.errno in _REFUSING:
+        if type(seen).__module__ == "sqlite3" or \
+                isinstance(seen, OSError) and seen.errno in _REFUSING:
             lines = [line.strip() for line in str(seen).splitlines() if line.strip()]
             return (lines[0] if lines else type(seen).__name__)[:200]
         seen = seen.__cause__ or seen.__context__
@@ -272,9 +246,9 @@ _HOST_PREFIX = re.compile(r"^\w+\([^)]*\):\s*")
 
 
 def unanswered(error: BaseException, uri: str | None) -> str | None:
-    """Why the store did not answer, when that is what ``error`` says: MLflow's tries at an
-    HTTP server ran out (refused, dropped, timed out, or a 5xx every time: ``mlflow server``
-    answers 503 once its database is gone), or a database server is gone."""
+    """Why the store did not answer, when that is what ``error`` says: MLflow's tries at a
+    server ran out (refused, timed out, or a 5xx every time: ``mlflow server`` answers 503 once
+    its database is gone), or a database server is gone."""
     import requests
 
     seen: BaseException | None = error

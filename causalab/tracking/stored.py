@@ -1,13 +1,8 @@
 """A point's run is done only when all of it is stored: its files read back, its inputs unchanged.
 
-Before a point's run ends FINISHED its artifacts are listed back from the store and compared,
-path and size, with what was sent, and its metric keys with the ones it logged; anything short
-(a full disk, a store that lost a file) ends it FAILED naming what is missing. What passed is
-kept on the run as ``causalab.stored``, and what the point read besides its document (its
-data tables and bundles, :mod:`causalab.compile.inputs`) as ``causalab.inputs``. A resume
-lookup takes a FINISHED run as the point's result only when its inputs are the point's and
-its files are still all there; otherwise it says in one line why the point runs again.
-Every function takes the run's ``MlflowClient``.
+What passed is kept on the run as ``causalab.stored``, what the point read besides its document
+as ``causalab.inputs``; a resume takes a FINISHED run as the point's result only when both
+still hold (docs/platform.md §5). Every function takes the run's ``MlflowClient``.
 """
 from __future__ import annotations
 
@@ -15,34 +10,10 @@ import json
 from typing import Any, Iterable, Mapping
 
 from causalab.tracking import runs as store
+from causalab.tracking.artifacts import listing, named
 
 STORED = "causalab.stored"
 INPUTS = "causalab.inputs"
-_SHOWN = 3  # names a reason lists before "and N more"
-
-
-def listing(mlflow: Any, run_id: str) -> dict[str, int]:
-    """Every artifact of a run, ``path -> size`` in bytes, folders walked (a run this
-    process created is listed in its artifact repository, without a store lookup)."""
-    from causalab.tracking.artifacts import repository_of
-
-    repository = repository_of(run_id, mlflow.tracking_uri)
-    listed = repository.list_artifacts if repository is not None else \
-        (lambda folder: mlflow.list_artifacts(run_id, folder))
-    found: dict[str, int] = {}
-    folders: list[str | None] = [None]
-    while folders:
-        for info in listed(folders.pop()):
-            if info.is_dir:
-                folders.append(info.path)
-            else:
-                found[info.path] = int(info.file_size or 0)
-    return found
-
-
-def _named(names: list[str]) -> str:
-    shown = ", ".join(names[:_SHOWN])
-    return shown + (f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else "")
 
 
 def shortfall(stored: Mapping[str, int], sent: Mapping[str, int]) -> str | None:
@@ -51,14 +22,14 @@ def shortfall(stored: Mapping[str, int], sent: Mapping[str, int]) -> str | None:
     short = sorted(p for p in sent if p in stored and stored[p] != sent[p])
     if not missing and not short:
         return None
-    parts = [f"{len(missing)} of {len(sent)} files missing ({_named(missing)})"] if missing else []
-    parts += [f"{len(short)} stored short ({_named(short)})"] if short else []
+    parts = [f"{len(missing)} of {len(sent)} files missing ({named(missing)})"] if missing else []
+    parts += [f"{len(short)} stored short ({named(short)})"] if short else []
     return "; ".join(parts)
 
 
 def record(sent: Mapping[str, int], metrics: Iterable[str]) -> str:
     """The ``causalab.stored`` tag: every file sent with its size and how many metrics, or,
-    for a point of hundreds of files, their count and bytes (a tag holds 8,000 characters)."""
+    for hundreds of files, their count and bytes (a tag holds 8,000 characters)."""
     count = len(set(metrics))
     text = json.dumps({"files": dict(sorted(sent.items())), "metrics": count},
                       separators=(",", ":"))
@@ -71,16 +42,15 @@ def record(sent: Mapping[str, int], metrics: Iterable[str]) -> str:
 def finish(mlflow: Any, run_id: str, sent: Mapping[str, int], metrics: Iterable[str],
            recorded: str | None = None) -> str | None:
     """End a point's run FINISHED once what it sent reads back, and return None; else return
-    why not (the caller ends it FAILED with that reason). ``recorded``: the record already
-    sent with the point's numbers (one request fewer), read back like them; written here
-    when there was none or files followed it (an attribution point's grids)."""
+    why not. ``recorded``: the record sent with the point's numbers, read back like them;
+    written here when there was none or files followed it (an attribution point's grids)."""
     metrics = set(metrics)
     text = record(sent, metrics)
     why = shortfall(listing(mlflow, run_id), sent)
     run = mlflow.get_run(run_id)
     lost = sorted(metrics - set(run.data.metrics))
     if lost:
-        why = "; ".join(filter(None, [why, f"{len(lost)} metrics not stored ({_named(lost)})"]))
+        why = "; ".join(filter(None, [why, f"{len(lost)} metrics not stored ({named(lost)})"]))
     if recorded == text and run.data.tags.get(STORED) != text:
         why = "; ".join(filter(None, [why, f"its {STORED} record is not the one sent"]))
     if why is not None:
@@ -92,8 +62,8 @@ def finish(mlflow: Any, run_id: str, sent: Mapping[str, int], metrics: Iterable[
 
 
 def not_done(mlflow: Any, run: Any, inputs: Mapping[str, str]) -> str | None:
-    """Why a FINISHED run is not a point's result (None when it is): inputs that changed since,
-    or files gone from the store. ``run`` is the run that computed it (not a link)."""
+    """Why a FINISHED run (not a link) is not a point's result: inputs that changed since, or
+    files gone from the store; None when it is."""
     run_id, tags = run.info.run_id, run.data.tags
     try:
         was = json.loads(tags.get(INPUTS) or "null")
@@ -104,17 +74,19 @@ def not_done(mlflow: Any, run: Any, inputs: Mapping[str, str]) -> str | None:
         return f"run {run_id} has no record that all of it was stored"
     if was is None and inputs:
         return f"run {run_id} recorded no digests of what it read"
-    changed = sorted(k for k in set(inputs) | set(was or {}) if (was or {}).get(k) != inputs.get(k))
+    was = was or {}
+    changed = sorted(k for k in set(inputs) | set(was) if was.get(k) != inputs.get(k))
     if changed:
         names = [k.split(":", 1)[-1] for k in changed]
-        return f"{_named(names)} changed since run {run_id}"
+        return f"{named(names)} changed since run {run_id}"
     if len(run.data.metrics) < int(record.get("metrics", 0)):
         return f"run {run_id} has lost metrics from the store"
     stored = listing(mlflow, run_id)
     if "files" in record:
         why = shortfall(stored, record["files"])
     else:
-        whole = len(stored) >= record.get("count", 0) and sum(stored.values()) >= record.get("bytes", 0)
+        whole = len(stored) >= record.get("count", 0) \
+            and sum(stored.values()) >= record.get("bytes", 0)
         why = None if whole else "files missing"
     return None if why is None else f"run {run_id}'s stored files are incomplete: {why}"
 
@@ -122,7 +94,7 @@ def not_done(mlflow: Any, run: Any, inputs: Mapping[str, str]) -> str | None:
 def done_runs(mlflow: Any, experiment: str, wanted: Mapping[str, Mapping[str, str]]
               ) -> tuple[dict[str, str], dict[str, str]]:
     """For each digest (its inputs given): the FINISHED run that holds its result, else why
-    the newest one does not. Both as ``digest -> run id`` and ``digest -> reason``."""
+    the newest one does not (``digest -> run id``, ``digest -> reason``)."""
     done: dict[str, str] = {}
     why: dict[str, str] = {}
     for digest, inputs in wanted.items():
