@@ -52,8 +52,7 @@ def _download(uri: str, parts: tuple[str, str], destination: Path, tracking_uri:
 
 
 def _missing(parts: tuple[str, str], store: str) -> str | None:
-    """What the store lacks for ``(run id, path)`` in plain words (the run, or the file in
-    it); None when both are there."""
+    """What the store lacks for ``(run id, path)`` in plain words; None when both are there."""
     from mlflow.exceptions import MlflowException
 
     run_id, path = parts
@@ -80,8 +79,7 @@ def _missing(parts: tuple[str, str], store: str) -> str | None:
 
 
 def _run_parts(uri: str, at: tuple, whole_run: bool = True) -> tuple[str, str]:
-    """``runs:/<id>/<path>`` -> (id, path), each part a safe name (an empty path: the whole
-    run)."""
+    """``runs:/<id>/<path>`` -> (id, path), each a safe name (an empty path: the whole run)."""
     try:
         return runs_uri_parts(uri, whole_run=whole_run)
     except ValueError as error:
@@ -129,8 +127,7 @@ def _verify(local: Path, uri: str) -> None:
 
 
 def _place(local: Path, target: Path, uri: str) -> None:
-    """Put a finished download at ``target`` by one rename from beside it; a folder already
-    there is merged into."""
+    """Put a finished download at ``target`` by one rename, or merge it into a folder there."""
     target.parent.mkdir(parents=True, exist_ok=True)
     if local.is_dir() and target.is_dir():
         shutil.copytree(local, target, dirs_exist_ok=True)
@@ -153,8 +150,7 @@ def _place(local: Path, target: Path, uri: str) -> None:
 
 
 def resolve_artifact(uri: str, tracking_uri: str | None = None) -> str:
-    """The local path of a ``runs:/`` artifact, downloaded into the artifact cache; any other
-    string unchanged."""
+    """The local path of a ``runs:/`` artifact, downloaded into the cache; else ``uri`` itself."""
     if not uri.startswith("runs:/"):
         return uri
     run_id, path = _run_parts(uri, _WHERE, whole_run=False)
@@ -173,8 +169,7 @@ def resolver(tracking_uri: str | None = None):
 
 
 def log_files(mlflow, run_id: str, files: list[tuple[str, str]]) -> dict[str, int]:
-    """Log ``(local path, artifact path)`` pairs; returns what was sent, ``stored path ->
-    size``, for :mod:`~causalab.tracking.stored` to read back."""
+    """Log ``(local path, artifact path)`` pairs; returns what was sent, ``path -> size``."""
     repository = repository_of(run_id, mlflow.tracking_uri)
     sent: dict[str, int] = {}
     for local, artifact in files:
@@ -190,8 +185,7 @@ def log_files(mlflow, run_id: str, files: list[tuple[str, str]]) -> dict[str, in
 
 
 def repository_of(run_id: str, tracking_uri: str):
-    """The artifact repository of a run this process created in the store at
-    ``tracking_uri``, found without a store lookup; else None."""
+    """The artifact repository of a run this process created, found without a store lookup."""
     location = artifact_location_of(run_id)
     if location is None or location[1] != tracking_uri:
         return None
@@ -209,8 +203,7 @@ def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> dict[str, int]
 
 
 def download_run(mlflow, run_id: str, destination: str) -> list[str]:
-    """Every file run ``run_id`` logged, copied under ``destination`` (a file already there is
-    kept); their paths relative to it."""
+    """Every file run ``run_id`` logged, copied under ``destination`` (keeping files there)."""
     from causalab.progress import mlflow_bars
 
     with tempfile.TemporaryDirectory(prefix="causalab-reused-") as staging, mlflow_bars():

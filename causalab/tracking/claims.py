@@ -108,8 +108,8 @@ class Claim:
 
 @dataclass
 class Claims:
-    """The start call's answer: which points are done (and why others are not), the runs
-    this run holds its points in, and the points a live run elsewhere holds."""
+    """By digest: the done points' runs, why others are not done, this run's claims, and the
+    live runs elsewhere that hold a point."""
 
     done: dict[str, str] = field(default_factory=dict)
     why: dict[str, str] = field(default_factory=dict)

@@ -28,8 +28,7 @@ VIEW_KEY = "viewStateShareKey"
 
 
 def stored_points(mlflow, experiment: str, parent: str) -> list:
-    """The point runs below ``parent`` (its children, and the children of a child that is a
-    sweep: a multirun's job), in the order they started."""
+    """The point runs below ``parent`` (a multirun's below its jobs too), oldest first."""
     found = []
     for child in store.children(mlflow, experiment, parent):
         if child.data.tags.get(store.KIND) == "sweep":
@@ -119,10 +118,10 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
                                                             seeds.line(across)])))
     log_bytes(mlflow, run_id, page.encode(), summary.TABLE)
     search = points_filter(run_id, [run.info.run_id for run in runs],
-                                 [run.data.tags.get(store.PARENT) for run in runs])
+                           [run.data.tags.get(store.PARENT) for run in runs])
     view = view_state(points, swept, name=f"{parent.info.run_name or 'sweep'} "
-                                                f"({len(points)} points)", created_ms=now,
-                            search=search)
+                                          f"({len(points)} points)", created_ms=now,
+                      search=search)
     mlflow.set_experiment_tag(experiment, f"{VIEW_TAG}{run_id}", view)
     return {"view": run_id, "points": len(points), "runs": [run.info.run_id for run in runs],
             "first": ranking.line(ranked) if ranked["first"] else None, "pictures": pictures}
@@ -154,8 +153,7 @@ def landed(mlflow, experiment: str, parent: str) -> dict | None:
 
 
 def newest_landed(mlflow, parent: str | None = None) -> tuple[str, str, list] | None:
-    """(experiment id, parent id, point ids) of ``parent``, else of the newest parent
-    :func:`land` gave a view in any experiment; None when there is none."""
+    """(experiment id, parent id, point ids) of ``parent``, else of the newest landed one."""
     if parent is not None:
         run = store.found_run(mlflow, parent)
         if run is None:  # no such run in this store
@@ -253,16 +251,12 @@ def view_address(base: str, experiment_id: str, key: str) -> str:
             f"?{VIEW_KEY}={key}&workflowType=machine_learning")
 
 
-def compare_address(base: str, experiment_id: str, key: str) -> str:
-    """The same runs page and saved view in its chart view, the sweep's charts first. MLflow's
-    compare page cannot be told what to show first (every param before any metric)."""
-    return f"{view_address(base, experiment_id, key)}&compareRunsMode=CHART"
-
-
 def where(base: str, experiment_id: str, view: str, run_ids: Sequence[str]) -> list[str]:
     """The lines that open a landed sweep in the UI at ``base``: the runs page on its saved
-    view and, for more than one point, that view's charts."""
-    lines = [f"open the sweep: {view_address(base, experiment_id, view)}"]
+    view and, for more than one point, that view's charts first (MLflow's compare page cannot
+    be told what to show first: every param before any metric)."""
+    page = view_address(base, experiment_id, view)
+    lines = [f"open the sweep: {page}"]
     if len(run_ids) > 1:
-        lines.append(f"compare its points: {compare_address(base, experiment_id, view)}")
+        lines.append(f"compare its points: {page}&compareRunsMode=CHART")
     return lines

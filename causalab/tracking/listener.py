@@ -20,7 +20,7 @@ from causalab.errors import CausalabError, Path as JsonPath, TrackingError, Usag
 from causalab.files import DOCUMENT, HYDRA_CONFIG, RUN_RECORD
 from causalab.plots import curves as plots
 from causalab.scores import naming
-from causalab.tracking import artifacts, claims, landing, links, owners, pictures, stored
+from causalab.tracking import artifacts, claims, landing, owners, pictures, stored
 from causalab.tracking import points as facts
 from causalab.tracking import runs as store
 from causalab.tracking.points import PointRun
@@ -80,11 +80,8 @@ class TrackingEvents(Events):
         self._failures: list[Exception] = []  # the calls that failed, for ``wait``
         self._client: Any = None
         self._swept = False
-        self._done_runs: dict[str, str] = {}
-        self._not_done: dict[str, str] = {}
-        self._claimed: dict[str, str] = {}  # digest -> the run this run holds the point in
-        self._taken: dict[str, str] = {}  # digest -> the live run elsewhere that holds it
-        self.taken: dict[str, str] = {}  # label -> that run, said as the point is skipped
+        self._claims = claims.Claims()  # by digest: done, why not, mine, taken elsewhere
+        self.taken: dict[str, str] = {}  # label -> the live run elsewhere that computes it
         self._open: dict[int, PointRun] = {}
         self._stopped: list[tuple[PointRun, list]] = []  # points an interrupt stopped
         self._answered = time.monotonic()  # when the store last answered a call
@@ -182,7 +179,6 @@ class TrackingEvents(Events):
         first = points[0] if points else None
         varied = plots.varied([getattr(p, "coordinates", None) or {} for p in points])
         self._title = plots.title_of(getattr(first, "document", None) or document, varied)
-        digests = [p.digest for p in points if getattr(p, "digest", None)]
         wanted = {p.digest: dict(getattr(p, "input_digests", None) or {})
                   for p in points if getattr(p, "digest", None)}
         self._swept = len(points) > 1 or any(getattr(p, "coordinates", None) for p in points)
@@ -191,37 +187,34 @@ class TrackingEvents(Events):
         # so it neither looks up nor claims, and does not wait for the store.
         if not self.rerun:
             asked = {p.digest: self._claim_of(p) for p in points if getattr(p, "digest", None)}
-            found = self.call(claims.claim_points, self.experiment_id, wanted, asked)
-            self._done_runs, self._not_done = found.done, found.why
-            self._claimed, self._taken = found.mine, found.taken
+            self._claims = self.call(claims.claim_points, self.experiment_id, wanted, asked)
         sweep = digest(document) if self._swept else None
         # What a killed earlier run of this document left RUNNING ends KILLED first.
-        self.send(lambda: self.call(owners.reap, self.experiment_id, digests, sweep))
+        self.send(lambda: self.call(owners.reap, self.experiment_id, wanted, sweep))
         if self._swept:
-            self.send(self._open_sweep, sweep, first,
-                           facts.shared_params(points, self.job_params))
+            self.send(self._open_sweep, sweep, first, facts.shared_params(points, self.job_params))
 
     def point_start(self, point: Any) -> bool:
         self._check()
         label = self._label(point)
-        found = self._done_runs.get(getattr(point, "digest", None))
+        found = self._claims.done.get(getattr(point, "digest", None))
         if found:
             self.skipped[label] = found
             self.send(self._reuse, point, label, found)
             return False
-        holder = self._taken.get(getattr(point, "digest", None))
+        holder = self._claims.taken.get(getattr(point, "digest", None))
         if holder:  # a live run elsewhere computes it now (tracking/claims.py)
             self.taken[label] = holder
             print(f"skipped {label or '<root>'}: being computed by {holder}", file=sys.stderr)
             return False
-        why = self._not_done.get(getattr(point, "digest", None))
+        why = self._claims.why.get(getattr(point, "digest", None))
         if why:  # an earlier run of this document is not this point's result: say why
             print(f"rerunning {label or '<root>'}: {why}", file=sys.stderr)
         claim = self._claim_of(point)
         coordinates = dict(getattr(point, "coordinates", None) or {})
         run = PointRun(label, facts.steps(point), facts.fits(point),
                        plots.title_of(getattr(point, "document", None)) or self._title)
-        run.run_id = self._claimed.pop(getattr(point, "digest", None), None)
+        run.run_id = self._claims.mine.pop(getattr(point, "digest", None), None)
         run.params = naming.point_params(getattr(point, "document", None), coordinates,
                                          self.job_params)
         self._open[id(point)] = run
@@ -239,32 +232,27 @@ class TrackingEvents(Events):
                                                sort_keys=True, separators=(",", ":"))})
         if self.parent_run_id:  # a multirun job's claims sit under its parent from the start
             tags[store.PARENT] = self.parent_run_id
-        name = label if self._swept else (self.run_name or label or "point")
-        return claims.Claim(name, tags)
+        return claims.Claim(self._run_name(label), tags)
 
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
-        run = self._open.get(id(point))
-        if run is not None:
+        if (run := self._open.get(id(point))) is not None:
             run.score(step, name, mean, eligible)
 
     def interval(self, point: Any, step: str, name: str, low: float, high: float) -> None:
-        run = self._open.get(id(point))
-        if run is not None:
+        if (run := self._open.get(id(point))) is not None:
             run.interval(step, name, low, high)
 
     def receipt(self, found: dict | None) -> None:
         self.send(self._log_receipt, found)
 
     def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
-        run = self._open.get(id(point))
-        if run is not None:
+        if (run := self._open.get(id(point))) is not None:
             run.loss(step, update, loss)
 
     def fit_epoch(self, point: Any, step: str, epoch: int, eval_mean: float,
                   kept: float | None) -> None:
         self._check()
-        run = self._open.get(id(point))
-        if run is not None:
+        if (run := self._open.get(id(point))) is not None:
             run.epoch(step, epoch, eval_mean, kept)
 
     def point_end(self, point: Any, written: list[str], error: BaseException | None) -> None:
@@ -343,8 +331,7 @@ class TrackingEvents(Events):
         self._failures.clear()  # the run's own error is the one to report
 
     def __enter__(self) -> "TrackingEvents":
-        """Reach the store now, in seconds, before the run compiles or loads a model; it is
-        opened at the first call, once the run holds its ``--out``."""
+        """Reach the store now, in seconds, before the run compiles or loads a model."""
         reach(self.uri, source_of(self.uri_option), writes=True)
         return self
 
@@ -360,12 +347,15 @@ class TrackingEvents(Events):
 
     def _drop_claims(self) -> None:
         """Withdraw the claims on points this run never started: nothing of them was made."""
-        for run_id in self._claimed.values():
-            self.send(lambda run_id=run_id: self.call(store.withdraw, run_id))
-        self._claimed = {}
+        for run_id in self._claims.mine.values():
+            self.send(self.call, store.withdraw, run_id)
+        self._claims.mine = {}
 
     def _label(self, point: Any) -> str:
         return getattr(point, "name", "") if self._swept else ""
+
+    def _run_name(self, label: str) -> str:
+        return label if self._swept else (self.run_name or label or "point")
 
     # --- the store's side -------------------------------------------------------------------
 
@@ -401,9 +391,6 @@ class TrackingEvents(Events):
             self.call(store.log_batch, run.run_id, tags=tags, params=params)
             if params:
                 run.params = {}
-        # A new run's params go with its numbers when it ends, in one request; what it is
-        # (its coordinates, digest, inputs) is in its tags from its creation, so a run whose
-        # process dies still says so.
         self.point_runs[run.label] = run.run_id
 
     def _reuse(self, point: Any, label: str, found: str) -> None:
@@ -420,9 +407,8 @@ class TrackingEvents(Events):
 
     def _link(self, point: Any, label: str, found: str) -> None:
         parent = self.sweep_run_id or self.parent_run_id
-        name = label if self._swept else (self.run_name or label or "point")
-        self.linked[label] = self.call(links.link, self.experiment_id, found, parent, name,
-                                       self._tags("point", point))
+        self.linked[label] = self.call(stored.link, self.experiment_id, found, parent,
+                                       self._run_name(label), self._tags("point", point))
 
     def _upload(self, run: PointRun, files: list) -> None:
         """Send a point's files, its config, its loss plots, then its buffered numbers (with
@@ -439,9 +425,12 @@ class TrackingEvents(Events):
         run.sending(run.flush, self.call)
 
     def _log_receipt(self, found: dict | None) -> None:
-        """The fidelity receipt as tags of the run's top run: its sweep's parent (with the
-        parent's params), else its point's run."""
-        tags = receipt_tags(found) if found is not None else None
+        """The fidelity receipt as tags of the run's top run: its parent, else its point's."""
+        tags = None
+        if found is not None:  # .max_abs_dlogit, .rows, .dtype, and one tag a library (.torch, …)
+            facts = {key: found[key] for key in ("max_abs_dlogit", "rows", "dtype")}
+            facts.update(found["versions"])
+            tags = {f"causalab.receipt.{key}": str(value) for key, value in facts.items()}
         if self.sweep_run_id is not None:
             self._send_sweep_params(tags)
             return
@@ -462,7 +451,7 @@ class TrackingEvents(Events):
         files = [(p, DOCUMENT) for p in sorted(roots, key=len)[:1]] + record
         self.call(artifacts.log_files, self.sweep_run_id,
                   [f for f in files if Path(f[0]).is_file()])
-        done = self._done + self.call(links.means_of, list(self.linked.values()))
+        done = self._done + self.call(stored.means_of, list(self.linked.values()))
         # The parent's pictures are the output folder's too, when this run computed points:
         # drawn once (SweepPictures then finds them among ``written``).
         landed = self.call(landing.land, self.sweep_run_id, done, title=self._title,
@@ -488,30 +477,26 @@ class TrackingEvents(Events):
         (:func:`causalab.tracking.stored.finish`), else FAILED with what is missing."""
         if run.run_id is None:
             return
-        if error is None and run.lost is None:
-            why = self.call(stored.finish, run.run_id, run.sent, sorted(run.keys),
-                            run.recorded)
+        why = None if run.lost is None else f"not all of the point was stored: {run.lost}"
+        if error is None and why is None:
+            why = self.call(stored.finish, run.run_id, run.sent, sorted(run.keys), run.recorded)
             if why is None:
                 if run.folder is not None:
                     self._stored[run.run_id] = Path(run.folder)
                 return
-            error = IncompleteStore(why)
-        elif error is None:
-            error = IncompleteStore(f"not all of the point was stored: {run.lost}")
         self.failed.append(run.run_id)
-        if isinstance(error, IncompleteStore):
-            # A store that stopped answering already said where the files are: once is enough.
-            tail = ("" if "files are in" in str(error) else
-                    f"; its files are in {self.out}, and a rerun computes it again")
-            refusal = TrackingError(source_of(self.uri_option), (
-                f"point {run.label or '<root>'} (run {run.run_id}) is not FINISHED: {error}"
-                f"{tail}"))
-            try:
-                self._end(run.run_id, error)
-            except Exception:  # a store that takes nothing more leaves it RUNNING: not done
-                pass
-            raise refusal
-        self._end(run.run_id, error)
+        if error is not None:
+            self._end(run.run_id, error)
+            return
+        # A store that stopped answering already said where the files are: once is enough.
+        tail = ("" if "files are in" in why else
+                f"; its files are in {self.out}, and a rerun computes it again")
+        try:
+            self._end(run.run_id, IncompleteStore(why))
+        except Exception:  # a store that takes nothing more leaves it RUNNING: not done
+            pass
+        raise TrackingError(source_of(self.uri_option), (
+            f"point {run.label or '<root>'} (run {run.run_id}) is not FINISHED: {why}{tail}"))
 
     def _end_sweep(self, error: BaseException, unless_ended: bool = False) -> None:
         """End the sweep's parent (if it was opened) with ``error``."""
@@ -531,13 +516,3 @@ class TrackingEvents(Events):
         status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
         self.call(store.terminate, run_id, status)
 
-
-RECEIPT = "causalab.receipt"
-
-
-def receipt_tags(found: dict) -> dict[str, str]:
-    """``causalab.receipt.max_abs_dlogit``, ``.rows``, ``.dtype`` and one tag a library
-    (``causalab.receipt.torch``, …)."""
-    tags = {f"{RECEIPT}.{key}": str(found[key]) for key in ("max_abs_dlogit", "rows", "dtype")}
-    tags.update({f"{RECEIPT}.{name}": version for name, version in found["versions"].items()})
-    return tags

@@ -18,21 +18,13 @@ OWNER = "causalab.owner"
 _RUNNING = "attributes.status = 'RUNNING'"
 
 
-def _started(pid: int) -> str | None:
-    """The process's start time (``psutil``, seconds since the epoch, to the centisecond), or
-    None when there is no such process."""
-    import psutil
-
-    try:
-        return f"{psutil.Process(pid).create_time():.2f}"
-    except (psutil.Error, OSError):
-        return None
-
-
 def owner_tags() -> dict[str, str]:
     """The ``causalab.owner`` tag of a run this process opens."""
-    pid = os.getpid()
-    owner = {"host": socket.gethostname(), "pid": pid, "start": _started(pid)}
+    import psutil
+
+    process = psutil.Process()
+    owner = {"host": socket.gethostname(), "pid": process.pid,
+             "start": f"{process.create_time():.2f}"}
     return {OWNER: json.dumps(owner, sort_keys=True)}
 
 
@@ -121,8 +113,7 @@ def resumable_sweep(mlflow, experiment_id: str, sweep: str) -> str | None:
 
 
 def reopen(mlflow, run_id: str, owner: dict[str, str]) -> None:
-    """Make an ended sweep parent the caller's own again: RUNNING, ``owner`` (the caller's
-    :func:`owner_tags`), no error."""
+    """Make an ended sweep parent ``owner``'s again: RUNNING, its tags, no error."""
     mlflow.update_run(run_id, status="RUNNING")
     store.log_batch(mlflow, run_id, tags=owner)
     if store.ERROR in mlflow.get_run(run_id).data.tags:

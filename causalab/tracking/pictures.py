@@ -21,8 +21,7 @@ COMPARISON = "plots/attribution_vs_exact.png"
 
 def log_grids(mlflow, run_id: str, grids: Mapping[str, Mapping[str, list]], *,
               title: str) -> dict[str, int]:
-    """A point's attribute steps: their heatmaps or curves, their grids, and the tag; returns
-    what was sent."""
+    """A point's attribute steps: their pictures, their grids and the tag; returns what was sent."""
     prefix = len(grids) > 1
     sent: dict[str, int] = {}
     for step, grid in grids.items():
@@ -65,8 +64,7 @@ def log_comparison(mlflow, run_id: str, experiment: str, *, title: str = "") -> 
 
 
 def send_grids(listener: Any, run: Any, point: Any) -> None:
-    """From a tracking listener's ``point_end``: a point's attribution grids and step
-    pictures, sent to its run after the point's files."""
+    """A point's attribution grids and step pictures, sent after its files (``point_end``)."""
     grids = attribution_plots.grids_of(point)
     if grids:
         listener.send(run.sending, listener.call, log_grids, run.run_id, grids, title=run.title)

@@ -2,7 +2,8 @@
 
 MLflow's client retries an unreachable server for minutes, and only at its first call, after
 the model has loaded; :func:`reach` asks first and refuses in seconds with the URI named.
-Deadlines, a new SQLite store's first use and the refusals: docs/platform.md §5.
+Deadlines, a new SQLite store's first use, a moved store's rebase and the refusals:
+docs/platform.md §5.
 """
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import contextlib
 import errno
 import os
 import re
+import sqlite3
 import time
 from pathlib import Path as FilePath
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from causalab import files
 from causalab.errors import Path, TrackingError
@@ -20,6 +22,9 @@ from causalab.errors import Path, TrackingError
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
+# The folder a SQLite store causalab made was made in (an experiment tag), and its artifacts'.
+ROOT_TAG = "causalab.store_root"
+ARTIFACTS = "mlartifacts"
 TRIES = 3
 TIMEOUT_S = 2.0
 PAUSE_S = 0.5
@@ -128,11 +133,34 @@ def _client_of(uri: str, database: FilePath | None) -> "MlflowClient":
     from causalab.progress import mlflow_notes
 
     if database is not None and database.is_file():  # a store moved since: rebased first
-        from causalab.tracking.moved import rebase
-
         rebase(database)
     with mlflow_notes():
         return MlflowClient(tracking_uri=uri)
+
+
+def rebase(database: FilePath) -> int:
+    """Point a moved store's artifact locations at the ``mlartifacts`` beside ``database``, in
+    plain ``sqlite3`` before MLflow opens it (MLflow keeps them absolute, on the experiment and
+    on each run); returns how many experiments were rebased."""
+    here = str(database.resolve().parent)
+    new = (FilePath(here) / ARTIFACTS).as_uri()
+    with contextlib.closing(sqlite3.connect(database, timeout=30)) as db:
+        try:
+            moved = db.execute("SELECT experiment_id, value FROM experiment_tags WHERE key = ? "
+                               "AND value != ?", (ROOT_TAG, here)).fetchall()
+        except sqlite3.DatabaseError:  # no tables yet, or not a store: MLflow says what it is
+            return 0
+        with db:
+            for experiment, was in moved:
+                old = (FilePath(was) / ARTIFACTS).as_uri()
+                for table, column in (("experiments", "artifact_location"),
+                                      ("runs", "artifact_uri")):
+                    db.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                               f"WHERE experiment_id = ? AND substr({column}, 1, ?) = ?",
+                               (new, len(old) + 1, experiment, len(old), old))
+                db.execute("UPDATE experiment_tags SET value = ? WHERE experiment_id = ? AND "
+                           "key = ?", (here, experiment, ROOT_TAG))
+    return len(moved)
 
 
 @contextlib.contextmanager
@@ -189,28 +217,11 @@ def said_once() -> None:
     import logging
 
     logging.getLogger("urllib3").setLevel(logging.ERROR)
-    for name in ("mlflow.store.db.utils", "mlflow.utils.async_logging.async_logging_queue"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-
-
-def answered(uri: str, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``function(client of uri, *args, **kwargs)``, a failure said as :func:`translated`."""
-    from causalab.errors import CausalabError
-
-    try:
-        return function(client(uri), *args, **kwargs)
-    except CausalabError:
-        raise
-    except Exception as error:
-        found = translated(error, uri)
-        if found is None:
-            raise
-        raise found from None
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
 def translated(error: BaseException, uri: str) -> TrackingError | None:
-    """``error`` as the run says it, at no path (the caller names where the URI came from);
-    None for a failure that is neither :class:`Unanswered` nor :class:`StoreRefused`."""
+    """``error`` as :class:`Unanswered` or :class:`StoreRefused`, at no path; else None."""
     why = unanswered(error, uri)
     if why is not None:
         return Unanswered((), f"the tracking store at {uri} stopped answering ({why})")

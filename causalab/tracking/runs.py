@@ -15,8 +15,7 @@ from urllib.parse import urlparse
 
 from causalab.document.names import mlflow_key
 from causalab.errors import TrackingError
-from causalab.tracking.moved import ARTIFACTS, ROOT_TAG
-from causalab.tracking.reach import client, sqlite_file
+from causalab.tracking.reach import ARTIFACTS, ROOT_TAG, client, sqlite_file
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -80,8 +79,7 @@ def store_exists(uri: str) -> bool:
 
 
 def artifact_location(uri: str) -> str | None:
-    """A SQLite store's artifact root, ``mlartifacts`` beside it; None for a server, which
-    decides its own."""
+    """A SQLite store's artifact root, beside it; None for a server, which decides its own."""
     if not uri.startswith("sqlite:///"):
         return None
     database = Path(uri[len("sqlite:///"):])
@@ -98,23 +96,20 @@ def runs_page(base: str, experiment_id: str | None) -> str:
 
 def ui_command(uri: str, experiment_id: str | None = None, run_id: str | None = None) -> str:
     """The one command that shows these runs: the server's runs page, or ``causalab ui`` on
-    the SQLite store (``run_id``: the sweep whose addresses it prints)."""
-    if uri.startswith(("http://", "https://")):
-        return f"open {runs_page(uri, experiment_id)}"
-    command = f"{causalab_command()} ui --store {uri}"
-    return f"{command} --run {run_id}" if run_id else command
-
-
-def causalab_command() -> str:
-    """``.venv/bin/causalab`` (relative when under the working directory), else
-    ``<python> -m causalab``: a bare ``causalab`` may not be on PATH."""
+    the SQLite store (``run_id``: the sweep whose addresses it prints). The command is this
+    interpreter's (relative when under the working directory): ``causalab`` may not be on PATH."""
     import sys
 
+    if uri.startswith(("http://", "https://")):
+        return f"open {runs_page(uri, experiment_id)}"
     script = Path(sys.executable).with_name("causalab")
     if not script.is_file():
-        return f"{sys.executable} -m causalab"
-    relative = os.path.relpath(script)
-    return str(script) if relative.startswith("..") else relative
+        command = f"{sys.executable} -m causalab"
+    else:
+        relative = os.path.relpath(script)
+        command = str(script) if relative.startswith("..") else relative
+    command += f" ui --store {uri}"
+    return f"{command} --run {run_id}" if run_id else command
 
 
 @functools.lru_cache(maxsize=1)
@@ -144,7 +139,7 @@ def experiment_id(mlflow: MlflowClient, name: str, uri: str) -> str:
         return found.experiment_id
     tags = dict([EXPERIMENT_KIND])
     database = sqlite_file(uri)
-    if database is not None:  # where the store is made: a move or copy is rebased (moved.py)
+    if database is not None:  # where the store is made: a move or copy is rebased
         tags[ROOT_TAG] = str(database.resolve().parent)
     try:
         return mlflow.create_experiment(name, artifact_location=artifact_location(uri),
@@ -222,15 +217,6 @@ def _cut(values: Mapping[str, Any], limit: int) -> dict[str, str]:
     return {mlflow_key(k): str(v)[:limit] for k, v in values.items() if v is not None}
 
 
-def finished_candidates(mlflow: MlflowClient, experiment: str, produced_by: str,
-                        limit: int = 20) -> list:
-    """FINISHED runs of the digest ``produced_by``, newest first: those that computed it and
-    links to them."""
-    query = (f"tags.`{PRODUCED_BY}` = '{produced_by}' and attributes.status = 'FINISHED'")
-    return list(mlflow.search_runs([experiment], filter_string=query, max_results=limit,
-                                   order_by=["attributes.start_time DESC"]))
-
-
 def children(mlflow: MlflowClient, experiment: str, parent: str) -> list:
     """Every run nested directly under ``parent``."""
     query = f"tags.`{PARENT}` = '{parent}'"
@@ -262,14 +248,12 @@ def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Point] = (
 
 
 def metric(key: str, value: float, step: int, timestamp: int) -> Point:
-    """One value under a key MLflow accepts: the document room's rule, so validate saw the
-    same keys."""
+    """One value under a key MLflow accepts, by the rule validate checked."""
     return Point(mlflow_key(key), float(value), timestamp, int(step))
 
 
 def param_value(value: Any) -> str:
-    """A coordinate as its sweep label writes it: a one-element list bare, scalars plain, else
-    JSON."""
+    """A coordinate as its sweep label writes it: one element bare, scalars plain, else JSON."""
     if isinstance(value, (list, tuple)) and len(value) == 1:
         value = value[0]
     if isinstance(value, str):

@@ -2,11 +2,15 @@
 
 What passed is kept on the run as ``causalab.stored``, what the point read besides its document
 as ``causalab.inputs``; a resume takes a FINISHED run as the point's result only when both
-still hold (docs/platform.md §5). Every function takes the run's ``MlflowClient``.
+still hold (docs/platform.md §5). A done point is linked into a new parent that asks for it
+again: a FINISHED child with its params, metrics and tags, and ``causalab.reused_from`` naming
+the run with its files, which resume follows (links never chain). Every function takes the
+run's ``MlflowClient``.
 """
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Iterable, Mapping
 
 from causalab.tracking import runs as store
@@ -14,6 +18,8 @@ from causalab.tracking.artifacts import listing, named
 
 STORED = "causalab.stored"
 INPUTS = "causalab.inputs"
+_COPIED_TAGS = (store.PRODUCED_BY, store.POINT, store.COORDINATES, store.MODEL_KEY,
+                store.MODEL_REVISION)
 
 
 def shortfall(stored: Mapping[str, int], sent: Mapping[str, int]) -> str | None:
@@ -93,12 +99,14 @@ def not_done(mlflow: Any, run: Any, inputs: Mapping[str, str]) -> str | None:
 
 def done_runs(mlflow: Any, experiment: str, wanted: Mapping[str, Mapping[str, str]]
               ) -> tuple[dict[str, str], dict[str, str]]:
-    """For each digest (its inputs given): the FINISHED run that holds its result, else why
-    the newest one does not (``digest -> run id``, ``digest -> reason``)."""
+    """For each digest (its inputs given): the run that holds its result, else why the newest
+    FINISHED one of it (a link followed to its origin) does not."""
     done: dict[str, str] = {}
     why: dict[str, str] = {}
     for digest, inputs in wanted.items():
-        for found in store.finished_candidates(mlflow, experiment, digest):
+        query = f"tags.`{store.PRODUCED_BY}` = '{digest}' and attributes.status = 'FINISHED'"
+        for found in mlflow.search_runs([experiment], filter_string=query, max_results=20,
+                                        order_by=["attributes.start_time DESC"]):
             origin = found.data.tags.get(store.REUSED_FROM)
             try:
                 run = mlflow.get_run(origin) if origin else found
@@ -113,3 +121,27 @@ def done_runs(mlflow: Any, experiment: str, wanted: Mapping[str, Mapping[str, st
                 break
             why.setdefault(digest, reason)
     return done, why
+
+
+def link(mlflow, experiment: str, origin: str, parent: str, name: str,
+         tags: Mapping[str, str]) -> str:
+    """Create the link to ``origin`` under ``parent``; returns the link's run id."""
+    source = mlflow.get_run(origin)
+    copied = {k: source.data.tags[k] for k in _COPIED_TAGS if k in source.data.tags}
+    run_id = store.create_run(mlflow, experiment, name, {**tags, **copied,
+                                                         store.REUSED_FROM: origin}, parent)
+    now = int(time.time() * 1000)
+    metrics = [store.Point(k, v, now, 0) for k, v in source.data.metrics.items()]
+    store.log_batch(mlflow, run_id, metrics=metrics, params=dict(source.data.params))
+    store.terminate(mlflow, run_id, "FINISHED")
+    return run_id
+
+
+def means_of(mlflow, run_ids: Iterable[str]) -> list[tuple[dict, dict]]:
+    """``(coordinates, metrics)`` of linked runs, for the parent's plots."""
+    found = []
+    for run_id in run_ids:
+        run = mlflow.get_run(run_id)
+        coordinates = json.loads(run.data.tags.get(store.COORDINATES) or "{}")
+        found.append((coordinates, dict(run.data.metrics)))
+    return found

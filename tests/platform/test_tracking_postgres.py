@@ -31,7 +31,7 @@ from test_tracking_deadlines import LIMIT_S, _env, _finished_points, _free_port,
 
 from causalab.server.stack import group_alive
 from causalab.tracking import runs as store
-from causalab.tracking.reach import Unanswered, answered
+from causalab.tracking.reach import Unanswered, translated
 
 REPO = Path(__file__).resolve().parents[2]
 # The sweep's points, read from the corpus document the run is given.
@@ -203,12 +203,14 @@ def test_a_server_answering_503_to_every_try_is_a_store_that_stopped_answering_i
     uri = f"http://127.0.0.1:{server.server_address[1]}"
     started = time.monotonic()
     try:
-        with pytest.raises(Unanswered) as refused:
-            answered(uri, lambda mlflow, run_id: mlflow.get_run(run_id), "0123456789abcdef")
+        with pytest.raises(Exception) as failed:
+            store.client(uri).get_run("0123456789abcdef")
     finally:
         server.shutdown()
         server.server_close()
     assert time.monotonic() - started < 30  # MLflow's tries under reach.DEADLINES, not minutes
-    message = refused.value.message
+    refused = translated(failed.value, uri)
+    assert isinstance(refused, Unanswered)
+    message = refused.message
     assert message.startswith(f"the tracking store at {uri} stopped answering (")
     assert "503" in message and "\n" not in message
