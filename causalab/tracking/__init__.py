@@ -1,8 +1,8 @@
 """MLflow tracking: one run per point, parents for sweeps, retrieval of tracked artifacts.
 
-The only package that imports mlflow. Importing it costs mlflow's import (about 1.5 s), so
-verbs that do not track import it lazily. Nothing here sets environment variables or uses
-MLflow's fluent active-run stack; every call names its tracking URI and run ids.
+The only package that imports mlflow, inside the functions that call it (its import costs
+about 1.5 s). Nothing here uses MLflow's fluent active-run stack; every call names its
+tracking URI and run ids.
 """
 from causalab.tracking.artifacts import fetch, resolve_artifact, resolver
 from causalab.tracking.listener import TrackingEvents

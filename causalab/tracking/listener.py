@@ -283,14 +283,12 @@ class TrackingEvents(Events):
             self.send(self._end_point, run, None)
 
     def run_end(self, written: list[str]) -> None:
-        record = [(p, RUN_RECORD) for p in written if Path(p).name == RUN_RECORD][:1]
-        record = [f for f in record if Path(f[0]).is_file()]
         if self._deferred is not None:
             run, self._deferred = self._deferred, None
             self.send(self._end_point, run, None)
         self._drop_claims()
         if self._swept:
-            self.send(self._finish_sweep, written, record)
+            self.send(self._finish_sweep, written)
 
     def resolve(self, uri: str) -> str:
         """A ``runs:/<run_id>/<path>`` bundle downloaded from this listener's tracking URI."""
@@ -438,7 +436,7 @@ class TrackingEvents(Events):
         if tags and run_id is not None:
             self.call(store.log_batch, run_id, tags=tags)
 
-    def _finish_sweep(self, written: list[str], record: list) -> None:
+    def _finish_sweep(self, written: list[str]) -> None:
         if self.sweep_run_id is None:
             return
         self._send_sweep_params()
@@ -448,7 +446,9 @@ class TrackingEvents(Events):
         for point, label, found in self._reused:
             self._link(point, label, found)
         roots = [p for p in written if Path(p).name == DOCUMENT]
-        files = [(p, DOCUMENT) for p in sorted(roots, key=len)[:1]] + record
+        records = [p for p in written if Path(p).name == RUN_RECORD]
+        files = [(p, DOCUMENT) for p in sorted(roots, key=len)[:1]]
+        files += [(p, RUN_RECORD) for p in records[:1]]
         self.call(artifacts.log_files, self.sweep_run_id,
                   [f for f in files if Path(f[0]).is_file()])
         done = self._done + self.call(stored.means_of, list(self.linked.values()))

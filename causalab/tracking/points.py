@@ -140,11 +140,10 @@ def files_of(out: str, point: Any, written: list[str], error: BaseException | No
 
 def _inside(path: str, directory: str) -> str:
     """The artifact path of a file written under the point's directory (relative to --out)."""
-    parts = Path(path).parts
-    prefix = Path(directory).parts if directory else ()
-    if prefix and parts[:len(prefix)] == prefix:
-        parts = parts[len(prefix):]
-    return str(Path(*parts)) if parts else Path(path).name
+    found = Path(path)
+    under = bool(directory) and found.is_relative_to(directory)
+    relative = found.relative_to(directory) if under else found
+    return str(relative) if relative.parts else found.name
 
 
 def out_from_argv(argv: list[str] | None) -> str | None:
