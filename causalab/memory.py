@@ -33,20 +33,26 @@ ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
 # when freed. Left to itself glibc raises that threshold after each large free (up to 32 MiB),
 # so freed activations stay in its heap and a run's resident set climbs across traces.
 MMAP_THRESHOLD = 4 * 2 ** 20
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+# Fixing the mmap threshold also fixes glibc's trim threshold, at 128 KiB: the heap then gave
+# the smaller tensors of every trace back and faulted them in again in the next one (a tenth
+# of a small sweep's time, scripts/bench/medium.py). Its free top is now trimmed only once it
+# passes this much.
+TRIM_THRESHOLD = 64 * 2 ** 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
 
 
 def return_freed_memory() -> bool:
-    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` (once per process; a no-op off
-    glibc): what a trace frees goes back to the machine, so the budget's estimate holds on
-    the resident set. True when it was set."""
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` and its trim threshold at
+    :data:`TRIM_THRESHOLD` (a no-op off glibc): what a trace frees goes back to the machine,
+    so the budget's estimate holds on the resident set. True when both were set."""
     import ctypes
     import platform
 
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(None)
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
 
 
 def parse(text: str) -> tuple[str, float]:
