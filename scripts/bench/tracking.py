@@ -16,8 +16,9 @@ ranking read from the points' tables. The bare client writes each point as it en
 an untracked run, and its cost is that run over the untracked one: tracking's cost is
 measured the same way, between the model's forwards (target: tracking until stored ≤ 1.2×
 the bare client). The same writes back to back after a run are shown beside it. Then what a
-user waits for: the same sweep as fresh ``causalab run`` processes, tracked and not, beside a fresh process that only imports
-MLflow and opens the store (``--cli-samples``, 0 leaves it out). Then a real size:
+user waits for: the same sweep as fresh ``causalab run`` processes, tracked and not, beside a
+fresh process that only imports MLflow and opens the store (``--cli-samples``, 0 leaves it
+out). Then a real size:
 SmolLM2's 30-layer END residual sweep over 120 IOI rows (``scripts/bench/smollm2.py``'s
 document), where tracking until stored is given as a share of the untracked wall (target
 ≤ 5 %; ``--smollm2-samples``, 0 leaves it out).
@@ -52,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 from mlflow.entities import Metric, Param  # noqa: E402
 
+from causalab.tracking.artifacts import listing  # noqa: E402
 from causalab.tracking.landing import VIEW_TAG  # noqa: E402
 
 
@@ -65,8 +67,8 @@ def _medium_model(folder: Path) -> str:
     tokenizer_dir = Path(resolve("causalab:tiny-llama").path)
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=4, vocab_size=_vocab(tokenizer_dir),
-                         max_position_embeddings=128)
+                         num_attention_heads=4, num_key_value_heads=4,
+                         vocab_size=_vocab(tokenizer_dir), max_position_embeddings=128)
     LlamaForCausalLM(config).save_pretrained(folder)
     for name in os.listdir(tokenizer_dir):
         if "token" in name or name == "special_tokens_map.json":
@@ -91,7 +93,8 @@ def _document(path: str) -> dict:
     pos = {"sweep": [-1, -2], "as": "pos"}
     return {
         "model": {"key": path, "revision": _revision(path), "dtype": "fp32"},
-        "roles": {"base": {"field": "input"}, "counterfactual": {"field": "counterfactual_inputs[0]"}},
+        "roles": {"base": {"field": "input"},
+                  "counterfactual": {"field": "counterfactual_inputs[0]"}},
         "sites": {"target": target, "head": {"component": "lm_head"}},
         "interventions": {"patch": {
             "reads": {"v_cf": {"site": "target", "pos": pos, "input": "counterfactual"},
@@ -104,7 +107,8 @@ def _document(path: str) -> dict:
                         "iia": {"kind": "match", "of": "logits", "expected": "cf_answer"}},
         }},
         "steps": {"test": {"kind": "observe", "interventions": "patch",
-                           "rows": {"base": "weekdays_full/data", "counterfactual": "weekdays_full/data"},
+                           "rows": {"base": "weekdays_full/data",
+                                    "counterfactual": "weekdays_full/data"},
                            "saves": [{"value": "logit_diff", "file_path": "logit_diff.json"},
                                      {"value": "iia", "file_path": "iia.json"}]}},
     }
@@ -141,15 +145,8 @@ _OWN_TAGS = ("mlflow.parentRunId", "mlflow.user", "mlflow.source.name", "mlflow.
 
 
 def _stored(client, run) -> _Stored:
-    files: dict = {}
-    folders: list = [None]
-    while folders:
-        for info in client.list_artifacts(run.info.run_id, folders.pop()):
-            if info.is_dir:
-                folders.append(info.path)
-            else:
-                local = client.download_artifacts(run.info.run_id, info.path)
-                files[info.path] = Path(local).read_bytes()
+    files = {path: Path(client.download_artifacts(run.info.run_id, path)).read_bytes()
+             for path in listing(client, run.info.run_id)}
     tags = {k: v for k, v in run.data.tags.items() if k not in _OWN_TAGS}
     return _Stored(dict(run.data.params), dict(run.data.metrics), tags, files)
 
