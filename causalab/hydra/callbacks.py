@@ -132,7 +132,7 @@ class MultirunParent(Callback):
             mlflow.delete_run(parent["run_id"])
             return
         if status != "KILLED":
-            landed = landing.land(mlflow, parent["run_id"], [], title=self._title,
+            landed = landing.land(mlflow, parent["run_id"], title=self._title,
                                   folder=parent.get("folder"))
             _say_where(parent, landed)
             pictures.log_comparison(mlflow, parent["run_id"], parent["experiment_id"],

@@ -1,9 +1,9 @@
 """Claims: a run holds its ``--out`` folder, and each point it computes, before it starts.
 
 The folder: an exclusive ``flock`` on ``<out>/.causalab-claim.json``, which names its owner;
-the kernel drops it when the process dies, even by SIGKILL (docs/format.md §13). Where
-``fcntl`` is missing (Windows) a run claims nothing. The points: each point's run, created
-RUNNING before anything computes, goes to its earliest live claim (docs/platform.md §5).
+the kernel drops it when the process dies, even by SIGKILL (docs/format.md §13), so claims
+need ``fcntl`` (POSIX: Linux, macOS). The points: each point's run, created RUNNING before
+anything computes, goes to its earliest live claim (docs/platform.md §5).
 
     >>> import tempfile
     >>> with claim(tempfile.mkdtemp()):
@@ -12,6 +12,7 @@ RUNNING before anything computes, goes to its earliest live claim (docs/platform
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import getpass
 import json
 import os
@@ -26,17 +27,12 @@ from causalab.files import CLAIM
 from causalab.tracking import owners, stored
 from causalab.tracking import runs as store
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not on the platforms causalab runs on
-    fcntl = None
-
 
 def _owner() -> dict:
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
-        user = str(os.getuid()) if hasattr(os, "getuid") else "unknown"
+        user = str(os.getuid())
     return {"owner": f"{user}@{socket.gethostname()}", "pid": os.getpid(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
@@ -79,9 +75,6 @@ def claim(out: str | os.PathLike) -> Iterator[None]:
     """Hold ``out`` for one run; refuse (``--out``) while another live run holds it."""
     folder = Path(out)
     made = not folder.exists()
-    if fcntl is None:
-        yield
-        return
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:

@@ -40,8 +40,7 @@ def stored_points(mlflow, experiment: str, parent: str) -> list:
 
 
 def coordinates_of(run) -> dict[str, Any]:
-    """A point's place: its job's overrides, then its document coordinates; a ``model``
-    override shown as the model key it chose."""
+    """A point's place: its job's overrides, then its coordinates (``model`` as its key)."""
     tags = run.data.tags
     place = json.loads(tags.get(store.OVERRIDES) or "{}")
     place.update(json.loads(tags.get(store.COORDINATES) or "{}"))
@@ -81,23 +80,20 @@ def table_rows(mlflow, run, name: str, step: str | None,
             if row.get("eligible") and row.get("value") is not None}
 
 
-def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
-         folder: str | None = None, local: dict[str, Path] | None = None) -> dict:
-    """Give the parent ``run_id`` its plots, summary metrics, ranking, table and view, from
-    its points as stored (``points``, ``(coordinates, metrics)`` pairs, only when the store
-    has none); the plots go into ``folder`` too. ``local``: as :func:`table_rows`, by run id.
-    Returns ``{"view": key or None, "points": n, "first": the ranking's line or None, "runs":
-    the point runs' ids, "pictures": the files written into folder}``."""
+def land(mlflow, run_id: str, *, title: str = "", folder: str | None = None,
+         local: dict[str, Path] | None = None) -> dict:
+    """Give the parent ``run_id`` its plots, summary metrics, ranking, table and view, from its
+    points as stored; the plots go into ``folder`` too. ``local``: as :func:`table_rows`, by
+    run id. Returns ``{"view": key or None, "points": n, "first": the ranking's line or None,
+    "runs": the point runs' ids, "pictures": the files written into folder}``."""
     parent = mlflow.get_run(run_id)
     experiment = parent.info.experiment_id
     runs = stored_points(mlflow, experiment, run_id)
-    if runs:
-        points = [(coordinates_of(run), dict(run.data.metrics)) for run in runs]
-        title = plots.title_from_params([run.data.params for run in runs]) or title
-    kept = [index for index, (_, m) in enumerate(points or []) if summary.scores(m)]
-    points = [points[index] for index in kept]
-    if not points:
+    scored = [run for run in runs if summary.scores(run.data.metrics)]
+    if not scored:
         return {"view": None, "points": 0, "first": None}
+    points = [(coordinates_of(run), dict(run.data.metrics)) for run in scored]
+    title = plots.title_from_params([run.data.params for run in runs]) or title
     pictures = []
     for name, png in plots.sweep_plots(points, title=title).items():
         log_bytes(mlflow, run_id, png, name)
@@ -106,8 +102,7 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
             (Path(folder) / name).write_bytes(png)
             pictures.append(str(Path(folder) / name))
     swept = plots.varied([c for c, _ in points])
-    ranked, across, tags = _judged(mlflow, run_id, [runs[i] for i in kept] if runs else [],
-                                   points, swept, local or {})
+    ranked, across, tags = _judged(mlflow, run_id, scored, points, swept, local or {})
     now = int(time.time() * 1000)
     numbers = summary.parent_metrics(points, swept, ranked["indices"]) | seeds.metrics(across)
     store.log_batch(mlflow, run_id, tags=tags,
@@ -130,7 +125,7 @@ def land(mlflow, run_id: str, points: list | None = None, *, title: str = "",
 def _judged(mlflow, run_id: str, runs: list, points: list, swept: list,
             local: dict[str, Path]) -> tuple:
     """The parent's ranking and its summary across seeds, logged: ``(ranking, seed groups,
-    the ranking's tags)``. ``runs[i]`` is ``points[i]``'s run (none: ranked by their means)."""
+    the ranking's tags)``; ``runs[i]`` is ``points[i]``'s run."""
     name, test, _ = summary.main_keys(points)
     ranked = ranking.rank(points, swept, [table_rows(mlflow, run, name, test,
                                                      local.get(run.info.run_id))
@@ -178,19 +173,16 @@ def view_params(swept: Sequence[str]) -> list[str]:
 
 
 def view_columns(points: Sequence[Point], swept: Sequence[str]) -> list[str]:
-    """The runs table's columns for this sweep: its swept params, then each quantity's
-    scores, every test step beside its control (main quantity first, at most
-    :data:`~causalab.scores.summary.MAX_COLUMNS`)."""
+    """The runs table's columns: the swept params, then at most ``MAX_COLUMNS`` scores, each
+    test step beside its control, main quantity first."""
     steps = [(name, step) for name, found in quantities(points).items() for step in found]
     return [f"params.`{k}`" for k in view_params(swept)] + \
         [f"metrics.`{stored_key(n, s)}`" for n, s in steps[:MAX_COLUMNS]]
 
 
 def view_charts(points: Sequence[Point], swept: Sequence[str]) -> tuple[list[dict], list[dict]]:
-    """(charts, sections) of the saved view's chart view: one section first that reads the
-    sweep at a glance: the main test score and its control each against the first numeric
-    swept coordinate (else bars by point), then the swept params and both scores as parallel
-    coordinates."""
+    """(charts, sections) of the saved view: the main test score and its control against the
+    first numeric swept coordinate (else bars by point), then params and scores in parallel."""
     name, test, control = main_keys(points)
     scored = [stored_key(name, step) for step in (test, control) if step]
     params = view_params(swept)
@@ -219,9 +211,8 @@ def view_charts(points: Sequence[Point], swept: Sequence[str]) -> tuple[list[dic
 
 
 def points_filter(parent: str, run_ids: Sequence[str], parents: Sequence[str]) -> str:
-    """The runs-table search that shows a sweep's points and nothing else: its children
-    (``parents`` are the points' own parents), or, when some are a job's children (a
-    multirun's), the points by their ids."""
+    """The runs-table search that shows a sweep's points alone: its children, or by id when
+    some have another parent (``parents``: a multirun's jobs)."""
     if run_ids and set(parents) != {parent}:
         return "attributes.run_id IN (" + ", ".join(f"'{r}'" for r in run_ids) + ")"
     return f"tags.`mlflow.parentRunId` = '{parent}'"
@@ -245,17 +236,12 @@ def view_state(points: Sequence[Point], swept: Sequence[str], *, name: str,
                        "state": json.dumps(state)})
 
 
-def view_address(base: str, experiment_id: str, key: str) -> str:
-    """The runs page of ``experiment_id`` opened on the saved view ``key``."""
-    return (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
-            f"?{VIEW_KEY}={key}&workflowType=machine_learning")
-
-
 def where(base: str, experiment_id: str, view: str, run_ids: Sequence[str]) -> list[str]:
     """The lines that open a landed sweep in the UI at ``base``: the runs page on its saved
     view and, for more than one point, that view's charts first (MLflow's compare page cannot
     be told what to show first: every param before any metric)."""
-    page = view_address(base, experiment_id, view)
+    page = (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
+            f"?{VIEW_KEY}={view}&workflowType=machine_learning")
     lines = [f"open the sweep: {page}"]
     if len(run_ids) > 1:
         lines.append(f"compare its points: {page}&compareRunsMode=CHART")

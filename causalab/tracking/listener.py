@@ -81,13 +81,11 @@ class TrackingEvents(Events):
         self._client: Any = None
         self._swept = False
         self._claims = claims.Claims()  # by digest: done, why not, mine, taken elsewhere
-        self.taken: dict[str, str] = {}  # label -> the live run elsewhere that computes it
         self._open: dict[int, PointRun] = {}
         self._stopped: list[tuple[PointRun, list]] = []  # points an interrupt stopped
         self._answered = time.monotonic()  # when the store last answered a call
         self._stored: dict[str, Path] = {}  # run id -> its point's folder, read back whole
         self._deferred: PointRun | None = None
-        self._done: list[tuple[dict, dict]] = []
         self._reattached = False
         self._reused: list[tuple[Any, str, str]] = []
         self._config_text: str | None = None
@@ -96,8 +94,8 @@ class TrackingEvents(Events):
     # --- connection -------------------------------------------------------------------------
 
     def call(self, function: Any, *args: Any, **kwargs: Any) -> Any:
-        """``function(client, *args, **kwargs)`` with this run's store, opened at the first
-        call. Once the store stopped answering, every later call is refused at once."""
+        """``function(client, *args, **kwargs)`` on this run's store; refused at once after
+        the store stopped answering."""
         self._check()
         try:
             if self._client is None:
@@ -129,16 +127,14 @@ class TrackingEvents(Events):
         return self._experiment_id
 
     def send(self, call: Any, *args: Any, **kwargs: Any) -> None:
-        """``call(*args, **kwargs)`` now; a failure is kept for :meth:`wait` and the calls after
-        it still run (a run's end still reaches the store)."""
+        """``call(*args, **kwargs)``; a failure is kept for :meth:`wait`, the calls after it run."""
         try:
             call(*args, **kwargs)
         except Exception as error:
             self._failures.append(error)
 
     def wait(self) -> None:
-        """Raise the first of this run's calls that failed, as one line. Every call has run
-        by then, so after it the run can be read back from the store."""
+        """Raise the first of this run's calls that failed, as one line."""
         failed, self._failures = self._failures, []
         if not failed:
             return
@@ -204,7 +200,6 @@ class TrackingEvents(Events):
             return False
         holder = self._claims.taken.get(getattr(point, "digest", None))
         if holder:  # a live run elsewhere computes it now (tracking/claims.py)
-            self.taken[label] = holder
             print(f"skipped {label or '<root>'}: being computed by {holder}", file=sys.stderr)
             return False
         why = self._claims.why.get(getattr(point, "digest", None))
@@ -272,7 +267,6 @@ class TrackingEvents(Events):
             run.folder = str(Path(self.out) / point.directory)
         self.send(self._upload, run, files)
         pictures.send_grids(self, run, point)
-        self._done.append((dict(getattr(point, "coordinates", None) or {}), dict(run.means)))
         if error is not None:
             self.send(self._end_point, run, error)
             if self._swept:
@@ -295,11 +289,8 @@ class TrackingEvents(Events):
         return artifacts.resolve_artifact(uri, self.uri)
 
     def close(self, error: BaseException | None = None) -> None:
-        """End whatever is still open: KILLED on an interrupt, FAILED on any other error.
-
-        After an interrupt the ends run beside the caller, which waits for them only while
-        calls keep ending (``STALL_S``): a store that stopped answering must not hold a run.
-        """
+        """End whatever is still open: KILLED on an interrupt (ended beside the caller, waited
+        for only while calls keep ending: ``STALL_S``), FAILED on any other error."""
         error = error or RuntimeError("the run stopped before its end")
         if not isinstance(error, KeyboardInterrupt):
             self._close(error)
@@ -409,9 +400,8 @@ class TrackingEvents(Events):
                                        self._run_name(label), self._tags("point", point))
 
     def _upload(self, run: PointRun, files: list) -> None:
-        """Send a point's files, its config, its loss plots, then its buffered numbers (with
-        the record of what was sent, when that is all of it); what reached the store is kept
-        on ``run`` for the read-back at its end."""
+        """Send a point's files, config, loss plots, then its buffered numbers; what reached
+        the store is kept on ``run`` for the read-back at its end."""
         run.sending(self.call, artifacts.log_files, run.run_id,
                     [f for f in files if Path(f[0]).is_file()])
         run.sending(self._log_config, run.run_id)
@@ -451,10 +441,9 @@ class TrackingEvents(Events):
         files += [(p, RUN_RECORD) for p in records[:1]]
         self.call(artifacts.log_files, self.sweep_run_id,
                   [f for f in files if Path(f[0]).is_file()])
-        done = self._done + self.call(stored.means_of, list(self.linked.values()))
         # The parent's pictures are the output folder's too, when this run computed points:
         # drawn once (SweepPictures then finds them among ``written``).
-        landed = self.call(landing.land, self.sweep_run_id, done, title=self._title,
+        landed = self.call(landing.land, self.sweep_run_id, title=self._title,
                            folder=self.out if self.point_runs else None,
                            local=self._stored) or {}
         written += [p for p in landed.get("pictures", []) if p not in written]

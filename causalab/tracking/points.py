@@ -28,7 +28,6 @@ class PointRun:
     folder: str | None = None  # where the point's files are in ``out`` (a swept point)
     params: dict[str, str] = field(default_factory=dict)
     metrics: list = field(default_factory=list)
-    means: dict[str, float] = field(default_factory=dict)
     losses: dict[str, list[float]] = field(default_factory=dict)
     evals: dict[str, list[float]] = field(default_factory=dict)
     finished: bool = False
@@ -49,8 +48,6 @@ class PointRun:
         ordinal = self.steps.index(step) if step in self.steps else 0
         value = mean if mean is not None and math.isfinite(mean) else math.nan
         self.add(key, value, ordinal)
-        if not math.isnan(value):
-            self.means[key] = value
         self.add(naming.eligible_key(step, name), eligible, ordinal)
 
     def interval(self, step: str, name: str, low: float, high: float) -> None:
@@ -59,7 +56,6 @@ class PointRun:
         for key, value in zip(naming.bound_keys(naming.metric_key(step, name)), (low, high)):
             if math.isfinite(value):
                 self.add(key, value, ordinal)
-                self.means[key] = value
 
     def loss(self, step: str, update: int, loss: float) -> None:
         """A fit's loss at one update: kept for its loss plot, logged when finite."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import sqlite3
@@ -167,11 +168,6 @@ def rebase(database: FilePath) -> int:
 def _first_use(database: FilePath) -> Iterator[None]:
     """Hold ``<database>.lock`` while the store is first opened: two processes making one
     file's tables at once fail (``table _alembic_tmp_experiments already exists``)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not on the platforms causalab runs on
-        yield
-        return
     try:
         database.parent.mkdir(parents=True, exist_ok=True)
         handle = open(database.with_name(database.name + ".lock"), "a")

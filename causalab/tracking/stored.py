@@ -136,12 +136,3 @@ def link(mlflow, experiment: str, origin: str, parent: str, name: str,
     store.terminate(mlflow, run_id, "FINISHED")
     return run_id
 
-
-def means_of(mlflow, run_ids: Iterable[str]) -> list[tuple[dict, dict]]:
-    """``(coordinates, metrics)`` of linked runs, for the parent's plots."""
-    found = []
-    for run_id in run_ids:
-        run = mlflow.get_run(run_id)
-        coordinates = json.loads(run.data.tags.get(store.COORDINATES) or "{}")
-        found.append((coordinates, dict(run.data.metrics)))
-    return found
