@@ -4,9 +4,8 @@ The only package that imports mlflow, inside the functions that call it (its imp
 about 1.5 s). Nothing here uses MLflow's fluent active-run stack; every call names its
 tracking URI and run ids.
 """
-from causalab.tracking.artifacts import fetch, resolve_artifact, resolver
+from causalab.tracking.artifacts import fetch, resolve_artifact
 from causalab.tracking.listener import TrackingEvents
 from causalab.tracking.runs import resolve_uri, ui_command
 
-__all__ = ["TrackingEvents", "fetch", "resolve_artifact", "resolve_uri", "resolver",
-           "ui_command"]
+__all__ = ["TrackingEvents", "fetch", "resolve_artifact", "resolve_uri", "ui_command"]

@@ -26,9 +26,8 @@ _URI = ("uri",)
 
 def _download(uri: str, parts: tuple[str, str], destination: Path, tracking_uri: str | None,
               at: tuple) -> Path:
-    """Download ``uri`` (its checked ``(run id, path)`` ``parts``) into ``destination``; every
-    way it can fail is one refusal at ``at``. A SQLite store that does not exist is never
-    created."""
+    """Download ``uri`` (its checked ``parts``) into ``destination``, every failure one refusal
+    at ``at``; a SQLite store that does not exist is never created."""
     import mlflow.artifacts
 
     from causalab.progress import mlflow_bars
@@ -88,12 +87,9 @@ def _run_parts(uri: str, at: tuple, whole_run: bool = True) -> tuple[str, str]:
 
 def fetch(uri: str, out_path: str | None = None, tracking_uri: str | None = None,
           convert: Callable[[str, str], object] | None = None) -> str:
-    """Download one artifact (``runs:/<run_id>/<path>``) to ``out_path`` and return where it is.
-
-    ``out_path`` may be a file name, an existing directory, or None (the artifact's own file
-    name in the working directory). ``convert(source, target)`` rewrites the downloaded file
-    first (``fetch --basis``). A refusal leaves nothing at ``out_path``.
-    """
+    """Download ``runs:/<run_id>/<path>`` to ``out_path`` (a file, an existing folder, or None:
+    its own name here) and return where it is; ``convert(source, target)`` rewrites it first
+    (``fetch --basis``). A refusal leaves nothing at ``out_path``."""
     run_id, path = _run_parts(uri, _URI)
     with tempfile.TemporaryDirectory(prefix="causalab-fetch-") as staging:
         local = _download(uri, (run_id, path), Path(staging) / "download", tracking_uri, _URI)
@@ -113,8 +109,7 @@ def fetch(uri: str, out_path: str | None = None, tracking_uri: str | None = None
 
 
 def _verify(local: Path, uri: str) -> None:
-    """A downloaded bundle (a ``.safetensors`` file or SAELens folder) against its stamp's
-    digest, refused at ``uri`` before it is placed; other files pass."""
+    """Check a downloaded bundle against its stamp's digest before it is placed; others pass."""
     from causalab.compile.bundles.checks import layout_header
     from causalab.compile.bundles.integrity import check_tensors
     from causalab.files import SAELENS_WEIGHTS, TENSOR_SUFFIX
@@ -159,13 +154,6 @@ def resolve_artifact(uri: str, tracking_uri: str | None = None) -> str:
     inside(home, destination, _WHERE)
     local = _download(uri, (run_id, path), destination, tracking_uri, _WHERE)
     return str(inside(home, local, _WHERE))
-
-
-def resolver(tracking_uri: str | None = None):
-    """A one-argument ``uri -> local path`` function bound to a tracking URI, for the engine."""
-    def _resolve(uri: str) -> str:
-        return resolve_artifact(uri, tracking_uri)
-    return _resolve
 
 
 def log_files(mlflow, run_id: str, files: list[tuple[str, str]]) -> dict[str, int]:

@@ -101,8 +101,7 @@ class Claim:
 
 @dataclass
 class Claims:
-    """By digest: the done points' runs, why others are not done, this run's claims, and the
-    live runs elsewhere that hold a point."""
+    """By digest: done points' runs, why others are not, this run's claims, others' live ones."""
 
     done: dict[str, str] = field(default_factory=dict)
     why: dict[str, str] = field(default_factory=dict)
@@ -112,8 +111,7 @@ class Claims:
 
 def claim_points(mlflow: Any, experiment: str, wanted: Mapping[str, Mapping[str, str]],
           asked: Mapping[str, Claim]) -> Claims:
-    """Look up which of ``wanted`` (digest -> its inputs) are done, claim the rest of
-    ``asked`` (digest -> claim) and keep the claims this run won."""
+    """Which of ``wanted`` (digest: inputs) are done; the rest of ``asked`` claimed (won or not)."""
     answer = Claims()
     since = int(time.time() * 1000) - 1000  # a point another run ends after this is seen
     answer.done, answer.why = stored.done_runs(mlflow, experiment, wanted)

@@ -43,8 +43,8 @@ class TrackingEvents(Events):
     the job's composed config, logged as ``hydra_config.yaml``. ``parent_run_id``: nest under
     this run (a multirun's parent); ``run_name``: the name of the job's top run (its
     overrides); ``job_params``: extra params (a job's swept overrides). ``out``: the run's
-    output folder, the one given to ``run_document`` (or ``--out`` found in ``argv``):
-    without it the listener cannot find the files it should upload, so it refuses to start.
+    output folder, the one given to ``run_document``: without it the listener cannot find
+    the files it should upload, so it refuses to start.
     ``uri_option``: the option that gave the tracking URI, named by a refusal about the store
     (``--tracking-uri`` with ``argv``, else ``tracking.uri``).
     """
@@ -54,8 +54,8 @@ class TrackingEvents(Events):
                  parent_run_id: str | None = None, run_name: str | None = None,
                  job_params: Mapping[str, Any] | None = None, argv: list[str] | None = None,
                  uri_option: JsonPath | None = None):
-        self.out = out or facts.out_from_argv(argv) or ("out" if argv is not None else None)
-        if self.out is None:
+        self.out = out
+        if out is None:
             raise UsageError(("out",), "TrackingEvents needs out=<the folder run_document "
                                        "writes to>, to upload what the run writes there")
         self.uri = store.resolve_uri(tracking_uri)

@@ -84,9 +84,8 @@ def reap(mlflow, experiment_id: str, digests: Iterable[str], sweep: str | None =
 
 
 def reap_multiruns(mlflow, experiment_id: str) -> list[str]:
-    """End KILLED the experiment's RUNNING multirun parents whose launching process died (a
-    parent only its launcher ends), and every RUNNING run below them whose owner died too (a
-    job on another host may still be running, and is left); returns the ids ended."""
+    """End KILLED the RUNNING multirun parents whose launcher died, and the RUNNING runs below
+    them whose owner died too (another host's are left); returns the ids ended."""
     query = f"{_RUNNING} and tags.`{store.KIND}` = 'multirun'"
     ended: list[str] = []
     for parent in mlflow.search_runs([experiment_id], filter_string=query, max_results=5000):
@@ -102,8 +101,7 @@ def reap_multiruns(mlflow, experiment_id: str) -> list[str]:
 
 
 def resumable_sweep(mlflow, experiment_id: str, sweep: str) -> str | None:
-    """The parent a rerun of this sweep reattaches to: its latest parent run, when that ended
-    KILLED or FAILED (a reaped one included). None when it finished or still runs elsewhere."""
+    """The sweep's latest parent when it ended KILLED or FAILED, for a rerun to reattach to."""
     query = f"tags.`{store.SWEEP}` = '{sweep}'"
     latest = mlflow.search_runs([experiment_id], filter_string=query, max_results=1,
                                 order_by=["attributes.start_time DESC"])

@@ -79,8 +79,8 @@ def send_grids(listener: Any, run: Any, point: Any) -> None:
 
 def log_step_pictures(mlflow, run_id: str, reports: Mapping[str, Any], draw, name: str, *,
                       title: str, metrics: Mapping[str, float]) -> dict[str, int]:
-    """Each step's report drawn by ``draw`` as ``plots/<step>_<name>.png`` on its run, and
-    ``metrics`` (an edge step's faithfulness areas) beside them; returns what was sent."""
+    """Each step's report drawn as ``plots/<step>_<name>.png``, with ``metrics`` (an edge step's
+    faithfulness areas); returns what was sent."""
     if metrics:
         now = int(time.time() * 1000)
         store.log_batch(mlflow, run_id, metrics=[store.metric(key, value, 0, now)

@@ -42,8 +42,7 @@ class PointRun:
     lost: str | None = None
 
     def score(self, step: str, name: str, mean: float | None, eligible: int) -> None:
-        """A step's metric mean (NaN when there is none) and its eligible row count, at the
-        step's place in the document's order."""
+        """A step's metric mean (NaN when none) and eligible row count, at the step's ordinal."""
         key = naming.metric_key(step, name)
         ordinal = self.steps.index(step) if step in self.steps else 0
         value = mean if mean is not None and math.isfinite(mean) else math.nan
@@ -141,13 +140,3 @@ def _inside(path: str, directory: str) -> str:
     relative = found.relative_to(directory) if under else found
     return str(relative) if relative.parts else found.name
 
-
-def out_from_argv(argv: list[str] | None) -> str | None:
-    if not argv:
-        return None
-    for index, word in enumerate(argv):
-        if word == "--out" and index + 1 < len(argv):
-            return argv[index + 1]
-        if word.startswith("--out="):
-            return word.split("=", 1)[1]
-    return None

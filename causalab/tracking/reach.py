@@ -140,9 +140,8 @@ def _client_of(uri: str, database: FilePath | None) -> "MlflowClient":
 
 
 def rebase(database: FilePath) -> int:
-    """Point a moved store's artifact locations at the ``mlartifacts`` beside ``database``, in
-    plain ``sqlite3`` before MLflow opens it (MLflow keeps them absolute, on the experiment and
-    on each run); returns how many experiments were rebased."""
+    """Point a moved store's artifact locations (absolute in MLflow) at the ``mlartifacts``
+    beside ``database``, before MLflow opens it; returns how many experiments were rebased."""
     here = str(database.resolve().parent)
     new = (FilePath(here) / ARTIFACTS).as_uri()
     with contextlib.closing(sqlite3.connect(database, timeout=30)) as db:
@@ -174,20 +173,16 @@ def _first_use(database: FilePath) -> Iterator[None]:
     except OSError:  # a folder that takes no file: MLflow refuses the store in its own words
         yield
         return
-    with handle:
+    with handle:  # closing it releases the lock
         fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            _made_aside(database)
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        _made_aside(database)
+        yield
 
 
 def _made_aside(database: FilePath) -> None:
-    """Make a new store in ``<database>.new`` beside it, then rename it into place: MLflow's
-    migrations are not one transaction, so a run killed while they ran in place left a store
-    no later run could open (``duplicate column name: step``). A store that exists is opened,
-    and migrated if MLflow must, in place."""
+    """Make a new store in ``<database>.new``, then rename it into place: MLflow's migrations
+    are not one transaction, and a run killed during them in place left a store no later run
+    could open (``duplicate column name: step``). A store that exists is left to MLflow."""
     if database.exists() and database.stat().st_size > 0:
         return
     import sqlalchemy

@@ -6,9 +6,11 @@ variables, which would leak into child processes. URI order: docs/platform.md §
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 from urllib.parse import urlparse
@@ -98,8 +100,6 @@ def ui_command(uri: str, experiment_id: str | None = None, run_id: str | None = 
     """The one command that shows these runs: the server's runs page, or ``causalab ui`` on
     the SQLite store (``run_id``: the sweep whose addresses it prints). The command is this
     interpreter's (relative when under the working directory): ``causalab`` may not be on PATH."""
-    import sys
-
     if uri.startswith(("http://", "https://")):
         return f"open {runs_page(uri, experiment_id)}"
     script = Path(sys.executable).with_name("causalab")
@@ -176,9 +176,6 @@ def artifact_location_of(run_id: str) -> tuple[str, str] | None:
 def terminate(mlflow: MlflowClient, run_id: str, status: str) -> None:
     """End a run. MLflow prints a server run's URL to stdout here; it goes to stderr instead,
     because a run's stdout is the list of files it wrote."""
-    import contextlib
-    import sys
-
     with contextlib.redirect_stdout(sys.stderr):
         mlflow.set_terminated(run_id, status)
 
@@ -210,10 +207,8 @@ def kill(mlflow: MlflowClient, run_id: str, reason: str) -> None:
 
 
 def _cut(values: Mapping[str, Any], limit: int) -> dict[str, str]:
-    """Values MLflow accepts: keys in its character set and length, values cut to ``limit``.
-
-    Two names that sanitise alike keep the last value: MLflow refuses one key twice.
-    """
+    """Values MLflow accepts: keys sanitised (two alike keep the last: MLflow refuses one key
+    twice), values cut to ``limit``."""
     return {mlflow_key(k): str(v)[:limit] for k, v in values.items() if v is not None}
 
 
