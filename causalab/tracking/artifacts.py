@@ -18,7 +18,7 @@ from causalab.engine.containment import inside
 from causalab.errors import TrackingError, reason
 from causalab.files import causalab_home
 from causalab.tracking.reach import FETCH_ADVICE, reach, source_of
-from causalab.tracking.runs import artifact_location_of, client, resolve_uri, store_exists
+from causalab.tracking.runs import client, repository_of, resolve_uri, store_exists
 
 _WHERE = ("file_path",)
 _URI = ("uri",)
@@ -170,16 +170,6 @@ def log_files(mlflow, run_id: str, files: list[tuple[str, str]]) -> dict[str, in
             repository.log_artifact(local, folder)
         sent[str(PurePosixPath(folder or "", Path(local).name))] = size
     return sent
-
-
-def repository_of(run_id: str, tracking_uri: str):
-    """The artifact repository of a run this process created, found without a store lookup."""
-    location = artifact_location_of(run_id)
-    if location is None or location[1] != tracking_uri:
-        return None
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
-
-    return get_artifact_repository(location[0], tracking_uri=location[1])
 
 
 def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> dict[str, int]:

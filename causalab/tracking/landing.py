@@ -51,10 +51,9 @@ def coordinates_of(run) -> dict[str, Any]:
 
 def table_rows(mlflow, run, name: str, step: str | None,
                local: Path | None = None) -> dict[str, float] | None:
-    """example id -> value of the eligible rows of the table ``run`` saved for ``name`` at
-    ``step`` (None: no such table). A linked point's files are on the run it reuses.
-    ``local``: the folder this process uploaded the run's files from, read there (the same
-    bytes, read back as stored) rather than downloaded again."""
+    """example id -> value of the eligible rows of the table ``run`` (or the run it links to)
+    saved for ``name`` at ``step``; None when there is none. ``local``: the folder this
+    process uploaded the run's files from, read there rather than downloaded again."""
     from mlflow.exceptions import MlflowException
 
     from causalab.progress import mlflow_bars
@@ -156,13 +155,11 @@ def newest_landed(mlflow, parent: str | None = None) -> tuple[str, str, list] | 
         experiment = run.info.experiment_id
         found = landed(mlflow, experiment, parent)
         return None if found is None else (experiment, parent, found["runs"])
-    keyed = [(experiment.experiment_id, key[len(VIEW_TAG):])
-             for experiment in mlflow.search_experiments()
+    keyed = [key[len(VIEW_TAG):] for experiment in mlflow.search_experiments()
              for key in experiment.tags if key.startswith(VIEW_TAG)]
     if not keyed:
         return None
-    started = {run_id: mlflow.get_run(run_id).info.start_time or 0 for _, run_id in keyed}
-    experiment, newest = max(keyed, key=lambda pair: started[pair[1]])
+    newest = max(keyed, key=lambda run_id: mlflow.get_run(run_id).info.start_time or 0)
     return newest_landed(mlflow, newest)
 
 
@@ -170,14 +167,6 @@ def view_params(swept: Sequence[str]) -> list[str]:
     """The point runs' param keys of the swept coordinates (``k``; a model by ``model.key``)."""
     params = [short(k) for k in swept if short(k) != "model"]
     return ["model.key", *params] if any(short(k) == "model" for k in swept) else params
-
-
-def view_columns(points: Sequence[Point], swept: Sequence[str]) -> list[str]:
-    """The runs table's columns: the swept params, then at most ``MAX_COLUMNS`` scores, each
-    test step beside its control, main quantity first."""
-    steps = [(name, step) for name, found in quantities(points).items() for step in found]
-    return [f"params.`{k}`" for k in view_params(swept)] + \
-        [f"metrics.`{stored_key(n, s)}`" for n, s in steps[:MAX_COLUMNS]]
 
 
 def view_charts(points: Sequence[Point], swept: Sequence[str]) -> tuple[list[dict], list[dict]]:
@@ -221,11 +210,14 @@ def points_filter(parent: str, run_ids: Sequence[str], parents: Sequence[str]) -
 def view_state(points: Sequence[Point], swept: Sequence[str], *, name: str,
                created_ms: int, search: str = "") -> str:
     """The experiment tag value of a saved runs-page view (MLflow 3.17's envelope, the state
-    a JSON string). The state holds the table's ``search`` (oldest point first), so the points
-    are the rows it opens on (MLflow leaves a saved view's ``runsExpanded`` out, so a parent
-    cannot open expanded). The run list stays beside the charts: folding it
-    (``runListHidden``) would also drop the table's count of runs."""
-    columns = view_columns(points, swept)
+    a JSON string). Its columns: the swept params, then at most ``MAX_COLUMNS`` scores, each
+    test step beside its control. The state holds the table's ``search`` (oldest point
+    first), so the points are the rows it opens on (MLflow leaves a saved view's
+    ``runsExpanded`` out, so a parent cannot open expanded). The run list stays beside the
+    charts: folding it (``runListHidden``) would also drop the table's count of runs."""
+    steps = [(name, step) for name, found in quantities(points).items() for step in found]
+    columns = [f"params.`{k}`" for k in view_params(swept)] + \
+        [f"metrics.`{stored_key(n, s)}`" for n, s in steps[:MAX_COLUMNS]]
     charts, sections = view_charts(points, swept)
     state = {"selectedColumns": columns, "columnOrder": columns, "runsHiddenMode": "SHOW_ALL",
              "runListHidden": False, "viewMaximized": False, "compareRunCharts": charts,
@@ -237,9 +229,8 @@ def view_state(points: Sequence[Point], swept: Sequence[str], *, name: str,
 
 
 def where(base: str, experiment_id: str, view: str, run_ids: Sequence[str]) -> list[str]:
-    """The lines that open a landed sweep in the UI at ``base``: the runs page on its saved
-    view and, for more than one point, that view's charts first (MLflow's compare page cannot
-    be told what to show first: every param before any metric)."""
+    """The lines that open a landed sweep at ``base``: its saved view, and that view's charts
+    for more than one point (MLflow's compare page shows every param before any metric)."""
     page = (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs"
             f"?{VIEW_KEY}={view}&workflowType=machine_learning")
     lines = [f"open the sweep: {page}"]

@@ -42,11 +42,9 @@ class TrackingEvents(Events):
     the MLflow experiment name (MLFLOW_EXPERIMENT_NAME, else ``causalab``). ``hydra_config``:
     the job's composed config, logged as ``hydra_config.yaml``. ``parent_run_id``: nest under
     this run (a multirun's parent); ``run_name``: the name of the job's top run (its
-    overrides); ``job_params``: extra params (a job's swept overrides). ``out``: the run's
-    output folder, the one given to ``run_document``: without it the listener cannot find
-    the files it should upload, so it refuses to start.
-    ``uri_option``: the option that gave the tracking URI, named by a refusal about the store
-    (``--tracking-uri`` with ``argv``, else ``tracking.uri``).
+    overrides); ``job_params``: extra params (a job's swept overrides). ``out``: the folder
+    given to ``run_document``, whose files it uploads (required). ``uri_option``: the option
+    a refusal about the store names (``--tracking-uri`` with ``argv``, else ``tracking.uri``).
     """
 
     def __init__(self, tracking_uri: str | None = None, experiment: str | None = None,
@@ -303,13 +301,10 @@ class TrackingEvents(Events):
             ending.join(0.2)
 
     def _close(self, error: BaseException) -> None:
-        for run, files in self._stopped:
+        for run, files in self._stopped + [(run, []) for run in self._open.values()]:
             self.send(self._upload, run, files)
             self.send(self._end_point, run, error)
         self._stopped = []
-        for run in list(self._open.values()):
-            self.send(self._upload, run, [])
-            self.send(self._end_point, run, error)
         self._open.clear()
         if self._deferred is not None:
             self.send(self._end_point, self._deferred, error)

@@ -248,9 +248,8 @@ _HOST_PREFIX = re.compile(r"^\w+\([^)]*\):\s*")
 
 
 def unanswered(error: BaseException, uri: str | None) -> str | None:
-    """Why the store did not answer, when that is what ``error`` says: MLflow's tries at a
-    server ran out (refused, timed out, or a 5xx every time: ``mlflow server`` answers 503 once
-    its database is gone), or a database server is gone."""
+    """Why the store did not answer, when ``error`` says so: MLflow's tries at a server ran out
+    (``mlflow server`` answers 503 once its database is gone), or a database server is gone."""
     import requests
 
     seen: BaseException | None = error

@@ -168,9 +168,14 @@ def create_run(mlflow: MlflowClient, experiment: str, name: str, tags: Mapping[s
 _ARTIFACT_URIS: dict[str, tuple[str, str]] = {}
 
 
-def artifact_location_of(run_id: str) -> tuple[str, str] | None:
-    """``(artifact_uri, tracking_uri)`` of a run this process created, else None."""
-    return _ARTIFACT_URIS.get(run_id)
+def repository_of(run_id: str, tracking_uri: str):
+    """The artifact repository of a run this process created, found without a store lookup."""
+    location = _ARTIFACT_URIS.get(run_id)
+    if location is None or location[1] != tracking_uri:
+        return None
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    return get_artifact_repository(location[0], tracking_uri=location[1])
 
 
 def terminate(mlflow: MlflowClient, run_id: str, status: str) -> None:
