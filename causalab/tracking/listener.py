@@ -79,6 +79,7 @@ class TrackingEvents(Events):
         self._client: Any = None
         self._swept = False
         self._claims = claims.Claims()  # by digest: done, why not, mine, taken elsewhere
+        self.taken: dict[str, str] = {}  # label -> the live run elsewhere that computes it
         self._open: dict[int, PointRun] = {}
         self._stopped: list[tuple[PointRun, list]] = []  # points an interrupt stopped
         self._answered = time.monotonic()  # when the store last answered a call
@@ -198,6 +199,7 @@ class TrackingEvents(Events):
             return False
         holder = self._claims.taken.get(getattr(point, "digest", None))
         if holder:  # a live run elsewhere computes it now (tracking/claims.py)
+            self.taken[label] = holder
             print(f"skipped {label or '<root>'}: being computed by {holder}", file=sys.stderr)
             return False
         why = self._claims.why.get(getattr(point, "digest", None))

@@ -82,10 +82,8 @@ def store_exists(uri: str) -> bool:
 
 def artifact_location(uri: str) -> str | None:
     """A SQLite store's artifact root, beside it; None for a server, which decides its own."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    database = Path(uri[len("sqlite:///"):])
-    return (database.resolve().parent / ARTIFACTS).as_uri()
+    database = sqlite_file(uri)
+    return None if database is None else (database.resolve().parent / ARTIFACTS).as_uri()
 
 
 def runs_page(base: str, experiment_id: str | None) -> str:
