@@ -26,9 +26,6 @@ if TYPE_CHECKING:
 # The folder a SQLite store causalab made was made in (an experiment tag), and its artifacts'.
 ROOT_TAG = "causalab.store_root"
 ARTIFACTS = "mlartifacts"
-TRIES = 3
-TIMEOUT_S = 2.0
-PAUSE_S = 0.5
 # MLflow's HTTP settings for one call: 1 + 2 tries of at most 15 s each, 0-4 s of back-off
 # between them, so a server that stopped answering fails a call in about 50 s (MLflow's own
 # defaults: 8 tries of 120 s and minutes of back-off, about 20 minutes).
@@ -55,21 +52,27 @@ RUN_ADVICE = ("start it, point MLFLOW_TRACKING_URI or the tracking URI elsewhere
 FETCH_ADVICE = "start it, or point MLFLOW_TRACKING_URI or --tracking-uri at the store with the run"
 
 
-def reach(uri: str, at: Path = ("--tracking-uri",), tries: int = TRIES,
-          timeout_s: float = TIMEOUT_S, advice: str = RUN_ADVICE, writes: bool = False) -> None:
+def reach(uri: str, at: Path = ("--tracking-uri",), tries: int = 3, timeout_s: float = 2.0,
+          advice: str = RUN_ADVICE, writes: bool = False) -> None:
     """Refuse at ``at`` unless the server at ``uri`` answers within ``tries`` short tries
     (any HTTP answer counts: a server behind a login answers 401), or a run's SQLite file
-    (``writes``) cannot be made where it says. ``advice`` ends the refusal."""
+    (``writes``) cannot be made where it says (else SQLAlchemy retries for minutes): a folder
+    in its place, or no folder it could be made in. ``advice`` ends the refusal."""
     if uri.startswith("file:"):
         raise TrackingError(at, f"{uri} is MLflow's file store, which MLflow 3 no longer writes; "
                                 "give a folder (its mlflow.db) or sqlite:///<folder>/mlflow.db")
-    if writes:
-        _writable_database(uri, at)
+    database = sqlite_file(uri) if writes else None
+    if database is not None and database.exists() and not database.is_file():
+        raise TrackingError(at, f"{uri}: {database} is not a file")
+    if database is not None and not database.exists():
+        why = files.cannot_write_in(files.nearest_folder(database.parent))
+        if why is not None:
+            raise TrackingError(at, f"{uri}: {why}")
     if not uri.startswith(("http://", "https://")):
         return
     import urllib3  # only for a server: about 0.1 s, and MLflow's own HTTP client uses it
 
-    retry = urllib3.Retry(total=tries - 1, backoff_factor=PAUSE_S * 2, status_forcelist=(),
+    retry = urllib3.Retry(total=tries - 1, backoff_factor=1.0, status_forcelist=(),
                           redirect=False, raise_on_redirect=False, raise_on_status=False)
     started = time.monotonic()
     try:
@@ -92,51 +95,28 @@ def sqlite_file(uri: str) -> FilePath | None:
     return None if name in ("", ":memory:") else FilePath(name)
 
 
-def _writable_database(uri: str, at: Path) -> None:
-    """Refuse at ``at`` a SQLite file that cannot be made (else SQLAlchemy retries for
-    minutes): a folder in its place, or no folder it could be made in."""
-    database = sqlite_file(uri)
-    if database is None:
-        return
-    if database.exists():
-        if not database.is_file():
-            raise TrackingError(at, f"{uri}: {database} is not a file")
-        return
-    why = files.cannot_write_in(files.nearest_folder(database.parent))
-    if why is not None:
-        raise TrackingError(at, f"{uri}: {why}")
+# The stores this process has opened once (a SQLite store's first use under its lock).
+_OPENED: set[str] = set()
 
 
 def client(uri: str) -> "MlflowClient":
     """A client of the store at ``uri``, opened here (a new SQLite store made under its lock,
     :func:`_first_use`); its calls carry :data:`DEADLINES` unless the process set its own."""
-    from causalab.progress import mlflow_notes
-
-    os.environ.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
-    database = sqlite_file(uri)
-    if database is None or uri in _OPENED:
-        return _client_of(uri, database)
-    with _first_use(database):
-        found = _client_of(uri, database)
-        with mlflow_notes():
-            found.search_experiments(max_results=1)  # the tables made or migrated now
-    _OPENED.add(uri)
-    return found
-
-
-# The SQLite stores this process has opened once, under their lock.
-_OPENED: set[str] = set()
-
-
-def _client_of(uri: str, database: FilePath | None) -> "MlflowClient":
     from mlflow import MlflowClient
 
     from causalab.progress import mlflow_notes
 
-    if database is not None and database.is_file():  # a store moved since: rebased first
-        rebase(database)
-    with mlflow_notes():
-        return MlflowClient(tracking_uri=uri)
+    os.environ.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
+    database = sqlite_file(uri)
+    first = database is not None and uri not in _OPENED
+    with _first_use(database) if first else contextlib.nullcontext(), mlflow_notes():
+        if database is not None and database.is_file():  # a store moved since: rebased first
+            rebase(database)
+        found = MlflowClient(tracking_uri=uri)
+        if first:
+            found.search_experiments(max_results=1)  # the tables made or migrated now
+    _OPENED.add(uri)
+    return found
 
 
 def rebase(database: FilePath) -> int:
