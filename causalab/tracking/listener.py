@@ -205,7 +205,6 @@ class TrackingEvents(Events):
         why = self._claims.why.get(getattr(point, "digest", None))
         if why:  # an earlier run of this document is not this point's result: say why
             print(f"rerunning {label or '<root>'}: {why}", file=sys.stderr)
-        claim = self._claim_of(point)
         coordinates = dict(getattr(point, "coordinates", None) or {})
         run = PointRun(label, facts.steps(point), facts.fits(point),
                        plots.title_of(getattr(point, "document", None)) or self._title)
@@ -213,10 +212,10 @@ class TrackingEvents(Events):
         run.params = naming.point_params(getattr(point, "document", None), coordinates,
                                          self.job_params)
         self._open[id(point)] = run
-        self.send(self._create, run, claim.name, claim.tags)
+        self.send(self._create, run, *self._claim_of(point))
         return True
 
-    def _claim_of(self, point: Any) -> claims.Claim:
+    def _claim_of(self, point: Any) -> tuple[str, dict[str, str]]:
         """A point's run as it is created: its name and tags (owner, digest, place, inputs)."""
         label = self._label(point)
         tags = self._tags("point", point)
@@ -227,7 +226,7 @@ class TrackingEvents(Events):
                                                sort_keys=True, separators=(",", ":"))})
         if self.parent_run_id:  # a multirun job's claims sit under its parent from the start
             tags[store.PARENT] = self.parent_run_id
-        return claims.Claim(self._run_name(label), tags)
+        return self._run_name(label), tags
 
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
         if (run := self._open.get(id(point))) is not None:
@@ -449,13 +448,10 @@ class TrackingEvents(Events):
     def _log_config(self, run_id: str) -> dict[str, int]:
         if self.config is None:
             return {}
-        if self._config_text is None:
-            from omegaconf import DictConfig, OmegaConf
+        if self._config_text is None:  # a DictConfig, or a plain dict
+            from omegaconf import OmegaConf
 
-            config = self.config
-            if not isinstance(config, DictConfig):
-                config = OmegaConf.create(config)
-            self._config_text = OmegaConf.to_yaml(config, resolve=True)
+            self._config_text = OmegaConf.to_yaml(self.config, resolve=True)
         return self.call(artifacts.log_bytes, run_id, self._config_text.encode(), HYDRA_CONFIG)
 
     def _end_point(self, run: PointRun, error: BaseException | None) -> None:
@@ -497,8 +493,6 @@ class TrackingEvents(Events):
         if error is None:
             self.call(store.terminate, run_id, "FINISHED")
             return
-        message = f"{type(error).__name__}: {error}".strip()
-        self.call(store.log_batch, run_id, tags={store.ERROR: message})
         status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
-        self.call(store.terminate, run_id, status)
+        self.call(store.terminate, run_id, status, f"{type(error).__name__}: {error}".strip())
 

@@ -176,9 +176,11 @@ def repository_of(run_id: str, tracking_uri: str):
     return get_artifact_repository(location[0], tracking_uri=location[1])
 
 
-def terminate(mlflow: MlflowClient, run_id: str, status: str) -> None:
-    """End a run. MLflow prints a server run's URL to stdout here; it goes to stderr instead,
-    because a run's stdout is the list of files it wrote."""
+def terminate(mlflow: MlflowClient, run_id: str, status: str, error: str | None = None) -> None:
+    """End a run, ``error`` its ``causalab.error`` tag. MLflow prints a server run's URL to
+    stdout here; it goes to stderr instead, because a run's stdout is the list of files it wrote."""
+    if error is not None:
+        log_batch(mlflow, run_id, tags={ERROR: error})
     with contextlib.redirect_stdout(sys.stderr):
         mlflow.set_terminated(run_id, status)
 
@@ -205,8 +207,7 @@ def withdraw(mlflow: MlflowClient, run_id: str) -> None:
 
 def kill(mlflow: MlflowClient, run_id: str, reason: str) -> None:
     """End a run KILLED with ``reason`` as its ``causalab.error`` tag."""
-    log_batch(mlflow, run_id, tags={ERROR: reason})
-    terminate(mlflow, run_id, "KILLED")
+    terminate(mlflow, run_id, "KILLED", reason)
 
 
 def _cut(values: Mapping[str, Any], limit: int) -> dict[str, str]:
