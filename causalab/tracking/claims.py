@@ -91,14 +91,6 @@ def claim(out: str | os.PathLike) -> Iterator[None]:
                 folder.rmdir()  # only when the run wrote nothing
 
 
-@dataclass(frozen=True)
-class Claim:
-    """What a run asks for one point: its run's name and tags (owner included)."""
-
-    name: str
-    tags: dict[str, str]
-
-
 @dataclass
 class Claims:
     """By digest: done points' runs, why others are not, this run's claims, others' live ones."""
@@ -110,15 +102,16 @@ class Claims:
 
 
 def claim_points(mlflow: Any, experiment: str, wanted: Mapping[str, Mapping[str, str]],
-          asked: Mapping[str, Claim]) -> Claims:
-    """Which of ``wanted`` (digest: inputs) are done; the rest of ``asked`` claimed (won or not)."""
+                 asked: Mapping[str, tuple[str, dict[str, str]]]) -> Claims:
+    """Which of ``wanted`` (digest: inputs) are done; the rest of ``asked`` (digest: its run's
+    name and tags, owner included) claimed (won or not)."""
     answer = Claims()
     since = int(time.time() * 1000) - 1000  # a point another run ends after this is seen
     answer.done, answer.why = stored.done_runs(mlflow, experiment, wanted)
-    for digest, wish in asked.items():
+    for digest, (name, tags) in asked.items():
         if digest not in answer.done:
-            answer.mine[digest] = store.create_run(mlflow, experiment, wish.name,
-                                                   {**wish.tags, store.CLAIM: "waiting"})
+            answer.mine[digest] = store.create_run(mlflow, experiment, name,
+                                                   {**tags, store.CLAIM: "waiting"})
     if not answer.mine:
         return answer
     query = f"attributes.status = 'RUNNING' and tags.`{store.KIND}` = 'point'"
