@@ -179,14 +179,9 @@ def view_charts(points: Sequence[Point], swept: Sequence[str]) -> tuple[list[dic
                  all(numeric(plain(c.get(k))) for c, _ in points)), None)
     section = "causalab-sweep"
     shown_runs = max(100, len(points))  # MLflow's chart cards plot at most this many runs
-    charts: list[dict] = []
-    for key in scored:
-        if axis:
-            chart = {"type": "SCATTER", "xaxis": {"key": axis, "type": "PARAM"},
-                     "yaxis": {"key": key, "type": "METRIC"}}
-        else:
-            chart = {"type": "BAR", "metricKey": key, "displayName": key}
-        charts.append(chart)
+    charts = [{"type": "SCATTER", "xaxis": {"key": axis, "type": "PARAM"},
+               "yaxis": {"key": key, "type": "METRIC"}} if axis else
+              {"type": "BAR", "metricKey": key, "displayName": key} for key in scored]
     if len(params) + len(scored) >= 2:  # MLflow draws parallel coordinates from two axes
         charts.append({"type": "PARALLEL", "selectedParams": params, "selectedMetrics": scored,
                        "showAllRuns": False})
