@@ -209,7 +209,8 @@ def schedule(plan: Plan, config: PretrainedConfig, tokenizer: PreTrainedTokenize
     runner = DryRunner(config, tokenizer)
     cache = DocumentCache(None if resume_mib is None else resume_mib * 2 ** 20, memory=budget)
     points = points_of(plan)
-    receipt(runner, points[0], "fp32")
+    ref = plan.model or points[0].model
+    receipt(runner, points[0], ref.dtype, points=points, cache=cache, batch_size=batch_size)
     walk_points(runner, points, out=".", batch_size=batch_size, events=Events(), cache=cache)
     return runner.found
 

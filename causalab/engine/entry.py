@@ -60,7 +60,8 @@ def run_document(plan: Plan, raw: dict, *, out: str,
         runner, cache = None, None
         if any(verdicts.values()):  # else every point was done before: no model, no torch
             runner, cache = _loaded(ref, device_map, memory, resume_mib)
-            events.receipt(receipt(runner, points[0], ref.dtype))
+            events.receipt(receipt(runner, points[0], ref.dtype, points=points, cache=cache,
+                                   batch_size=batch_size))
         written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
         engine, dtype = ENGINE, DTYPES[ref.dtype]
         if runner is not None:
@@ -95,18 +96,34 @@ def _served(runner: Runner) -> str:
     return served_dtype(runner.model)
 
 
-def receipt(runner: Runner, point: Plan, dtype: str) -> dict | None:
-    """The fidelity receipt (``causalab.engine.fidelity``): its no-op pass walked through
-    ``runner`` on a state of its own, then checked by it; None without an observed metric."""
+def receipt(runner: Runner, point: Plan, dtype: str, *, points: list[Plan] = (),
+            cache: DocumentCache | None = None, batch_size: int | None = None) -> dict | None:
+    """The fidelity receipt (``causalab.engine.fidelity``) of the run whose first point is
+    ``point``, checked by ``runner``; None without an observed metric. In fp32 it rides the
+    un-intervened fill of the run's first fused ``points`` where it can (``walk.riding``):
+    that fill's values then wait in ``cache``; else its pass runs alone on a state of its own."""
     from causalab.engine import fidelity
+    from causalab.engine.planner import alike_later, groups
     from causalab.engine.trace_jobs import span
-    from causalab.engine.walk import pass_on
+    from causalab.engine import walk
 
     found = fidelity.receipt_pass(point, runner.config)
     if found is None:
         return None
-    with runner.at(RECEIPT.format(rows=span(found.rows), role=found.role)):
-        result = pass_on(runner, found.pass_, None)
+    label, result = RECEIPT.format(rows=span(found.rows), role=found.role), None
+    try:  # as ``walk.prefetch``: a point meets its own error on its own walk, at its own path
+        if points and cache is not None and dtype == "fp32":
+            runs = groups(list(points), batch_size, cache)
+            rides = walk.riding(runner, found.every, runs[0], alike_later(runs)[0],
+                                cache=cache, batch_size=batch_size)
+            if rides is not None:
+                with runner.at(f"{label}, riding the fill of {len(rides.units)} fused points"):
+                    result = walk.ride(runner, rides)
+    except Exception:
+        result = None
+    if result is None:
+        with runner.at(label):
+            result = walk.pass_on(runner, found.pass_, None)
     return runner.receipt(found, result, dtype)
 
 

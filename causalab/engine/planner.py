@@ -314,14 +314,47 @@ def _reads_jobs(units: list[PassContext], batch: PromptBatch, taps: tuple,
 
 def _fill_batch(units: list[PassContext], own: list[Forward]) -> tuple[PromptBatch, Any]:
     """The batch a fill runs on, and per row of the forwards' own batch its row there (None
-    when it is their own): the host batch when every read still lacking fits whole there."""
+    when it is their own): the host batch when every read still lacking fits whole there.
+    A unit whose own batch is the host (the fidelity receipt riding the fill) gathers its
+    reads in the trace, on its own rows."""
     first, cache = units[0], units[0].state.cache
     host = forwards.host_of(first.pass_, own[0])
-    fresh = [read for ctx, forward in zip(units, own) for read in forward.reads
-             if read_key(ctx.pass_.inputs[forward.input], read) not in cache.reads]
-    if host is None or not cache.wholes_fit(host[0], fresh):
+    if host is None:
         return first.pass_.inputs[own[0].input], None
-    return host
+    fresh = [read for ctx, forward in zip(units, own)
+             if batch_key(ctx.pass_.inputs[forward.input]) != batch_key(host[0])
+             for read in forward.reads
+             if read_key(ctx.pass_.inputs[forward.input], read) not in cache.reads]
+    return host if cache.wholes_fit(host[0], fresh) else (first.pass_.inputs[own[0].input], None)
+
+
+def receipt_rides(receipt: PassContext, units: list[PassContext],
+                  later: list[PassContext]) -> bool:
+    """Whether the fidelity receipt's no-op forward (``receipt``, over every row of its
+    batch) rides the un-intervened fill ``fused_stages`` runs first for ``units`` (the run's
+    first fused points, with ``later``): that fill must run on the receipt's own batch and
+    through the last block anyway, so the receipt adds the head over the last column to
+    one trace instead of opening its own."""
+    if not units or any(ctx.pass_.forwards[0].writes or ctx.pass_.forwards[0].decode
+                        for ctx in units):
+        return False
+    riders = [*units, *later, receipt]
+    batch, _ = _fill_batch(riders, [ctx.pass_.forwards[0] for ctx in riders])
+    own = receipt.pass_.inputs[receipt.pass_.forwards[0].input]
+    layers = [read.address.layer for ctx in units for read in ctx.pass_.forwards[0].reads
+              if read.address.layer is not None]
+    return batch_key(batch) == batch_key(own) and max(layers, default=-1) >= receipt.facts.layers - 1
+
+
+def receipt_stages(receipt: PassContext, units: list[PassContext],
+                   later: list[PassContext]) -> Iterator[Stage]:
+    """The fill ``fused_stages`` runs first for ``units`` and ``later``, the receipt's read
+    taken in its trace (``receipt_rides``): run with the units ``[*units, *later, receipt]``."""
+    riders = [*units, *later, receipt]
+    stage = reads_stage(riders, [ctx.pass_.forwards[0] for ctx in riders],
+                        keep=_next_prefix(units, later, 0))
+    if stage is not None:
+        yield stage
 
 
 def _next_prefix(units: list[PassContext], later: list[PassContext],

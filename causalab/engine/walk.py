@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from causalab.compile.plan import Attribute, Featurizers, Fit, Observe, Pass, Plan, Weights
 from causalab.engine import containment, planner
@@ -159,10 +159,7 @@ def prefetch(points: list[Plan], runner: Runner, *, batch_size: int | None = Non
     """
     if len(points) < 2:
         return
-    states, later_states = ([WalkState(cache=cache, model_ref=point.model,
-                                       digest=point.digest or "", point=point,
-                                       batch_size=batch_size) for point in group]
-                            for group in (points, ahead))
+    states, later_states = (_states(group, cache, batch_size) for group in (points, ahead))
     where = f"fused {len(points)} points ({points[0].name} … {points[-1].name})"
     kept = []
     try:
@@ -184,6 +181,41 @@ def prefetch(points: list[Plan], runner: Runner, *, batch_size: int | None = Non
     except Exception:
         for pass_ in kept:
             cache.drop_prefetched(pass_)
+
+
+def _states(points: list[Plan], cache: DocumentCache, batch_size: int | None) -> list[WalkState]:
+    return [WalkState(cache=cache, model_ref=point.model, digest=point.digest or "",
+                      point=point, batch_size=batch_size) for point in points]
+
+
+class Riding(NamedTuple):
+    """The fidelity receipt's pass over every row, and the first fused points' (``units``)
+    and their later alike points' (``later``) first passes, whose fill it rides."""
+
+    receipt: PassContext
+    units: list[PassContext]
+    later: list[PassContext]
+
+
+def riding(runner: Runner, every: Pass, points: list[Plan], ahead: list[Plan], *,
+           cache: DocumentCache, batch_size: int | None) -> Riding | None:
+    """The receipt's pass ``every`` opened beside the first passes of ``points`` (the run's
+    first fused group) and ``ahead``, when it rides their fill (``planner.receipt_rides``)."""
+    if len(points) < 2:
+        return None
+    units, later = ([_open(runner, point.children[0].pass_, state)
+                     for point, state in zip(group, _states(group, cache, batch_size))]
+                    for group in (points, ahead))
+    receipt = _open(runner, every, new_state(cache=cache))
+    return Riding(receipt, units, later) if planner.receipt_rides(receipt, units, later) else None
+
+
+def ride(runner: Runner, found: Riding) -> PassResult:
+    """The fill with the receipt's read in its trace, then the receipt's pass served from
+    the document cache: the points' prefetch finds their un-intervened values kept."""
+    with runner.grad(False):
+        runner.run(planner.receipt_stages(*found), [*found.units, *found.later, found.receipt])
+    return pass_on(runner, found.receipt.pass_, found.receipt.state)
 
 
 def discard_prefetched(point: Plan, cache: DocumentCache) -> None:

@@ -8,6 +8,10 @@ of a reordered sum at most: 1e-5 on logits of magnitude ~10 is a few ulps.
 """
 from __future__ import annotations
 
+import copy
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -19,6 +23,7 @@ from causalab.engine.walk import run_pass
 from causalab.errors import RunError
 
 FP32 = 1e-5
+REPO = Path(__file__).resolve().parents[2]
 BUILT_INS = ["tiny-llama", "tiny-gpt2", "tiny-gemma2", "tiny-qwen2", "weekday-llama",
              "weekday-gpt2", "weekday-qwen2", "weekday-gemma2"]
 
@@ -83,3 +88,62 @@ def test_the_plain_side_is_kept_per_weights_state_and_rows(tiny, kit, tmp_path, 
     finally:
         with torch.no_grad():
             weight.copy_(kept)
+
+
+def test_the_receipt_rides_the_first_fused_fill_and_moves_no_number(tmp_path, monkeypatch):
+    """A fused sweep whose un-intervened fill runs on the receipt's batch through the last
+    block: the receipt's read is taken in that fill's trace (no trace of its own, ``explain
+    --traces`` says so), it is still within fp32's bound, and every table is the bytes of a
+    run without a receipt."""
+    from causalab.engine import dry_run, runner
+    from causalab.engine.events import Events
+    from causalab.models import load_config, load_tokenizer
+    from causalab.pipeline import compile_only, run_document
+
+    raw = json.loads((REPO / "documents" / "v2" / "head_patching.json").read_text())
+    data = str(REPO / "documents" / "data")
+
+    class Receipts(Events):
+        def receipt(self, found):
+            receipts.append(found)
+
+    def run(out: Path) -> tuple[int, dict]:
+        opened, original = [], runner.run_trace
+        with monkeypatch.context() as patch:
+            patch.setattr(runner, "run_trace", lambda *args: opened.append(1) or original(*args))
+            run_document(copy.deepcopy(raw), out=str(out), data_root=data, events=Receipts())
+        return len(opened), {p.relative_to(out): p.read_bytes() for p in out.rglob("*.json")
+                             if p.name != "run.json"}
+
+    receipts: list = []
+    traces, tables = run(tmp_path / "with")
+    assert len(receipts) == 1 and receipts[0]["max_abs_dlogit"] <= FP32
+    plan = compile_only(copy.deepcopy(raw), data)
+    found = dry_run.schedule(plan, load_config(plan.model.path), load_tokenizer(plan.model.path))
+    assert "riding the fill of 4 fused points" in found[0].where
+    with monkeypatch.context() as patch:
+        patch.setattr(fidelity, "receipt_pass", lambda plan, config: None)
+        bare_traces, bare_tables = run(tmp_path / "without")
+    assert receipts[1:] == [None]
+    assert traces == bare_traces and tables == bare_tables
+
+
+@pytest.mark.parametrize("change", ["an earlier block", "bf16"])
+def test_a_receipt_whose_ride_would_cost_more_runs_alone_on_its_rows(change):
+    """A fill that stops before the last block would run on through every block for the
+    receipt (its own rows alone cost less), and in bf16 a batch's other rows may move a
+    logit by a step of its mantissa: there the receipt runs its own trace of its rows."""
+    from causalab.engine import dry_run
+    from causalab.models import load_config, load_tokenizer
+    from causalab.pipeline import compile_only
+
+    raw = json.loads((REPO / "documents" / "v2" / "head_patching.json").read_text())
+    if change == "bf16":
+        raw["model"]["dtype"] = "bf16"
+    else:
+        raw["sites"]["head_out"]["layers"] = [0]
+    plan = compile_only(raw, str(REPO / "documents" / "data"))
+    found = dry_run.schedule(plan, load_config(plan.model.path), load_tokenizer(plan.model.path))
+    assert found[0].where.startswith("fidelity receipt") and "riding" not in found[0].where
+    assert found[0].job.kind == "reads" and len(found[0].job.rows) <= 2
+    assert not any("receipt" in planned.where for planned in found[1:])
