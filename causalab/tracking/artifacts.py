@@ -158,16 +158,13 @@ def resolve_artifact(uri: str, tracking_uri: str | None = None) -> str:
 
 def log_files(mlflow, run_id: str, files: list[tuple[str, str]]) -> dict[str, int]:
     """Log ``(local path, artifact path)`` pairs; returns what was sent, ``path -> size``."""
-    repository = repository_of(run_id, mlflow.tracking_uri)
+    repository = repository_of(mlflow, run_id)
     sent: dict[str, int] = {}
     for local, artifact in files:
         folder = str(Path(artifact).parent)
         folder = None if folder in ("", ".") else folder
         size = os.stat(local).st_size
-        if repository is None:
-            mlflow.log_artifact(run_id, local, folder)
-        else:
-            repository.log_artifact(local, folder)
+        repository.log_artifact(local, folder)
         sent[str(PurePosixPath(folder or "", Path(local).name))] = size
     return sent
 
@@ -208,9 +205,7 @@ def log_loss_curve(mlflow, run_id: str, artifact: str, losses: list, evals: list
 
 def listing(mlflow: Any, run_id: str) -> dict[str, int]:
     """Every artifact of a run, ``path -> size`` in bytes, folders walked."""
-    repository = repository_of(run_id, mlflow.tracking_uri)
-    listed = repository.list_artifacts if repository is not None else \
-        (lambda folder: mlflow.list_artifacts(run_id, folder))
+    listed = repository_of(mlflow, run_id).list_artifacts
     found: dict[str, int] = {}
     folders: list[str | None] = [None]
     while folders:

@@ -158,22 +158,22 @@ def create_run(mlflow: MlflowClient, experiment: str, name: str, tags: Mapping[s
         tags[PARENT] = parent
     run = mlflow.create_run(experiment, run_name=name or None,
                             tags=_cut(tags, MAX_TAG_VAL_LENGTH))
-    _ARTIFACT_URIS[run.info.run_id] = (run.info.artifact_uri, mlflow.tracking_uri)
+    _ARTIFACT_URIS[(run.info.run_id, mlflow.tracking_uri)] = run.info.artifact_uri
     return run.info.run_id
 
 
 # Where each run this process created keeps its files, so an upload needs no store lookup.
-_ARTIFACT_URIS: dict[str, tuple[str, str]] = {}
+_ARTIFACT_URIS: dict[tuple[str, str], str] = {}
 
 
-def repository_of(run_id: str, tracking_uri: str):
-    """The artifact repository of a run this process created, found without a store lookup."""
-    location = _ARTIFACT_URIS.get(run_id)
-    if location is None or location[1] != tracking_uri:
-        return None
+def repository_of(mlflow: MlflowClient, run_id: str):
+    """A run's artifact repository, found without a store lookup for a run this process created
+    (MLflow's client.list_artifacts looks a run up again for each folder)."""
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-    return get_artifact_repository(location[0], tracking_uri=location[1])
+    location = (_ARTIFACT_URIS.get((run_id, mlflow.tracking_uri))
+                or mlflow.get_run(run_id).info.artifact_uri)
+    return get_artifact_repository(location, tracking_uri=mlflow.tracking_uri)
 
 
 def terminate(mlflow: MlflowClient, run_id: str, status: str, error: str | None = None) -> None:
