@@ -16,7 +16,9 @@ from typing import Any, Callable
 from causalab.document.names import runs_uri_parts
 from causalab.engine.containment import inside
 from causalab.errors import TrackingError, reason
-from causalab.files import causalab_home
+from causalab.files import SAELENS_WEIGHTS, TENSOR_SUFFIX, causalab_home
+from causalab.plots import curves as plots
+from causalab.progress import mlflow_bars
 from causalab.tracking.reach import FETCH_ADVICE, reach, source_of
 from causalab.tracking.runs import client, repository_of, resolve_uri, store_exists
 
@@ -29,8 +31,6 @@ def _download(uri: str, parts: tuple[str, str], destination: Path, tracking_uri:
     """Download ``uri`` (its checked ``parts``) into ``destination``, every failure one refusal
     at ``at``; a SQLite store that does not exist is never created."""
     import mlflow.artifacts
-
-    from causalab.progress import mlflow_bars
 
     store = resolve_uri(tracking_uri)
     reach(store, source_of(), advice=FETCH_ADVICE)
@@ -112,7 +112,6 @@ def _verify(local: Path, uri: str) -> None:
     """Check a downloaded bundle against its stamp's digest before it is placed; others pass."""
     from causalab.compile.bundles.checks import layout_header
     from causalab.compile.bundles.integrity import check_tensors
-    from causalab.files import SAELENS_WEIGHTS, TENSOR_SUFFIX
 
     weights = local / SAELENS_WEIGHTS if local.is_dir() else local
     if weights.suffix == TENSOR_SUFFIX and weights.is_file():
@@ -179,8 +178,6 @@ def log_bytes(mlflow, run_id: str, data: bytes, artifact: str) -> dict[str, int]
 
 def download_run(mlflow, run_id: str, destination: str) -> list[str]:
     """Every file run ``run_id`` logged, copied under ``destination`` (keeping files there)."""
-    from causalab.progress import mlflow_bars
-
     with tempfile.TemporaryDirectory(prefix="causalab-reused-") as staging, mlflow_bars():
         local = Path(mlflow.download_artifacts(run_id, "", staging))
         found = []
@@ -197,8 +194,6 @@ def download_run(mlflow, run_id: str, destination: str) -> list[str]:
 def log_loss_curve(mlflow, run_id: str, artifact: str, losses: list, evals: list, *,
                    title: str, eval_name: str) -> dict[str, int]:
     """Draw a fit's loss curve (:func:`causalab.plots.curves.loss_curve`) and log it."""
-    from causalab.plots import curves as plots
-
     png = plots.loss_curve(losses, evals, title=title, eval_name=eval_name)
     return log_bytes(mlflow, run_id, png, artifact)
 

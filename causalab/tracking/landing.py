@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from causalab.files import DOCUMENT
 from causalab.plots import curves as plots
+from causalab.progress import mlflow_bars
 from causalab.scores import ranking, seeds, summary
 from causalab.scores.summary import (MAX_COLUMNS, Point, main_keys, numeric, plain, quantities,
                                      short, stored_key)
@@ -55,8 +56,6 @@ def table_rows(mlflow, run, name: str, step: str | None,
     saved for ``name`` at ``step``; None when there is none. ``local``: the folder this
     process uploaded the run's files from, read there rather than downloaded again."""
     from mlflow.exceptions import MlflowException
-
-    from causalab.progress import mlflow_bars
 
     source = run.data.tags.get(store.REUSED_FROM) or run.info.run_id
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import re
 import sqlite3
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from causalab import files
 from causalab.errors import Path, TrackingError
+from causalab.progress import mlflow_notes
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -104,8 +106,6 @@ def client(uri: str) -> "MlflowClient":
     :func:`_first_use`); its calls carry :data:`DEADLINES` unless the process set its own."""
     from mlflow import MlflowClient
 
-    from causalab.progress import mlflow_notes
-
     os.environ.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
     database = sqlite_file(uri)
     first = database is not None and uri not in _OPENED
@@ -168,8 +168,6 @@ def _made_aside(database: FilePath) -> None:
     import sqlalchemy
     from mlflow.store.db.utils import _initialize_tables  # what MLflow runs on a new store
 
-    from causalab.progress import mlflow_notes
-
     staging = database.with_name(database.name + ".new")
     for leftover in (staging, staging.with_name(staging.name + "-journal")):
         leftover.unlink(missing_ok=True)
@@ -185,8 +183,6 @@ def _made_aside(database: FilePath) -> None:
 def said_once() -> None:
     """A run's store errors are said once, by the run: MLflow's logged copy of an error it
     raises (a full disk's traceback was hundreds of lines) is left out."""
-    import logging
-
     logging.getLogger("urllib3").setLevel(logging.ERROR)
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
