@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from causalab.document.digest import digest as document_digest
 from causalab.engine.events import Events
 from causalab.errors import CausalabError, Path as JsonPath, TrackingError, UsageError, reason
 from causalab.files import DOCUMENT, HYDRA_CONFIG, RUN_RECORD
@@ -169,8 +170,6 @@ class TrackingEvents(Events):
     # --- the run ----------------------------------------------------------------------------
 
     def run_start(self, document: dict, points: list[Any]) -> None:
-        from causalab.document.digest import digest
-
         first = points[0] if points else None
         varied = plots.varied([getattr(p, "coordinates", None) or {} for p in points])
         self._title = plots.title_of(getattr(first, "document", None) or document, varied)
@@ -183,7 +182,7 @@ class TrackingEvents(Events):
         if not self.rerun:
             asked = {p.digest: self._claim_of(p) for p in points if getattr(p, "digest", None)}
             self._claims = self.call(claims.claim_points, self.experiment_id, wanted, asked)
-        sweep = digest(document) if self._swept else None
+        sweep = document_digest(document) if self._swept else None
         # What a killed earlier run of this document left RUNNING ends KILLED first.
         self.send(lambda: self.call(owners.reap, self.experiment_id, wanted, sweep))
         if self._swept:
@@ -191,26 +190,25 @@ class TrackingEvents(Events):
 
     def point_start(self, point: Any) -> bool:
         self._check()
-        label = self._label(point)
-        found = self._claims.done.get(getattr(point, "digest", None))
+        label, digest = self._label(point), getattr(point, "digest", None)
+        found = self._claims.done.get(digest)
         if found:
             self.skipped[label] = found
             self.send(self._reuse, point, label, found)
             return False
-        holder = self._claims.taken.get(getattr(point, "digest", None))
+        holder = self._claims.taken.get(digest)
         if holder:  # a live run elsewhere computes it now (tracking/claims.py)
             self.taken[label] = holder
             print(f"skipped {label or '<root>'}: being computed by {holder}", file=sys.stderr)
             return False
-        why = self._claims.why.get(getattr(point, "digest", None))
+        why = self._claims.why.get(digest)
         if why:  # an earlier run of this document is not this point's result: say why
             print(f"rerunning {label or '<root>'}: {why}", file=sys.stderr)
+        document = getattr(point, "document", None)
+        run = PointRun.of(label, document, plots.title_of(document) or self._title)
+        run.run_id = self._claims.mine.pop(digest, None)
         coordinates = dict(getattr(point, "coordinates", None) or {})
-        run = PointRun(label, facts.steps(point), facts.fits(point),
-                       plots.title_of(getattr(point, "document", None)) or self._title)
-        run.run_id = self._claims.mine.pop(getattr(point, "digest", None), None)
-        run.params = naming.point_params(getattr(point, "document", None), coordinates,
-                                         self.job_params)
+        run.params = naming.point_params(document, coordinates, self.job_params)
         self._open[id(point)] = run
         self.send(self._create, run, *self._claim_of(point))
         return True
@@ -431,12 +429,11 @@ class TrackingEvents(Events):
             return
         for point, label, found in self._reused:
             self._link(point, label, found)
-        roots = [p for p in written if Path(p).name == DOCUMENT]
-        records = [p for p in written if Path(p).name == RUN_RECORD]
-        files = [(p, DOCUMENT) for p in sorted(roots, key=len)[:1]]
-        files += [(p, RUN_RECORD) for p in records[:1]]
-        self.call(artifacts.log_files, self.sweep_run_id,
-                  [f for f in files if Path(f[0]).is_file()])
+        roots = sorted((p for p in written if Path(p).name == DOCUMENT), key=len)[:1]
+        records = [p for p in written if Path(p).name == RUN_RECORD][:1]
+        files = [(p, DOCUMENT) for p in roots] + [(p, RUN_RECORD) for p in records]
+        files = [f for f in files if Path(f[0]).is_file()]
+        self.call(artifacts.log_files, self.sweep_run_id, files)
         # The parent's pictures are the output folder's too, when this run computed points:
         # drawn once (SweepPictures then finds them among ``written``).
         landed = self.call(landing.land, self.sweep_run_id, title=self._title,

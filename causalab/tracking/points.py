@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 from causalab.errors import reason
 from causalab.files import DOCUMENT
 from causalab.scores import naming
-from causalab.tracking import runs as store
+from causalab.tracking import runs as store, stored
 
 
 @dataclass
@@ -40,6 +40,15 @@ class PointRun:
     sent: dict[str, int] = field(default_factory=dict)
     keys: set[str] = field(default_factory=set)
     lost: str | None = None
+
+    @classmethod
+    def of(cls, label: str, document: dict | None, title: str) -> PointRun:
+        """A point's run: its document's steps, and the metric each fit's early stop watches."""
+        steps = (document or {}).get("steps", {})
+        fits = {name: step.get("early_stop", {}).get("metric", "metric")
+                for name, step in steps.items()
+                if isinstance(step, dict) and step.get("kind") == "fit"}
+        return cls(label, list(steps), fits, title)
 
     def score(self, step: str, name: str, mean: float | None, eligible: int) -> None:
         """A step's metric mean (NaN when none) and eligible row count, at the step's ordinal."""
@@ -91,8 +100,6 @@ class PointRun:
     def flush(self, call: Callable[..., Any]) -> None:
         """The point's params and every number it buffered, in one request when they fit;
         with the record of what was stored when all of it was sent (:attr:`whole`)."""
-        from causalab.tracking import stored
-
         text = stored.record(self.sent, self.keys) if self.whole and self.lost is None else None
         if (self.metrics or self.params or text) and self.run_id is not None:
             call(store.log_batch, self.run_id, metrics=naming.log_order(self.metrics),
@@ -107,19 +114,6 @@ def shared_params(points: list[Any], job: Mapping[str, str]) -> dict[str, str]:
     if not each:
         return dict(job)
     return {k: v for k, v in each[0].items() if all(other.get(k) == v for other in each[1:])}
-
-
-def steps(point: Any) -> list[str]:
-    document = getattr(point, "document", None) or {}
-    return list(document.get("steps", {}))
-
-
-def fits(point: Any) -> dict[str, str]:
-    """Fit step name -> the metric its early stop watches."""
-    document = getattr(point, "document", None) or {}
-    return {name: step.get("early_stop", {}).get("metric", "metric")
-            for name, step in document.get("steps", {}).items()
-            if isinstance(step, dict) and step.get("kind") == "fit"}
 
 
 def files_of(out: str, point: Any, written: list[str], error: BaseException | None) -> list:
