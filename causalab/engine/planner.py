@@ -343,7 +343,8 @@ def receipt_rides(receipt: PassContext, units: list[PassContext],
     own = receipt.pass_.inputs[receipt.pass_.forwards[0].input]
     layers = [read.address.layer for ctx in units for read in ctx.pass_.forwards[0].reads
               if read.address.layer is not None]
-    return batch_key(batch) == batch_key(own) and max(layers, default=-1) >= receipt.facts.layers - 1
+    deepest = max(layers, default=-1)
+    return batch_key(batch) == batch_key(own) and deepest >= receipt.facts.layers - 1
 
 
 def receipt_stages(receipt: PassContext, units: list[PassContext],
