@@ -108,13 +108,9 @@ def done_runs(mlflow: Any, experiment: str, wanted: Mapping[str, Mapping[str, st
         for found in mlflow.search_runs([experiment], filter_string=query, max_results=20,
                                         order_by=["attributes.start_time DESC"]):
             origin = found.data.tags.get(store.REUSED_FROM)
-            try:
-                run = mlflow.get_run(origin) if origin else found
-            except Exception:  # a link whose origin was deleted for good (mlflow gc)
-                why.setdefault(digest, f"run {origin}, which run {found.info.run_id} "
-                                       "reuses, is gone from the store")
-                continue
-            reason = not_done(mlflow, run, inputs)
+            run = store.found_run(mlflow, origin) if origin else found
+            reason = (not_done(mlflow, run, inputs) if run is not None else  # gone: mlflow gc
+                      f"run {origin}, which run {found.info.run_id} reuses, is gone from the store")
             if reason is None:
                 done[digest] = run.info.run_id
                 why.pop(digest, None)
