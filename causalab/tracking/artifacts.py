@@ -130,10 +130,7 @@ def _place(local: Path, target: Path, uri: str) -> None:
         raise TrackingError(_URI, f"{uri} is a folder of artifacts and {target} is a file")
     part = target.parent / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
     try:
-        if local.is_dir():
-            shutil.copytree(local, part)
-        else:
-            shutil.copyfile(local, part)
+        shutil.move(local, part)
         os.replace(part, target)
     except BaseException:
         if part.is_dir():
