@@ -22,8 +22,7 @@ from causalab.files import DOCUMENT, HYDRA_CONFIG, RUN_RECORD
 from causalab.plots import curves as plots
 from causalab.scores import naming
 from causalab.tracking import artifacts, claims, landing, owners, pictures, stored
-from causalab.tracking import points as facts
-from causalab.tracking import runs as store
+from causalab.tracking import points as facts, runs as store
 from causalab.tracking.points import PointRun
 from causalab.tracking.reach import StoreRefused, reach, said_once, source_of, translated
 
@@ -39,14 +38,12 @@ class IncompleteStore(RuntimeError):
 class TrackingEvents(Events):
     """Log a run of a document to MLflow (docs/platform.md §5).
 
-    ``tracking_uri``: MLFLOW_TRACKING_URI wins, then this, then ./mlflow.db. ``experiment``:
-    the MLflow experiment name (MLFLOW_EXPERIMENT_NAME, else ``causalab``). ``hydra_config``:
-    the job's composed config, logged as ``hydra_config.yaml``. ``parent_run_id``: nest under
-    this run (a multirun's parent); ``run_name``: the name of the job's top run (its
-    overrides); ``job_params``: extra params (a job's swept overrides). ``out``: the folder
-    given to ``run_document``, whose files it uploads (required). ``uri_option``: the option
-    a refusal about the store names (``--tracking-uri`` with ``argv``, else ``tracking.uri``).
-    """
+    ``tracking_uri``: as :func:`~causalab.tracking.runs.resolve_uri`. ``hydra_config``: the
+    job's composed config, logged as ``hydra_config.yaml``. ``parent_run_id``: nest under this
+    run (a multirun's parent); ``run_name``: the name of the job's top run (its overrides);
+    ``job_params``: extra params (a job's swept overrides). ``out``: the folder given to
+    ``run_document``, whose files it uploads. ``uri_option``: the option a refusal about the
+    store names."""
 
     def __init__(self, tracking_uri: str | None = None, experiment: str | None = None,
                  rerun: bool = False, hydra_config: Any = None, *, out: str | None = None,
@@ -138,13 +135,9 @@ class TrackingEvents(Events):
         failed, self._failures = self._failures, []
         if not failed:
             return
-        error = failed[0]
-        if isinstance(error, StoreRefused):
-            why = error.message
-        elif isinstance(error, CausalabError):
-            raise error
-        else:  # any other failure of the store, still one line
-            why = f"the tracking store at {self.uri} failed: {reason(error)}"
+        if isinstance(failed[0], CausalabError):
+            raise failed[0]
+        why = f"the tracking store at {self.uri} failed: {reason(failed[0])}"  # still one line
         raise self._lost(why) from None
 
     def _lost(self, why: str) -> TrackingError:
@@ -350,8 +343,7 @@ class TrackingEvents(Events):
             self.call(owners.reopen, reattach, owners.owner_tags())
             self.sweep_run_id, self._reattached = reattach, True
             return
-        tags = self._tags("sweep", first)
-        tags[store.SWEEP] = sweep
+        tags = {**self._tags("sweep", first), store.SWEEP: sweep}
         self.sweep_run_id = self.call(store.create_run, self.experiment_id,
                                       self.run_name or "sweep", tags, self.parent_run_id)
         self._sweep_params = params  # sent with the receipt, once the model is in
