@@ -24,8 +24,7 @@ from typing import Any, Iterator, Mapping
 
 from causalab.errors import UsageError
 from causalab.files import CLAIM
-from causalab.tracking import owners, stored
-from causalab.tracking import runs as store
+from causalab.tracking import owners, runs as store, stored
 
 
 def _owner() -> dict:

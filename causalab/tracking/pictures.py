@@ -11,8 +11,7 @@ from typing import Any, Mapping
 
 from causalab.plots import attribution_maps as attribution_plots, curves as plots
 from causalab.plots import faithfulness as edge_plots, verification as verify_plots
-from causalab.tracking import artifacts
-from causalab.tracking import runs as store
+from causalab.tracking import artifacts, runs as store
 
 TAG = "causalab.attribution"
 FOLDER = "attribution"

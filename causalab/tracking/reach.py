@@ -214,8 +214,8 @@ def refused(error: BaseException) -> str | None:
                     "admin_password")
         if type(seen).__module__ == "sqlite3" or \
                 isinstance(seen, OSError) and seen.errno in _REFUSING:
-            lines = [line.strip() for line in str(seen).splitlines() if line.strip()]
-            return (lines[0] if lines else type(seen).__name__)[:200]
+            first = next((line.strip() for line in str(seen).splitlines() if line.strip()), None)
+            return (first or type(seen).__name__)[:200]
         seen = seen.__cause__ or seen.__context__
     return None
 

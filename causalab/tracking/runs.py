@@ -1,16 +1,18 @@
 """Where runs live and how they are found: tracking URI, experiment, run records, params.
 
-Every call takes an ``MlflowClient`` built for one explicit URI (:func:`reach.client`) and
-explicit run ids; nothing here uses MLflow's fluent active-run stack or sets environment
-variables, which would leak into child processes. URI order: docs/platform.md §5.
+Every call takes an ``MlflowClient`` built for one URI (:func:`reach.client`) and explicit run
+ids: no fluent run stack, no ``MLFLOW_TRACKING_URI`` set for child processes to inherit. URI
+order: docs/platform.md §5.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
 from urllib.parse import urlparse
@@ -113,9 +115,6 @@ def ui_command(uri: str, experiment_id: str | None = None, run_id: str | None = 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """``<package version>+<first 12 hex of the SHA-256 over the package's .py files>``."""
-    import hashlib
-    from importlib import metadata
-
     try:
         version = metadata.version("causalab")
     except metadata.PackageNotFoundError:
