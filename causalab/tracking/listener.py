@@ -200,8 +200,8 @@ class TrackingEvents(Events):
         document = getattr(point, "document", None)
         run = PointRun.of(label, document, plots.title_of(document) or self._title)
         run.run_id = self._claims.mine.pop(digest, None)
-        coordinates = dict(getattr(point, "coordinates", None) or {})
-        run.params = naming.point_params(document, coordinates, self.job_params)
+        run.params = naming.point_params(document, getattr(point, "coordinates", None) or {},
+                                         self.job_params)
         self._open[id(point)] = run
         self.send(self._create, run, *self._claim_of(point))
         return True
@@ -248,7 +248,6 @@ class TrackingEvents(Events):
         record = Path(self.out) / RUN_RECORD
         if record.is_file() and not any(a == RUN_RECORD for _, a in files):
             files.append((str(record), RUN_RECORD))
-        run.finished = True
         if isinstance(error, KeyboardInterrupt):  # ended by ``close``, bounded in time
             self._stopped.append((run, files))
             return
@@ -257,14 +256,12 @@ class TrackingEvents(Events):
             run.folder = str(Path(self.out) / point.directory)
         self.send(self._upload, run, files)
         pictures.send_grids(self, run, point)
-        if error is not None:
-            self.send(self._end_point, run, error)
-            if self._swept:
-                self.send(self._end_sweep, error)
-        elif not getattr(point, "directory", ""):
+        if error is None and not run.whole:  # the root point: ended at the run's end
             self._deferred = run
-        else:
-            self.send(self._end_point, run, None)
+            return
+        self.send(self._end_point, run, error)
+        if error is not None and self._swept:
+            self.send(self._end_sweep, error)
 
     def run_end(self, written: list[str]) -> None:
         if self._deferred is not None:
@@ -357,15 +354,13 @@ class TrackingEvents(Events):
 
     def _create(self, run: PointRun, name: str, tags: dict) -> None:
         """The point's run: the claim made at the run's start, nested now, or a new one."""
-        parent = self.sweep_run_id or self.parent_run_id
+        parent = self.sweep_run_id or self.parent_run_id or None  # a None tag is not sent
         if run.run_id is None:
             run.run_id = self.call(store.create_run, self.experiment_id, name, tags, parent)
         else:  # the claim made at the run's start, started and nested now (params with it)
-            params = {} if run.finished else run.params
-            tags = {store.CLAIM: "started", **({store.PARENT: parent} if parent else {})}
-            self.call(store.log_batch, run.run_id, tags=tags, params=params)
-            if params:
-                run.params = {}
+            tags = {store.CLAIM: "started", store.PARENT: parent}
+            self.call(store.log_batch, run.run_id, tags=tags, params=run.params)
+            run.params = {}
         self.point_runs[run.label] = run.run_id
 
     def _reuse(self, point: Any, label: str, found: str) -> None:

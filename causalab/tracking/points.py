@@ -30,7 +30,6 @@ class PointRun:
     metrics: list = field(default_factory=list)
     losses: dict[str, list[float]] = field(default_factory=dict)
     evals: dict[str, list[float]] = field(default_factory=dict)
-    finished: bool = False
     # Whether its files are all sent before its numbers (a swept point that ended well), so
     # the ``causalab.stored`` record rides with them; the record sent, once sent.
     whole: bool = False
