@@ -146,7 +146,10 @@ def rebase(database: FilePath) -> int:
 @contextlib.contextmanager
 def _first_use(database: FilePath) -> Iterator[None]:
     """Hold ``<database>.lock`` while the store is first opened: two processes making one
-    file's tables at once fail (``table _alembic_tmp_experiments already exists``)."""
+    file's tables at once fail (``table _alembic_tmp_experiments already exists``). A new store
+    is made in ``<database>.new``, then renamed into place: MLflow's migrations are not one
+    transaction, and a run killed during them in place left a store no later run could open
+    (``duplicate column name: step``). A store that exists is left to MLflow."""
     try:
         database.parent.mkdir(parents=True, exist_ok=True)
         handle = open(database.with_name(database.name + ".lock"), "a")
@@ -155,29 +158,21 @@ def _first_use(database: FilePath) -> Iterator[None]:
         return
     with handle:  # closing it releases the lock
         fcntl.flock(handle, fcntl.LOCK_EX)
-        _made_aside(database)
+        if not database.exists() or database.stat().st_size == 0:
+            import sqlalchemy
+            from mlflow.store.db.utils import _initialize_tables  # MLflow's, on a new store
+
+            staging = database.with_name(database.name + ".new")
+            for leftover in (staging, staging.with_name(staging.name + "-journal")):
+                leftover.unlink(missing_ok=True)
+            engine = sqlalchemy.create_engine(f"sqlite:///{staging}")
+            try:
+                with mlflow_notes():
+                    _initialize_tables(engine)
+            finally:
+                engine.dispose()
+            os.replace(staging, database)
         yield
-
-
-def _made_aside(database: FilePath) -> None:
-    """Make a new store in ``<database>.new``, then rename it into place: MLflow's migrations
-    are not one transaction, and a run killed during them in place left a store no later run
-    could open (``duplicate column name: step``). A store that exists is left to MLflow."""
-    if database.exists() and database.stat().st_size > 0:
-        return
-    import sqlalchemy
-    from mlflow.store.db.utils import _initialize_tables  # what MLflow runs on a new store
-
-    staging = database.with_name(database.name + ".new")
-    for leftover in (staging, staging.with_name(staging.name + "-journal")):
-        leftover.unlink(missing_ok=True)
-    engine = sqlalchemy.create_engine(f"sqlite:///{staging}")
-    try:
-        with mlflow_notes():
-            _initialize_tables(engine)
-    finally:
-        engine.dispose()
-    os.replace(staging, database)
 
 
 def said_once() -> None:

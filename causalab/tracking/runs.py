@@ -254,8 +254,6 @@ def param_value(value: Any) -> str:
     """A coordinate as its sweep label writes it: one element bare, scalars plain, else JSON."""
     if isinstance(value, (list, tuple)) and len(value) == 1:
         value = value[0]
-    if isinstance(value, str):
-        text = value
-    else:
-        text = json.dumps(value, separators=(",", ":"), sort_keys=True)
-    return text[:MAX_PARAM_VAL_LENGTH]
+    if not isinstance(value, str):
+        value = json.dumps(value, separators=(",", ":"), sort_keys=True)
+    return value[:MAX_PARAM_VAL_LENGTH]
