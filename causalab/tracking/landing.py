@@ -147,19 +147,15 @@ def landed(mlflow, experiment: str, parent: str) -> dict | None:
 
 def newest_landed(mlflow, parent: str | None = None) -> tuple[str, str, list] | None:
     """(experiment id, parent id, point ids) of ``parent``, else of the newest landed one."""
-    if parent is not None:
-        run = store.found_run(mlflow, parent)
-        if run is None:  # no such run in this store
+    if parent is None:
+        keyed = [key[len(VIEW_TAG):] for experiment in mlflow.search_experiments()
+                 for key in experiment.tags if key.startswith(VIEW_TAG)]
+        if not keyed:
             return None
-        experiment = run.info.experiment_id
-        found = landed(mlflow, experiment, parent)
-        return None if found is None else (experiment, parent, found["runs"])
-    keyed = [key[len(VIEW_TAG):] for experiment in mlflow.search_experiments()
-             for key in experiment.tags if key.startswith(VIEW_TAG)]
-    if not keyed:
-        return None
-    newest = max(keyed, key=lambda run_id: mlflow.get_run(run_id).info.start_time or 0)
-    return newest_landed(mlflow, newest)
+        parent = max(keyed, key=lambda run_id: mlflow.get_run(run_id).info.start_time or 0)
+    run = store.found_run(mlflow, parent)  # None: no such run in this store
+    found = None if run is None else landed(mlflow, run.info.experiment_id, parent)
+    return None if found is None else (run.info.experiment_id, parent, found["runs"])
 
 
 def view_params(swept: Sequence[str]) -> list[str]:

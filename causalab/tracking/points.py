@@ -110,8 +110,6 @@ class PointRun:
 def shared_params(points: list[Any], job: Mapping[str, str]) -> dict[str, str]:
     """A sweep parent's params: the job's own and the facts every point shares."""
     each = [naming.point_params(getattr(p, "document", None), {}, job) for p in points]
-    if not each:
-        return dict(job)
     return {k: v for k, v in each[0].items() if all(other.get(k) == v for other in each[1:])}
 
 

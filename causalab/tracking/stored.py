@@ -26,11 +26,9 @@ def shortfall(stored: Mapping[str, int], sent: Mapping[str, int]) -> str | None:
     """What of ``sent`` (``path -> size``) the store does not hold whole, in words."""
     missing = sorted(p for p in sent if p not in stored)
     short = sorted(p for p in sent if p in stored and stored[p] != sent[p])
-    if not missing and not short:
-        return None
     parts = [f"{len(missing)} of {len(sent)} files missing ({named(missing)})"] if missing else []
     parts += [f"{len(short)} stored short ({named(short)})"] if short else []
-    return "; ".join(parts)
+    return "; ".join(parts) or None
 
 
 def record(sent: Mapping[str, int], metrics: Iterable[str]) -> str:
