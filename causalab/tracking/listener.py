@@ -146,19 +146,15 @@ class TrackingEvents(Events):
             f"{why}; the run's files are in {self.out}, and a rerun stores what this one "
             "could not"))
 
-    def _tags(self, kind: str, point: Any = None) -> dict[str, str]:
-        tags = {store.KIND: kind, store.VERSION: store.code_version(), **owners.owner_tags()}
+    def _tags(self, kind: str, point: Any = None) -> dict[str, str | None]:
+        """A new run's tags: those None are not sent (runs.create_run drops them)."""
         model = getattr(point, "model", None)
-        if model is not None:
-            tags[store.MODEL_KEY] = model.key
-            tags[store.MODEL_REVISION] = model.revision
-        if self.argv is not None:
-            tags["causalab.argv"] = " ".join(self.argv)
-        if self.job_params:
-            tags[store.OVERRIDES] = json.dumps(self.job_params, sort_keys=True)
-        if self.run_name:
-            tags[store.JOB] = self.run_name
-        return tags
+        overrides = json.dumps(self.job_params, sort_keys=True) if self.job_params else None
+        return {store.KIND: kind, store.VERSION: store.code_version(), **owners.owner_tags(),
+                store.MODEL_KEY: getattr(model, "key", None),
+                store.MODEL_REVISION: getattr(model, "revision", None),
+                "causalab.argv": None if self.argv is None else " ".join(self.argv),
+                store.OVERRIDES: overrides, store.JOB: self.run_name or None}
 
     # --- the run ----------------------------------------------------------------------------
 
@@ -209,15 +205,14 @@ class TrackingEvents(Events):
     def _claim_of(self, point: Any) -> tuple[str, dict[str, str]]:
         """A point's run as it is created: its name and tags (owner, digest, place, inputs)."""
         label = self._label(point)
-        tags = self._tags("point", point)
         coordinates = dict(getattr(point, "coordinates", None) or {})
-        tags.update({store.PRODUCED_BY: point.digest, store.POINT: label,
-                     store.COORDINATES: json.dumps(coordinates, sort_keys=True, default=str),
-                     stored.INPUTS: json.dumps(dict(getattr(point, "input_digests", None) or {}),
-                                               sort_keys=True, separators=(",", ":"))})
-        if self.parent_run_id:  # a multirun job's claims sit under its parent from the start
-            tags[store.PARENT] = self.parent_run_id
-        return self._run_name(label), tags
+        return self._run_name(label), {
+            **self._tags("point", point), store.PRODUCED_BY: point.digest, store.POINT: label,
+            store.COORDINATES: json.dumps(coordinates, sort_keys=True, default=str),
+            stored.INPUTS: json.dumps(dict(getattr(point, "input_digests", None) or {}),
+                                      sort_keys=True, separators=(",", ":")),
+            # a multirun job's claims sit under its parent from the start
+            store.PARENT: self.parent_run_id or None}
 
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
         if (run := self._open.get(id(point))) is not None:
@@ -418,9 +413,8 @@ class TrackingEvents(Events):
             self._link(point, label, found)
         roots = sorted((p for p in written if Path(p).name == DOCUMENT), key=len)[:1]
         records = [p for p in written if Path(p).name == RUN_RECORD][:1]
-        files = [(p, DOCUMENT) for p in roots] + [(p, RUN_RECORD) for p in records]
-        files = [f for f in files if Path(f[0]).is_file()]
-        self.call(artifacts.log_files, self.sweep_run_id, files)
+        self.call(artifacts.log_files, self.sweep_run_id,
+                  [(p, Path(p).name) for p in roots + records if Path(p).is_file()])
         # The parent's pictures are the output folder's too, when this run computed points:
         # drawn once (SweepPictures then finds them among ``written``).
         landed = self.call(landing.land, self.sweep_run_id, title=self._title,
