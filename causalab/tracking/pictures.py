@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -80,9 +79,8 @@ def log_step_pictures(mlflow, run_id: str, reports: Mapping[str, Any], draw, nam
                       title: str, metrics: Mapping[str, float]) -> dict[str, int]:
     """Each step's report drawn as ``plots/<step>_<name>.png``, with ``metrics`` (an edge step's
     faithfulness areas); returns what was sent."""
-    now = int(time.time() * 1000)  # none: log_batch sends nothing
-    store.log_batch(mlflow, run_id, metrics=[store.metric(key, value, 0, now)
-                                             for key, value in metrics.items()])
+    store.log_batch(mlflow, run_id,  # none: log_batch sends nothing
+                    metrics=[store.metric(key, value) for key, value in metrics.items()])
     sent: dict[str, int] = {}
     for step, report in reports.items():
         png = draw(report, title=title)

@@ -5,7 +5,6 @@ Plain data only: nothing here imports MLflow or talks to a store.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -51,10 +50,9 @@ class PointRun:
 
     def score(self, step: str, name: str, mean: float | None, eligible: int) -> None:
         """A step's metric mean (NaN when none) and eligible row count, at the step's ordinal."""
-        key = naming.metric_key(step, name)
         ordinal = self.steps.index(step) if step in self.steps else 0
         value = mean if mean is not None and math.isfinite(mean) else math.nan
-        self.add(key, value, ordinal)
+        self.add(naming.metric_key(step, name), value, ordinal)
         self.add(naming.eligible_key(step, name), eligible, ordinal)
 
     def interval(self, step: str, name: str, low: float, high: float) -> None:
@@ -84,7 +82,7 @@ class PointRun:
         return key if len(self.fits) <= 1 else f"{step}/{key}"
 
     def add(self, key: str, value: float, step: int) -> None:
-        point = store.metric(key, value, step, int(time.time() * 1000))
+        point = store.metric(key, value, step)
         self.metrics.append(point)
         self.keys.add(point.key)
 

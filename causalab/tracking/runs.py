@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, NamedTuple
@@ -245,9 +246,10 @@ def log_batch(mlflow: MlflowClient, run_id: str, *, metrics: Iterable[Point] = (
         mlflow.log_batch(run_id, metrics=numbers, params=words, tags=labels)
 
 
-def metric(key: str, value: float, step: int, timestamp: int) -> Point:
-    """One value under a key MLflow accepts, by the rule validate checked."""
-    return Point(mlflow_key(key), float(value), timestamp, int(step))
+def metric(key: str, value: float, step: int = 0, timestamp: int | None = None) -> Point:
+    """One value under a key MLflow accepts (validate's rule), at ``timestamp`` ms, else now."""
+    when = int(time.time() * 1000) if timestamp is None else timestamp
+    return Point(mlflow_key(key), float(value), when, int(step))
 
 
 def param_value(value: Any) -> str:
