@@ -7,6 +7,7 @@ what a store that stops answering does to a run: docs/platform.md §5.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -451,10 +452,8 @@ class TrackingEvents(Events):
         # A store that stopped answering already said where the files are: once is enough.
         tail = ("" if "files are in" in why else
                 f"; its files are in {self.out}, and a rerun computes it again")
-        try:
+        with contextlib.suppress(Exception):  # a store that takes nothing more: left RUNNING
             self._end(run.run_id, IncompleteStore(why))
-        except Exception:  # a store that takes nothing more leaves it RUNNING: not done
-            pass
         raise TrackingError(source_of(self.uri_option), (
             f"point {run.label or '<root>'} (run {run.run_id}) is not FINISHED: {why}{tail}"))
 

@@ -80,9 +80,8 @@ def not_done(mlflow: Any, run: Any, inputs: Mapping[str, str]) -> str | None:
         return f"run {run_id} recorded no digests of what it read"
     was = was or {}
     changed = sorted(k for k in set(inputs) | set(was) if was.get(k) != inputs.get(k))
-    if changed:
-        names = [k.split(":", 1)[-1] for k in changed]
-        return f"{named(names)} changed since run {run_id}"
+    if changed:  # an input's digest key without its kind
+        return f"{named([k.split(':', 1)[-1] for k in changed])} changed since run {run_id}"
     if len(run.data.metrics) < int(record.get("metrics", 0)):
         return f"run {run_id} has lost metrics from the store"
     stored = listing(mlflow, run_id)
