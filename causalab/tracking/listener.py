@@ -271,10 +271,9 @@ class TrackingEvents(Events):
         """A ``runs:/<run_id>/<path>`` bundle downloaded from this listener's tracking URI."""
         return artifacts.resolve_artifact(uri, self.uri)
 
-    def close(self, error: BaseException | None = None) -> None:
+    def close(self, error: BaseException) -> None:
         """End whatever is still open: KILLED on an interrupt (ended beside the caller, waited
         for only while calls keep ending: ``STALL_S``), FAILED on any other error."""
-        error = error or RuntimeError("the run stopped before its end")
         if not isinstance(error, KeyboardInterrupt):
             self._close(error)
             return
