@@ -8,6 +8,7 @@ what a store that stops answering does to a run: docs/platform.md §5.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -73,7 +74,6 @@ class TrackingEvents(Events):
         self.skipped: dict[str, str] = {}
         self.linked: dict[str, str] = {}
         self.failed: list[str] = []
-        self._experiment_id: str | None = None
         self._failures: list[Exception] = []  # the calls that failed, for ``wait``
         self._client: Any = None
         self._swept = False
@@ -118,11 +118,9 @@ class TrackingEvents(Events):
         if self._unanswered is not None:
             raise TrackingError(self._unanswered.path, self._unanswered.message) from None
 
-    @property
+    @functools.cached_property
     def experiment_id(self) -> str:
-        if self._experiment_id is None:
-            self._experiment_id = self.call(store.experiment_id, self.experiment, self.uri)
-        return self._experiment_id
+        return self.call(store.experiment_id, self.experiment, self.uri)
 
     def send(self, call: Any, *args: Any, **kwargs: Any) -> None:
         """``call(*args, **kwargs)``; a failure is kept for :meth:`wait`, the calls after it run."""
