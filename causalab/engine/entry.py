@@ -102,10 +102,9 @@ def receipt(runner: Runner, point: Plan, dtype: str, *, points: list[Plan] = (),
     ``point``, checked by ``runner``; None without an observed metric. In fp32 it rides the
     un-intervened fill of the run's first fused ``points`` where it can (``walk.riding``):
     that fill's values then wait in ``cache``; else its pass runs alone on a state of its own."""
-    from causalab.engine import fidelity
+    from causalab.engine import fidelity, walk
     from causalab.engine.planner import alike_later, groups
     from causalab.engine.trace_jobs import span
-    from causalab.engine import walk
 
     found = fidelity.receipt_pass(point, runner.config)
     if found is None:
