@@ -6,9 +6,12 @@ callable the walk hands in, which returns a ``PassResult`` whose ``metrics`` map
 to ``(values, rows)``, one value per eligible row. The model stays frozen; only the featurizers named in
 ``params`` are stepped. Parameters are left as the last update made them (no rollback).
 The progress bar goes to stderr and only on a terminal, never with ``CAUSALAB_QUIET=1``.
+On the CPU a fit runs on one intra-op thread (:data:`FIT_THREADS`), so its result does not
+depend on the machine's thread count or load.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -23,6 +26,11 @@ if TYPE_CHECKING:  # the types only annotate; importing them pulls in the compil
     from causalab.engine.state import WalkState
 
 MASK_SUFFIX = ".mask"
+# A CPU matmul's sums are split by thread, and a different split rounds differently; an
+# update amplifies that last bit into a different rotation (rank 4 of the weekday DAS moved
+# its held-out logit difference by 0.03 between 1 and 2 threads). One thread makes the split
+# the same everywhere; the weekday fit was no slower on 2 busy cores.
+FIT_THREADS = 1
 
 
 def anneal_temperature(start: float, end: float, update: int, updates: int) -> float:
@@ -157,6 +165,18 @@ def _eval_epoch(fit: Fit, model, featurizers: dict, state: WalkState,
     return [watched] + [featurizers[gate].kept() for gate in _gates(fit, featurizers)]
 
 
+@contextlib.contextmanager
+def _fixed_threads(count: int = FIT_THREADS):
+    """torch's intra-op thread count held at ``count`` inside, restored after (CPU kernels
+    only: an accelerator's are untouched)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def run_fit(fit: Fit, model, featurizers: dict, state: WalkState, *, run_pass: Callable, events,
             point: Plan | None = None, step: str | None = None) -> dict:
     """Run a fit step and return its results.
@@ -189,8 +209,9 @@ def run_fit(fit: Fit, model, featurizers: dict, state: WalkState, *, run_pass: C
         context["progress"].update(advance=1, eval=f"eval {fit.early_stop_metric} {row[0]:.4g}")
         return _stopped(fit, row[0], context)
     try:
-        loop(fit, lambda batch: _update(fit, model, featurizers, state, batch, context),
-             evaluate)
+        with _fixed_threads():
+            loop(fit, lambda batch: _update(fit, model, featurizers, state, batch, context),
+                 evaluate)
     finally:
         context["progress"].close()
         columns = 1 + len(_gates(fit, featurizers))

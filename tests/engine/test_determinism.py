@@ -83,3 +83,28 @@ def test_a_fit_run_twice_writes_the_same_bytes_its_featurizer_file_included(tmp_
     first, second = (_files(_run("das", tmp_path / name)) for name in ("first", "second"))
     assert any(name.endswith(".safetensors") for name in first) and first.keys() == second.keys()
     assert [name for name in first if first[name] != second[name]] == []
+
+
+@pytest.mark.slow
+def test_a_fit_writes_the_same_rotation_whatever_torch_s_thread_count(tmp_path):
+    """A fit on the CPU runs on one thread (engine/fit.py), so the thread count a machine
+    gives torch (OMP_NUM_THREADS, its load) does not move the rotation's last bits, which the
+    updates would amplify: the weekday Llama's rank-4 DAS (`make run`), the case that moved."""
+    import torch
+
+    document = json.loads((REPO / "documents" / "known" / "das.json").read_text())
+    for name in ("rot", "random"):
+        document["featurizers"][name]["k"] = 4
+    before = torch.get_num_threads()
+    written = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out = tmp_path / str(threads)
+            run_document(document, out=str(out), device_map="cpu", data_root=DATA)
+            written[threads] = {name: data for name, data in _files(out).items()
+                                if name.endswith(".safetensors")}
+    finally:
+        torch.set_num_threads(before)
+    assert written[1].keys() == written[2].keys() and any("rot" in n for n in written[1])
+    assert [name for name in written[1] if written[1][name] != written[2][name]] == []
