@@ -109,8 +109,8 @@ class PointProgress(Events):
 class Summary(Events):
     """The metric means of every point, kept to print once the run ends.
 
-    One line per (point, step), each mean with its 95 % bootstrap interval and its row count:
-    ``layers=1,pos=-1  test: iia=1.000 [1.00, 1.00] (12) logit_diff=9.610 [8.91, 10.27] (12)``.
+    One line per (point, step), each mean with its 95 % interval and its row count:
+    ``layers=1,pos=-1  test: iia=1.000 [0.74, 1.00] (12) logit_diff=9.610 [8.91, 10.27] (12)``.
     """
 
     def __init__(self) -> None:

@@ -30,8 +30,8 @@ class Events:
         """A saved or computed metric table of a point: mean over eligible rows and count."""
 
     def interval(self, point: Plan | None, step: str, name: str, low: float, high: float) -> None:
-        """The 95 % bootstrap interval of the mean just reported by :meth:`metric`
-        (``causalab.uncertainty``)."""
+        """The 95 % interval of the mean just reported by :meth:`metric` (Clopper-Pearson
+        for a proportion, else the exact bootstrap: ``causalab.uncertainty``)."""
 
     def receipt(self, found: dict | None) -> None:
         """The fidelity receipt of the loaded model (``causalab.engine.fidelity``), before

@@ -2,8 +2,8 @@
 
 Points are ordered by their main test score (``iia/test``; a loss: lowest first), ties in the
 mean broken as before by the lower control, then by coordinates. Whether the first one
-really beats another is the paired bootstrap over the rows both scored
-(:func:`causalab.uncertainty.beats`): the rows of each point's saved table of that score,
+really beats another is the exact paired bootstrap over the rows both scored (every
+resample, :func:`causalab.uncertainty.beats`, the same one its intervals use): the rows of each point's saved table of that score,
 read back from its run (a reused point's from the run it reuses,
 :func:`causalab.tracking.landing.table_rows`). Every point the first does
 not beat with probability :data:`causalab.uncertainty.BEATS` is tied for first; points with
@@ -40,8 +40,9 @@ def rank(points: Sequence[summary.Point], swept: Sequence[str],
         means = [summary.value(points[i][1], name, test) for i in ordered]
         tied = [label for label, mean in zip(labels, means) if means and mean == means[0]]
     return {"score": summary.stored_key(name, test) if test else name, "order": labels,
-            "first": tied, "threshold": uncertainty.BEATS, "resamples": uncertainty.RESAMPLES,
-            "seed": uncertainty.SEED, "compared": "paired bootstrap" if probability else "means",
+            "first": tied, "threshold": uncertainty.BEATS,
+            "method": uncertainty.METHOD["compared"] if probability else "means",
+            "compared": "paired bootstrap" if probability else "means",
             "intervals": {labels[k]: _interval(points[i][1], name, test)
                           for k, i in enumerate(ordered)},
             "beats": probability, "indices": [ordered[labels.index(t)] for t in tied]}

@@ -3,7 +3,8 @@
 When a coordinate named ``seed`` (a fit's ``steps.<fit>.seed``, a featurizer's ``seed``) is
 swept, the points that differ only by it are one group: its main test score's mean, standard
 deviation (``ddof=1``) and 95 % interval across the seeds (the percentile bootstrap of
-:func:`causalab.uncertainty.interval` over the seeds' scores). The parent gets ``seeds.json``
+:func:`causalab.uncertainty.bootstrap_interval` over the seeds' scores, which are means
+even when each is 0 or 1). The parent gets ``seeds.json``
 (every group), and, when there is one group, the metrics ``<score>.seeds.mean``,
 ``.seeds.sd``, ``.seeds.lo`` and ``.seeds.hi`` (``iia/test.seeds.mean``) beside its scores.
 """
@@ -43,7 +44,7 @@ def groups(points: Sequence[summary.Point], swept: Sequence[str]) -> list[dict[s
 
 def _summed(group: dict[str, Any], score_key: str) -> dict[str, Any]:
     scores = group["scores"]
-    low, high = uncertainty.interval(scores)
+    low, high = uncertainty.bootstrap_interval(scores)
     return {**group, "score": score_key, "n": len(scores), "mean": statistics.fmean(scores),
             "sd": statistics.stdev(scores) if len(scores) > 1 else 0.0, "lo": low, "hi": high}
 

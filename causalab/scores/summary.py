@@ -218,7 +218,8 @@ def html_table(points: Sequence[Point], swept: Sequence[str], *, title: str = ""
             "<style>body{font-family:sans-serif}table{border-collapse:collapse}"
             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>"
             f"<h3>{caption}</h3>{note}<table><tr>{header}</tr>{''.join(rows)}</table>"
-            "<p>[lo, hi]: 95 % bootstrap interval over the rows (1000 resamples, seed 0)</p>")
+            "<p>[lo, hi]: 95 % interval over the rows: Clopper-Pearson for a proportion (iia, "
+            "match), the exact percentile bootstrap for any other mean</p>")
 
 
 def shown_score(metrics: Mapping[str, float], key: str) -> str:

@@ -1,19 +1,22 @@
-"""Every score carries its 95 % bootstrap interval: printed, in MLflow beside the score, in a
-Result, on a sweep's parent and in its summary.html.
+"""Every score carries its 95 % interval: printed, in MLflow beside the score, in a Result, on a
+sweep's parent and in its summary.html.
 
-The interval is checked against a percentile bootstrap written here, one resample at a time
-(``numpy.random.default_rng(0)``, 1000 resamples of the rows, the 2.5th and 97.5th
-percentiles of their means), over the values of the saved metric table: the same seed and
-resamples as docs/format.md §7.10 documents, computed without the code under test.
+The oracles are written here, without the code under test: a proportion's Clopper-Pearson
+ends are scipy's beta quantiles; a mean's percentile bootstrap is every one of the n**n
+resamples enumerated (a few rows), or, for a saved 12-row table, a million resamples drawn
+one batch at a time, to the Monte Carlo error that leaves; the paired probabilities are the
+closed forms 1 - (k/n)**n of resamples that draw none of a point's k tied rows.
 """
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy
 import pytest
 from mlflow import MlflowClient
+from scipy.stats import beta
 
 import causalab
 from causalab import uncertainty
@@ -22,25 +25,71 @@ from causalab.progress import Summary
 REPO = Path(__file__).resolve().parents[2]
 DATA = str(REPO / "documents" / "data")
 HEADS = str(REPO / "documents" / "v2" / "head_patching.json")
+HALF_GRID = 0.0005 + 1e-12  # a resample's mean rounded to the 0.001 grid moves this far
 
 
-def bootstrap(values, seed=0, resamples=1000) -> tuple[float, float]:
-    """The percentile bootstrap of the mean, one resample at a time."""
+def clopper_pearson(successes: int, rows: int) -> tuple[float, float]:
+    """The exact binomial interval as scipy's beta quantiles give it."""
+    low = 0.0 if successes == 0 else float(beta.ppf(0.025, successes, rows - successes + 1))
+    high = 1.0 if successes == rows else float(beta.ppf(0.975, successes + 1, rows - successes))
+    return low, high
+
+
+def every_resample(values) -> tuple[float, float]:
+    """The percentile bootstrap over all n**n resamples, enumerated: the least mean with 2.5 %
+    of resamples at or below it, the greatest with 2.5 % at or above it."""
     values = numpy.asarray(values, dtype=numpy.float64)
-    rng = numpy.random.default_rng(seed)
-    means = [values[rng.integers(0, len(values), size=len(values))].mean()
-             for _ in range(resamples)]
+    means = numpy.sort([values[list(index)].mean()
+                        for index in itertools.product(range(len(values)), repeat=len(values))])
+    tail = int(numpy.ceil(0.025 * len(means)))
+    return float(means[tail - 1]), float(means[len(means) - tail])
+
+
+def sampled(values, resamples=1_000_000) -> tuple[tuple[float, float], float]:
+    """The percentile bootstrap from ``resamples`` drawn resamples, and the Monte Carlo
+    tolerance that leaves on each end (six standard errors of a 2.5 % quantile)."""
+    values = numpy.asarray(values, dtype=numpy.float64)
+    rng = numpy.random.default_rng(12345)
+    means = numpy.concatenate([values[rng.integers(0, len(values), size=(100_000, len(values)))]
+                               .mean(axis=1) for _ in range(resamples // 100_000)])
     low, high = numpy.percentile(means, [2.5, 97.5])
-    return float(low), float(high)
+    tolerance = 6 * 2.67 * means.std() / numpy.sqrt(resamples) + 0.001
+    return (float(low), float(high)), tolerance
 
 
-@pytest.mark.parametrize("rows", [1, 12, 300])
-def test_the_interval_is_the_seeded_percentile_bootstrap(rows, monkeypatch):
-    values = numpy.random.default_rng(rows).normal(size=rows)
-    assert uncertainty.interval(values) == pytest.approx(bootstrap(values), abs=1e-12)
-    monkeypatch.setattr(uncertainty, "_CHUNK", 7 * rows)  # resamples drawn a few at a time
-    assert uncertainty.interval(values) == pytest.approx(bootstrap(values), abs=1e-12)
+def test_twelve_of_twelve_has_a_lower_end_below_one():
+    low, high = uncertainty.interval([1.0] * 12)
+    assert (round(low, 3), high) == (0.735, 1.0)
+    assert (low, high) == pytest.approx(clopper_pearson(12, 12), abs=1e-12)
+    assert uncertainty.interval([0.0] * 12) == pytest.approx(clopper_pearson(0, 12), abs=1e-12)
+
+
+@pytest.mark.parametrize("successes,rows", [(0, 1), (1, 1), (7, 12), (1, 3), (50, 100),
+                                            (999, 1000), (0, 300)])
+def test_a_proportion_s_interval_is_clopper_pearson(successes, rows):
+    values = [1.0] * successes + [0.0] * (rows - successes)
+    assert uncertainty.interval(values) == pytest.approx(clopper_pearson(successes, rows),
+                                                         abs=1e-9)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 6])
+def test_a_mean_s_interval_is_the_bootstrap_over_every_resample(rows):
+    values = numpy.random.default_rng(rows).normal(scale=3.0, size=rows)
+    found, expected = uncertainty.interval(values), every_resample(values)
+    assert abs(found[0] - expected[0]) <= HALF_GRID and abs(found[1] - expected[1]) <= HALF_GRID
     assert uncertainty.interval([]) is None
+
+
+def test_a_long_table_s_interval_agrees_with_a_million_drawn_resamples():
+    values = numpy.random.default_rng(7).standard_t(3, size=300) * 4
+    (low, high), tolerance = sampled(values)
+    found = uncertainty.interval(values)
+    assert abs(found[0] - low) <= tolerance and abs(found[1] - high) <= tolerance
+
+
+def test_the_interval_does_not_move_with_anything_but_the_rows():
+    values = numpy.random.default_rng(3).normal(size=12)
+    assert uncertainty.interval(values) == uncertainty.interval(values[::-1].copy())
 
 
 def test_the_printed_line_shows_the_interval_between_the_mean_and_the_row_count():
@@ -49,7 +98,8 @@ def test_the_printed_line_shows_the_interval_between_the_mean_and_the_row_count(
     summary.metric(point, "test", "iia", float(numpy.mean(values)), len(values))
     summary.interval(point, "test", "iia", *uncertainty.interval(values))
     summary.metric(point, "test", "ce", None, 0)  # no row scored: no interval either
-    low, high = bootstrap(values)
+    low, high = clopper_pearson(8, 12)
+    assert (f"{low:.2f}", f"{high:.2f}") == ("0.35", "0.90")
     assert summary.render() == f"k=4  test: iia=0.667 [{low:.2f}, {high:.2f}] (12) ce=-- (0)"
 
 
@@ -59,13 +109,22 @@ def test_paired_probabilities_call_identical_points_tied_and_a_clear_winner_not(
             "c": {r: float(i % 2) for i, r in enumerate(rows)}}
     probability = uncertainty.beats(same)
     assert probability["a"]["b"] == probability["b"]["a"] == 0.0
-    assert probability["a"]["c"] == 1.0  # 1.0 everywhere beats a coin on every resample
+    # a beats c unless a resample draws none of c's six zeros: 1 - (6/12)**12
+    assert probability["a"]["c"] == pytest.approx(1 - 0.5 ** 12, abs=1e-12)
+    assert probability["c"]["a"] == 0.0
     assert uncertainty.tied_first(["a", "b", "c"], probability) == ["a", "b"]
-    # The paired probability written here: the same resampled rows for both points.
-    rng = numpy.random.default_rng(0)
-    c = numpy.array([same["c"][r] for r in sorted(rows)])
-    wins = [c[i].mean() < 1.0 for i in (rng.integers(0, 12, size=12) for _ in range(1000))]
-    assert probability["a"]["c"] == pytest.approx(numpy.mean(wins))
+
+
+def test_paired_probabilities_of_continuous_rows_count_every_resample():
+    first = numpy.random.default_rng(5).normal(size=6)
+    other = first + numpy.random.default_rng(6).normal(size=6)
+    rows = {"a": {f"r{i}": v for i, v in enumerate(first)},
+            "b": {f"r{i}": v for i, v in enumerate(other)}}
+    wins = [first[list(i)].mean() > other[list(i)].mean()
+            for i in itertools.product(range(6), repeat=6)]
+    probability = uncertainty.beats(rows)
+    assert probability["a"]["b"] == pytest.approx(numpy.mean(wins), abs=2e-3)
+    assert probability["a"]["b"] + probability["b"]["a"] == pytest.approx(1.0, abs=2e-3)
 
 
 @pytest.fixture(scope="module")
@@ -85,14 +144,16 @@ def test_each_point_logs_its_scores_interval_beside_the_score(swept):
         metrics = client.get_run(run_id).data.metrics
         for name in ("iia", "logit_diff"):
             table = result.tables[f"{directory}/{name}.json"]
-            expected = bootstrap(table[table["eligible"]]["value"].tolist())
+            values = table[table["eligible"]]["value"].tolist()
+            if name == "iia":  # a proportion
+                expected, tolerance = clopper_pearson(int(sum(values)), len(values)), 1e-9
+            else:
+                expected, tolerance = sampled(values)
             stored = (metrics[f"{name}/patch.lo"], metrics[f"{name}/patch.hi"])
-            # Stored as doubles; the table's values went through JSON's shortest repr.
-            assert stored == pytest.approx(expected, abs=1e-9), (point, name)
+            assert stored == pytest.approx(expected, abs=tolerance), (point, name)
             assert stored[0] <= metrics[f"{name}/patch"] <= stored[1]
             found = result.scores[directory]
-            assert (found[f"{name}/patch.lo"], found[f"{name}/patch.hi"]) == \
-                pytest.approx(expected, abs=1e-9)
+            assert (found[f"{name}/patch.lo"], found[f"{name}/patch.hi"]) == stored
 
 
 def test_the_parent_and_its_summary_page_carry_the_intervals(swept, tmp_path):
@@ -107,18 +168,6 @@ def test_the_parent_and_its_summary_page_carry_the_intervals(swept, tmp_path):
         assert shown in text, directory
 
 
-def _paired(first, other, seed=0, resamples=1000) -> float:
-    """P(first's mean > other's) over the same resampled rows (in example-id order, as
-    docs/format.md §7.10 says), one resample at a time."""
-    ids = sorted(f"r{i}" for i in range(len(first)))
-    first = numpy.array([first[int(i[1:])] for i in ids])
-    other = numpy.array([other[int(i[1:])] for i in ids])
-    rng = numpy.random.default_rng(seed)
-    wins = [first[i].mean() > other[i].mean()
-            for i in (rng.integers(0, len(first), size=len(first)) for _ in range(resamples))]
-    return float(numpy.mean(wins))
-
-
 def test_the_ranking_names_every_point_tied_first_and_the_probabilities_behind_it():
     from causalab.scores import ranking
 
@@ -130,12 +179,12 @@ def test_the_ranking_names_every_point_tied_first_and_the_probabilities_behind_i
     ranked = ranking.rank(points, ["method"], tables)
     assert ranked["order"] == ["method=das", "method=full", "method=dbm", "method=neurons"]
     assert ranked["beats"]["method=das"]["method=full"] == 0.0  # identical rows: tied
-    for other in ("dbm", "neurons"):
-        assert ranked["beats"]["method=das"][f"method={other}"] == pytest.approx(
-            _paired(values["das"], values[other]))
-    # One wrong row of twelve is beaten in ~65 % of resamples: within noise, so tied.
-    assert _paired(values["das"], values["dbm"]) < 0.95 <= _paired(values["das"],
-                                                                    values["neurons"])
+    # das beats a point unless a resample draws none of its wrong rows: 1 - (right/12)**12.
+    # One wrong row of twelve is beaten in 65 % of resamples, within noise, so tied.
+    dbm, neurons = 1 - (11 / 12) ** 12, 1 - (5 / 12) ** 12
+    assert dbm < 0.95 <= neurons
+    assert ranked["beats"]["method=das"]["method=dbm"] == pytest.approx(dbm, abs=1e-12)
+    assert ranked["beats"]["method=das"]["method=neurons"] == pytest.approx(neurons, abs=1e-12)
     assert ranked["first"] == ["method=das", "method=full", "method=dbm"]
     assert ranking.line(ranked) == ("tied first on iia/test (P(beats) < 0.95): method=das, "
                                     "method=full, method=dbm")
