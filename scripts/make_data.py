@@ -24,6 +24,9 @@ NUMBERS = ("one", "two", "three", "four")
 ALIGNED = (("Monday", "Friday"), ("Friday", "Saturday"), ("Saturday", "Sunday"),
            ("Sunday", "Monday"), ("Monday", "Saturday"), ("Friday", "Sunday"))
 TEST_PAIRS = 12
+# Carved from the training pairs: the rows a fit evaluates each epoch on (its early stop and its
+# curve), so the test pairs are scored once, after the fit, and select nothing.
+VALID_PAIRS = 6
 SPLIT_SEED = 0
 
 
@@ -69,11 +72,14 @@ def weekdays_data() -> list[dict]:
 
 
 def weekdays_full() -> list[dict]:
-    """All 42 ordered pairs of distinct days; 12 drawn for test by a fixed-seed shuffle."""
+    """All 42 ordered pairs of distinct days: 12 drawn for test by a fixed-seed shuffle, then 6
+    of the other 30 for validation (``valid``), the 24 left to train."""
     pairs = [(b, c) for b in DAYS for c in DAYS if b != c]
     test = set(random.Random(SPLIT_SEED).sample(range(len(pairs)), TEST_PAIRS))
-    return [pair_row(b, c, "test" if i in test else "train", variables=False)
-            for i, (b, c) in enumerate(pairs)]
+    rest = [i for i in range(len(pairs)) if i not in test]
+    valid = set(random.Random(SPLIT_SEED + 1).sample(rest, VALID_PAIRS))
+    return [pair_row(b, c, "test" if i in test else "valid" if i in valid else "train",
+                     variables=False) for i, (b, c) in enumerate(pairs)]
 
 
 def weekdays_aligned() -> list[dict]:

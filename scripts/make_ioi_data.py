@@ -1,4 +1,4 @@
-"""Write the indirect-object-identification table documents/data/ioi/data.json (Wang et al. 2022).
+"""Write the indirect-object-identification tables under documents/data/ (Wang et al. 2022).
 
 Every row is one template filled with two names: the indirect object (IO) and the subject (S),
 which the prompt names twice (S1, then S2 right before the verb). ABBA puts IO first, BABA puts S
@@ -9,8 +9,13 @@ Positions are anchored by variable, not by index: ``S1`` and ``S2`` are the prom
 and including that name, ``END`` is the whole prompt, so ``{"index": -1, "scope": {"variable":
 "S2"}}`` is the second subject token in every template whatever its length.
 
-The names, places, objects and templates below are the lexicon; the table is committed, and this
-script is how it was made. ``--check`` confirms with the real SmolLM2 tokenizer that every name is
+Splits: the test rows are the templates of the held-out families (:data:`TEST_FAMILIES`), whose
+frames and words no training template shares; ``valid`` is :data:`VALID_ROWS` rows carved from
+the training ones, for a fit's per-epoch evaluation; the rest train. ``ioi/data.json`` shares
+names across splits; ``ioi_names/data.json`` also holds out the names of its test rows.
+
+The names, places, objects and templates below are the lexicon; the tables are committed, and
+this script is how they were made. ``--check`` confirms with the real SmolLM2 tokenizer that every name is
 one token with its leading space and that both counterfactuals tokenize to the base's length.
 
     .venv/bin/python scripts/make_ioi_data.py            # rewrite the table
@@ -26,6 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "documents" / "data" / "ioi" / "data.json"
+NAMES_TABLE = REPO / "documents" / "data" / "ioi_names" / "data.json"
 NAMES = ("Mary", "John", "Alice", "Bob", "Sarah", "Tom", "James", "Emma", "Michael", "Lisa",
          "David", "Anna", "Paul", "Kate", "Mark", "Laura", "Peter", "Susan", "Daniel", "Rachel",
          "Kevin", "Karen", "Brian", "Jessica", "Eric", "Amy", "Steven", "Helen", "Jason", "Linda",
@@ -34,24 +40,38 @@ PLACES = ("store", "park", "school", "hospital", "restaurant", "station", "offic
           "library", "beach")
 OBJECTS = ("drink", "book", "ring", "bag", "letter", "ball", "gift", "key", "flower", "note")
 # {A} is named first, {B} second; {S} is the subject named again. Every template starts with a
-# word that is not a name, so the text up to S1 occurs once in the prompt.
+# word that is not a name, so the text up to S1 occurs once in the prompt. Each template has a
+# family, the frame it is built on; a family is all train or all test.
 TEMPLATES = (
-    "When {A} and {B} went to the {place}, {S} gave a {object} to",
-    "After {A} and {B} arrived at the {place}, {S} handed a {object} to",
-    "While {A} and {B} were at the {place}, {S} passed a {object} to",
-    "Then, {A} and {B} had a long day at the {place}. {S} gave a {object} to",
-    "Yesterday {A} and {B} walked to the {place}, and {S} offered a {object} to",
-    "When {A} and {B} got to the {place}, {S} sent a {object} to",
-    "Later, {A} and {B} met at the {place}. {S} brought a {object} to",
-    "Once {A} and {B} left the {place}, {S} showed a {object} to",
-    "Today {A} and {B} visited the {place}, where {S} threw a {object} to",
-    "As {A} and {B} sat in the {place}, {S} lent a {object} to",
+    ("When {A} and {B} went to the {place}, {S} gave a {object} to", "clause first"),
+    ("After {A} and {B} arrived at the {place}, {S} handed a {object} to", "clause first"),
+    ("While {A} and {B} were at the {place}, {S} passed a {object} to", "clause first"),
+    ("Then, {A} and {B} had a long day at the {place}. {S} gave a {object} to", "two sentences"),
+    ("Yesterday {A} and {B} walked to the {place}, and {S} offered a {object} to", "main clause"),
+    ("When {A} and {B} got to the {place}, {S} sent a {object} to", "clause first"),
+    ("Later, {A} and {B} met at the {place}. {S} brought a {object} to", "two sentences"),
+    ("Once {A} and {B} left the {place}, {S} showed a {object} to", "clause first"),
+    ("Today {A} and {B} visited the {place}, where {S} threw a {object} to", "main clause"),
+    ("As {A} and {B} sat in the {place}, {S} lent a {object} to", "clause first"),
+    # Held out: two frames no training template uses, in words none of them has besides the
+    # task's own ("and", "the", "a", "to"); tests/compile/test_corpus.py checks the overlap.
+    ("Because {A} and {B} stayed late inside the {place}, {S} mailed a {object} to", "because"),
+    ("Since {A} and {B} worked all morning near the {place}, {S} tossed a {object} to",
+     "because"),
+    ("Relaxing by the {place}, {A} and {B} chatted until {S} finally delivered a {object} to",
+     "participle first"),
 )
 PER_TEMPLATE_ORDER = 6
 SEED = 0
-# The templates held out for test (3 of 10, drawn once with SEED): train and test rows share
-# no template, so a held-out score measures a fit's reach to wordings it never saw.
-TEST_TEMPLATES = tuple(sorted(random.Random(SEED).sample(range(len(TEMPLATES)), 3)))
+# The families held out for test: train and test rows share no template and no frame, so a
+# held-out score measures a fit's reach to wordings it never saw.
+TEST_FAMILIES = ("because", "participle first")
+# Carved from the training rows (a seeded draw): what a fit evaluates each epoch, so the test
+# rows are scored once, after it.
+VALID_ROWS = 12
+# documents/data/ioi_names/: the same split, and the test rows' names also held out (the last
+# eight names fill only test rows; the first 24 only train and valid ones).
+TEST_NAMES = NAMES[24:]
 
 
 def fill(template: str, io: str, s: str, order: str, place: str, thing: str) -> dict:
@@ -67,7 +87,7 @@ def make_row(template_id: int, order: str, names: list[str], place: str, thing: 
              split: str) -> dict:
     """One row: base, name-swapped and unrelated-name counterfactuals, answers and anchors."""
     io, s, other_io, other_s = names
-    template = TEMPLATES[template_id]
+    template, family = TEMPLATES[template_id]
     base = fill(template, io, s, order, place, thing)
     swapped = fill(template, s, io, order, place, thing)
     unrelated = fill(template, other_io, other_s, order, place, thing)
@@ -80,28 +100,34 @@ def make_row(template_id: int, order: str, names: list[str], place: str, thing: 
         **{k: base[k] for k in anchors},
         "base_answer": " " + io, "s_answer": " " + s, "cf_answer": " " + s,
         "unrelated_answer": " " + other_io, "order": order, "template": template_id,
-        "split": split, "example_id": f"t{template_id}-{order}-{io}-{s}",
+        "family": family, "split": split, "example_id": f"t{template_id}-{order}-{io}-{s}",
     }
 
 
-def rows(seed: int = SEED) -> list[dict]:
+def rows(seed: int = SEED, held_out_names: bool = False) -> list[dict]:
     """Every template x order, ``PER_TEMPLATE_ORDER`` fillings each; the rows of
-    :data:`TEST_TEMPLATES` are the test split."""
+    :data:`TEST_FAMILIES` are the test split, :data:`VALID_ROWS` of the others (a seeded
+    draw) the validation split. ``held_out_names``: test rows are filled from
+    :data:`TEST_NAMES` only, every other row from the other names."""
     chooser = random.Random(seed)
     made = []
-    for template_id in range(len(TEMPLATES)):
+    for template_id, (_, family) in enumerate(TEMPLATES):
+        test = family in TEST_FAMILIES
+        names = NAMES if not held_out_names else TEST_NAMES if test else \
+            NAMES[:len(NAMES) - len(TEST_NAMES)]
         for order in ("ABBA", "BABA"):
+            drawn: set[tuple[str, str]] = set()
             for _ in range(PER_TEMPLATE_ORDER):
-                names = chooser.sample(NAMES, 4)
-                made.append(make_row(template_id, order, names, chooser.choice(PLACES),
-                                     chooser.choice(OBJECTS), "train"))
-    return split_by(made, "template", TEST_TEMPLATES)
-
-
-def split_by(table: list[dict], column: str, held_out) -> list[dict]:
-    """``table`` with ``split`` "test" on the rows whose ``column`` is in ``held_out``, else
-    "train": the two splits share no value of ``column``."""
-    return [{**row, "split": "test" if row[column] in held_out else "train"} for row in table]
+                picked = chooser.sample(names, 4)
+                while tuple(picked[:2]) in drawn:  # an (IO, S) pair once per template and order
+                    picked = chooser.sample(names, 4)
+                drawn.add(tuple(picked[:2]))
+                made.append(make_row(template_id, order, picked, chooser.choice(PLACES),
+                                     chooser.choice(OBJECTS), "test" if test else "train"))
+    training = [i for i, row in enumerate(made) if row["split"] == "train"]
+    for i in random.Random(seed + 1).sample(training, VALID_ROWS):
+        made[i]["split"] = "valid"
+    return made
 
 
 def check(table: list[dict]) -> list[str]:
@@ -123,11 +149,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="tokenize on smollm2-135m")
     args = parser.parse_args()
-    table = rows()
-    TABLE.parent.mkdir(parents=True, exist_ok=True)
-    TABLE.write_text(json.dumps(table, indent=1) + "\n")
-    print(f"wrote {len(table)} rows to {TABLE.relative_to(REPO)}")
-    problems = check(table) if args.check else []
+    tables = ((TABLE, rows()), (NAMES_TABLE, rows(held_out_names=True)))
+    for path, written in tables:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(written, indent=1) + "\n")
+        print(f"wrote {len(written)} rows to {path.relative_to(REPO)}")
+    problems = [p for _, written in tables for p in check(written)] if args.check else []
     for problem in problems:
         print(problem, file=sys.stderr)
     return 1 if problems else 0
