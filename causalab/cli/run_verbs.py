@@ -101,7 +101,31 @@ def verb_fetch(args: argparse.Namespace) -> dict:
 
     convert = _basis_of(args.uri) if args.basis else None
     path = str(fetch(args.uri, args.output, tracking_uri=args.tracking_uri, convert=convert))
-    return {"text": path, "path": path, "uri": args.uri}
+    control = _control_of(path)
+    if control is None:
+        return {"text": path, "path": path, "uri": args.uri}
+    said = (f"{path}\n  fitted on the {control['model_control']} control of "
+            f"{control.get('model_key', '?')} (seed {control.get('model_control_seed', '?')}, "
+            f"twin revision {control.get('model_control_revision', 'not recorded')}), "
+            "not on the checkpoint's weights")
+    return {"text": said, "path": path, "uri": args.uri, "control": control}
+
+
+def _control_of(path: str) -> dict | None:
+    """The control stamp of a fetched safetensors file (None: none, or not a bundle)."""
+    from causalab.compile.bundles.checks import layout_header
+    from causalab.errors import CausalabError
+
+    if not path.endswith(".safetensors"):
+        return None
+    try:
+        metadata = layout_header(path).get("__metadata__") or {}
+    except CausalabError:
+        return None
+    if not metadata.get("model_control"):
+        return None
+    return {key: value for key, value in metadata.items()
+            if key.startswith("model_control") or key == "model_key"}
 
 
 def _basis_of(uri: str) -> Callable[[str, str], None]:

@@ -176,13 +176,24 @@ def featurizer_line(spec: FeaturizerSpec) -> str:
     elif spec.kind != "gate":
         parts.append(f"seed={spec.seed}")
     parts.append(f"trained={spec.trained_by is not None}")
+    control = spec.stamp.get("model_control")
+    if control:  # trained on, or loaded from, the model's control: never the checkpoint's fit
+        parts.append(f"control={control} (seed {spec.stamp.get('model_control_seed')})")
     return " ".join(parts)
+
+
+def _plan_line(node: Plan, pad: str) -> str:
+    """``<root>: Plan``, and the control that replaced the checkpoint's weights, if any."""
+    control = getattr(node.model, "control", None) if node.model else None
+    where = f"  model={node.model.key} control={control} (its weights re-initialised, not the " \
+            "checkpoint's)" if control else ""
+    return f"{pad}{node.name}: Plan{where}"
 
 
 def _lines(node, depth: int) -> list[str]:
     pad = "  " * depth
     if isinstance(node, Plan):
-        out = [f"{pad}{node.name}: Plan"]
+        out = [_plan_line(node, pad)]
         for child in node.children:
             out += _lines(child, depth + 1)
         return out

@@ -17,7 +17,7 @@ from causalab.document.interventions import Intervention
 from causalab.document.references import step_source
 from causalab.document.schema import Document, Featurizer
 from causalab.document.schema import Fit as FitStep
-from causalab.document.vocab import IDENTITY, parametrization_of
+from causalab.document.vocab import IDENTITY, MODEL_CONTROLS, parametrization_of
 from causalab.errors import CompileError
 
 NODE_NAME = "featurizers"
@@ -75,14 +75,16 @@ def bundle_rank(file_path: str, path: tuple, resolver: Resolver | None = None,
 
 
 def stamp(name: str, kind: str, k: int | None, d: int, site: str, address: Address,
-          model: ModelRef, digest: str, parametrization: str | None = None) -> dict[str, str]:
+          model: ModelRef, digest: str, parametrization: str | None = None,
+          control: str | None = None) -> dict[str, str]:
     """The identity stamp a bundle of this featurizer carries (docs/format.md §8.3); its
     parametrization is the kind's own (a subspace's as the document declares it)."""
     out = {"kind": kind, "d": str(d), "parametrization": parametrization_of(kind, parametrization),
            **where(site, address)}
     if k is not None and kind != "gate":
         out["k"] = str(k)
-    out.update(_model(model), featurizer_dtype="fp32", produced_by=digest, engine="causalab")
+    out.update(_model(model, control), featurizer_dtype="fp32", produced_by=digest,
+               engine="causalab")
     return out
 
 
@@ -105,8 +107,14 @@ def where(site: str, address: Address) -> dict[str, str]:
     return out
 
 
-def _model(model: ModelRef) -> dict[str, str]:
-    return {"model_key": model.key, "model_revision": model.revision, "model_dtype": model.dtype}
+def _model(model: ModelRef, control: str | None = None) -> dict[str, str]:
+    """The model a file was made on: the checkpoint, and the control that replaced its weights
+    (``control`` overrides the document's, for a bundle a featurizer says came from a twin)."""
+    out = {"model_key": model.key, "model_revision": model.revision, "model_dtype": model.dtype}
+    control = control or model.control
+    if control:
+        out.update(model_control=control, model_control_seed=str(MODEL_CONTROLS[control]["seed"]))
+    return out
 
 
 def _spec(name: str, raw: Featurizer, site: str, address: Address, trainer, model: ModelRef,
@@ -129,7 +137,8 @@ def _spec(name: str, raw: Featurizer, site: str, address: Address, trainer, mode
         name=name, kind=kind, d=d, k=k, seed=seed, file_path=raw.file_path,
         trust_unstamped=raw.trust_unstamped,
         parametrization=parametrization_of(kind, raw.parametrization),
-        stamp=stamp(name, kind, k, d, site, address, model, digest, raw.parametrization),
+        stamp=stamp(name, kind, k, d, site, address, model, digest, raw.parametrization,
+                    raw.control),
         trained_by=trainer[0] if trainer else None,
         saelens=raw.saelens.model_dump(exclude_unset=True) if raw.saelens else {})
     if spec.file_path is None or step_source(spec.file_path) is not None:

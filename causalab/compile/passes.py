@@ -193,7 +193,8 @@ def _metric_ops(entry: Entry, reads: dict[str, ReadOp], tables: dict[str, Table]
             name=name, kind=m.kind, of=m.of, model=read.model, input=read.input,
             columns=tuple(getattr(m, c) for c in kind["columns"]), token_ids=tuple(ids),
             eligible=tuple(sorted(eligible)), unit=kind["unit"],
-            estimand_version=kind["estimand_version"]))
+            estimand_version=kind["estimand_version"],
+            reads=tuple(getattr(m, field) for field in kind["reads"])))
     return tuple(ops)
 
 
@@ -201,7 +202,8 @@ def _kind(kind: str) -> dict:
     """A metric kind's row of the vocabulary: ordered column fields, unit, estimand version."""
     row = vocab.METRIC_KINDS[kind]
     row = row if isinstance(row, dict) else vars(row)
-    return {"columns": tuple(row["columns"]), "unit": row["unit"],
+    return {"columns": tuple(row["columns"]), "reads": tuple(row.get("reads", ())),
+            "unit": row["unit"],
             "estimand_version": row.get("estimand_version", f"{kind}/v1")}
 
 

@@ -174,6 +174,7 @@ class MetricOp:
     eligible: tuple[int, ...]
     unit: str
     estimand_version: str
+    reads: tuple[str, ...] = ()  # the further reads a kind scores (interchange's clean pair)
 
 
 @dataclass(frozen=True)

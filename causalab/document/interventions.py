@@ -103,9 +103,10 @@ class InterventionModel(Node):
 
 
 def _metric_model(kind: str, row: dict) -> type[Node]:
-    columns = {column: (StrictStr, ...) for column in row["columns"]}
+    columns = {column: (StrictStr, ...) for column in (*row.get("reads", ()), *row["columns"])}
     name = "".join(part.title() for part in kind.split("_")) + "Metric"
-    return create_model(name, __base__=Node, __doc__=f"A `{kind}` metric: columns "
+    reads = f"reads {', '.join(row['reads'])}; " if row.get("reads") else ""
+    return create_model(name, __base__=Node, __doc__=f"A `{kind}` metric: {reads}columns "
                         f"{', '.join(row['columns'])}; unit {row['unit']}.",
                         kind=(Literal[kind], ...), of=(StrictStr, ...),
                         token_form=(Literal[TOKEN_FORMS], TOKEN_FORMS[0]), **columns)

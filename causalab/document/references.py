@@ -21,7 +21,8 @@ from causalab.document.positions import Position
 from causalab.document.schema import Attribute, Document, Fit, Observe, Save, Weights
 from causalab.document.steps import step_interventions
 from causalab.document.vocab import (COMPONENTS, DTYPE_LARGEST, FEATURIZER_KINDS, IDENTITY,
-                                     MECHANISMS, ORIGINAL, STEP_SOURCES, VOCABULARY_COMPONENTS,
+                                     MECHANISMS, METRIC_KINDS, ORIGINAL, STEP_SOURCES,
+                                     VOCABULARY_COMPONENTS,
                                      is_reserved_result)
 from causalab.errors import DocumentError, Path
 from causalab.files import RESERVED, TABLE_SUFFIX, TENSOR_SUFFIX
@@ -103,6 +104,8 @@ def check_intervention(doc: Document, body: Intervention, at: Path) -> None:
         _check_write_order(doc, {n: body.writes[n] for n in model.writes}, here + ("writes",))
     for k, metric in body.metrics.items():
         _check_metric(doc, body, metric.of, at + ("metrics", k))
+        for field in METRIC_KINDS[metric.kind].get("reads", ()):
+            _check_clean_read(doc, body, getattr(metric, field), at + ("metrics", k), field)
 
 
 def _declared(name: str, table: dict, what: str, at: Path) -> None:
@@ -273,6 +276,19 @@ def _check_metric(doc: Document, body: Intervention, of: str, at: Path) -> None:
         raise DocumentError(at + ("of",), f"read {of!r} is not vocabulary-shaped: a metric "
                             f"needs {' or '.join(VOCABULARY_COMPONENTS)} or a "
                             'view: "logits" read, without heads, units or a featurizer')
+
+
+def _check_clean_read(doc: Document, body: Intervention, name: str, at: Path, field: str) -> None:
+    """A metric's further read (``base_of``, ``counterfactual_of``): vocabulary-shaped like
+    its ``of`` and taken on the unpatched model, whose clean gap it measures."""
+    try:
+        _check_metric(doc, body, name, at)
+    except DocumentError as error:
+        raise DocumentError(at + (field,), error.message) from None
+    if body.reads[name].model != ORIGINAL:
+        raise DocumentError(at + (field,), f"read {name!r} is taken on model "
+                            f"{body.reads[name].model!r}; the clean gap is the unpatched "
+                            f"model's ({ORIGINAL!r})")
 
 
 def _check_featurizer_sites(doc: Document, entries: dict[str, list[Entry]]) -> dict[str, list[str]]:

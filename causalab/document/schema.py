@@ -21,7 +21,8 @@ from causalab.document.positions import Pos, Position, Scope, as_position
 from causalab.document.steps import (Anneal, Attribute, EarlyStop, Eval, Fit, Observe, Optimizer,
                                      Output, Save, Step, Weights, step_interventions)
 from causalab.document.vocab import (ATTN_IMPLEMENTATIONS, COMPONENTS, DTYPES,
-                                     FEATURIZER_KINDS, FEATURIZERS_NODE, PARAMETRIZATIONS,
+                                     FEATURIZER_KINDS, FEATURIZERS_NODE, MODEL_CONTROLS,
+                                     PARAMETRIZATIONS,
                                      SAE_ARCHITECTURES, SAELENS_DEFAULTS,
                                      declarable_featurizer_kinds)
 
@@ -50,7 +51,7 @@ class ModelSpec(Node):
     attn_implementation: Literal[ATTN_IMPLEMENTATIONS] | None = None
     # A control a reviewer asks for: the same architecture with its weights re-initialised
     # (transformers' own initialisation, seeded 0) in place of the checkpoint's.
-    control: Literal["random_init"] | None = None
+    control: Literal[tuple(MODEL_CONTROLS)] | None = None
 
 
 # A role's field: keys joined by ".", each followed by any number of "[index]".
@@ -140,10 +141,16 @@ class Featurizer(Node):
     file_path: StrictStr | None = None
     trust_unstamped: StrictBool = False
     saelens: SaelensConfig | None = None
+    # The bundle was fitted on this control of the model (its stamp says so), and that is
+    # wanted: without it, a twin's bundle is refused where the document's own model is meant.
+    control: Literal[tuple(MODEL_CONTROLS)] | None = None
 
     @model_validator(mode="after")
     def _field_combination(self) -> "Featurizer":
         row = FEATURIZER_KINDS[self.kind]
+        if self.control is not None and self.file_path is None:
+            raise refuse("control says what a loaded bundle was fitted on: give file_path",
+                         "control")
         if self.saelens is not None and self.kind not in ("sae", "linear"):
             raise refuse(f"{self.kind} takes no saelens block", "saelens")
         if row["k"] == "required" and self.k is None:

@@ -242,6 +242,10 @@ SAELENS_HOOKS = {
 
 # docs/format.md §7.8: the COLUMNS table. Column fields name data columns, in compute order.
 # differentiable: an attribute step (docs/format.md §9.7) may take its gradient (not match: a step).
+# docs/format.md §3: the controls a model can be replaced by, and the seed each is drawn with
+# (random_init: transformers' initialisation of the checkpoint's config under this seed).
+MODEL_CONTROLS = {"random_init": {"seed": 0}}
+
 METRIC_KINDS = {
     "match": {"columns": ("expected",), "unit": "fraction", "estimand_version": "match/v1",
               "differentiable": False},
@@ -253,6 +257,13 @@ METRIC_KINDS = {
                     "estimand_version": "token_logit/v1", "differentiable": True},
     "token_prob": {"columns": ("token",), "unit": "probability",
                    "estimand_version": "token_prob/v1", "differentiable": True},
+    # (LD(of) - LD(base_of)) / mean(LD(counterfactual_of) - LD(base_of)), LD = logit[a] -
+    # logit[b]: how far a patch moves the logit difference across the model's own clean gap
+    # (0: not at all, 1: as far as the counterfactual prompt does). ``reads``: the reads of
+    # the unpatched model it also scores, named by these fields, before its columns.
+    "interchange": {"columns": ("a", "b"), "reads": ("base_of", "counterfactual_of"),
+                    "unit": "fraction of the clean gap", "estimand_version": "interchange/v1",
+                    "differentiable": False},
 }
 
 # docs/format.md §9.7: how an attribute step cuts its site set into units. coordinate: the

@@ -284,7 +284,12 @@ def result_of(ctx: PassContext) -> PassResult:
     metrics = {}
     for metric in ctx.pass_.metrics:
         found = windows.read(metric.of).windows
-        metrics[metric.name] = score(metric, reads[metric.of], [r for r in rows if found[r]])
+        further = []
+        for name in metric.reads:  # each with the rows its own windows placed
+            placed = windows.read(name).windows
+            further.append((reads[name], [r for r in rows if placed[r]]))
+        metrics[metric.name] = score(metric, reads[metric.of], [r for r in rows if found[r]],
+                                     further)
     return PassResult(reads, layouts, metrics, dict(windows.provenance), rows, windows,
                       dict(ctx.produced.generated))
 

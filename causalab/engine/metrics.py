@@ -57,23 +57,38 @@ def token_prob(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     return torch.exp(_pick(torch.log_softmax(_wide(logits), dim=-1), token))
 
 
+def interchange(logits: torch.Tensor, base_of: torch.Tensor, counterfactual_of: torch.Tensor,
+                a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(LD(logits) − LD(base_of)) / mean(LD(counterfactual_of) − LD(base_of))`` per row,
+    ``LD = logit[a] − logit[b]``: the patched logit difference's move, in units of the
+    model's own clean gap between the base and the counterfactual prompt (the mean over the
+    rows scored, so a model whose gap is small is measured against its own)."""
+    clean = logit_diff(base_of, a, b)
+    gap = (logit_diff(counterfactual_of, a, b) - clean).mean()
+    return (logit_diff(logits, a, b) - clean) / gap
+
+
 METRICS = {
     "match": match,
     "logit_diff": logit_diff,
     "cross_entropy": cross_entropy,
     "token_logit": token_logit,
     "token_prob": token_prob,
+    "interchange": interchange,
 }
 
 
-def score(metric: MetricOp, logits_rows: torch.Tensor, placed_rows: Sequence[int]
+def score(metric: MetricOp, logits_rows: torch.Tensor, placed_rows: Sequence[int],
+          further: Sequence[tuple[torch.Tensor, Sequence[int]]] = ()
           ) -> tuple[torch.Tensor, tuple[int, ...]]:
     """Score the eligible rows: ``(values (eligible,), eligible row indices)``.
 
     ``logits_rows`` is the metric's read, ``(n, 1, vocab)`` rectangular or ``(n, vocab)``
     flat, and ``placed_rows[i]`` is the pass row its entry ``i`` belongs to (the rows whose
     window is non-empty, in the read's order). The scored rows are those placed rows that
-    also pass the compiler's column half, in read order. Values keep their graph.
+    also pass the compiler's column half, in read order. ``further`` holds the kind's further
+    reads (``metric.reads``), each ``(logits_rows, placed_rows)`` like the first; a row is
+    scored only where every one of them placed it too. Values keep their graph.
     """
     logits = logits_rows[:, 0] if logits_rows.dim() == 3 else logits_rows
     if logits_rows.dim() == 3 and logits_rows.shape[1] != 1:
@@ -81,6 +96,8 @@ def score(metric: MetricOp, logits_rows: torch.Tensor, placed_rows: Sequence[int
     if logits.shape[0] != len(placed_rows):
         raise RunError((metric.name,), f"{logits.shape[0]} logits rows for {len(placed_rows)} placed rows")
     column_half = set(metric.eligible)
+    for _, placed in further:
+        column_half &= {int(row) for row in placed}
     local = [i for i, row in enumerate(placed_rows) if int(row) in column_half]
     if not local:
         raise RunError((metric.name,), "no row passes both eligibility halves (columns and positions)")
@@ -89,8 +106,18 @@ def score(metric: MetricOp, logits_rows: torch.Tensor, placed_rows: Sequence[int
            for column in metric.token_ids]
     index = torch.tensor(local, dtype=torch.long, device=logits.device)
     picked = logits.index_select(0, index)
-    values = METRICS[metric.kind](picked, *ids)
+    others = [_rows_of(more, placed, rows) for more, placed in further]
+    values = METRICS[metric.kind](picked, *others, *ids)
     return _finite(metric, values, picked, rows)
+
+
+def _rows_of(logits_rows: torch.Tensor, placed: Sequence[int], rows: tuple[int, ...]
+             ) -> torch.Tensor:
+    """A further read's logits ``(len(rows), vocab)`` at ``rows``, from its own placed order."""
+    logits = logits_rows[:, 0] if logits_rows.dim() == 3 else logits_rows
+    at = {int(row): i for i, row in enumerate(placed)}
+    index = torch.tensor([at[row] for row in rows], dtype=torch.long, device=logits.device)
+    return logits.index_select(0, index)
 
 
 def _finite(metric: MetricOp, values: torch.Tensor, logits: torch.Tensor, rows: tuple[int, ...]

@@ -75,6 +75,15 @@ def _report_metrics(result: PassResult, state: WalkState, step: str) -> None:
             state.events.interval(state.point, step, name, *bounds)
 
 
+def _twin(metadata: dict, state: WalkState) -> dict:
+    """A file's stamp with the twin's own revision beside its control (``model_control``),
+    when the model is a control this process made."""
+    from causalab.engine.weights import twin_revision
+
+    revision = twin_revision(state.model_ref) if metadata.get("model_control") else None
+    return {**metadata, "model_control_revision": revision} if revision else metadata
+
+
 def _plain(name: str, produced: dict) -> str:
     """A save's value: exact, or the bare name of a qualified ``<intervention>/<value>``."""
     if name in produced:
@@ -97,7 +106,7 @@ def finish_observe(node: Observe, result: PassResult, state: WalkState, director
         elif name in published:
             written += _save_output(node, published[name], name, save, state, directory)
         elif name in generated:
-            stamp = save_stamp(name, {}, state.model_ref, state.digest)
+            stamp = _twin(save_stamp(name, {}, state.model_ref, state.digest), state)
             written.append(record.write_tensor(directory / save.file_path, generated[name],
                                                stamp, root=directory))
         else:
@@ -114,6 +123,7 @@ def _save_output(node: Observe, value: output_rules.Published, name: str, save: 
         read = find_read(node.pass_, next(o for o in node.outputs if o.name == name).read)
         metadata = save_stamp(name, where(read.site, read.address), state.model_ref,
                               state.digest)
+    metadata = _twin(metadata, state)
     if value.reduce == "sae":
         return _save_dictionary(node, name, value, save, metadata, directory)
     # A float read is saved as float32 (a bf16 model's reads too); ids stay integers.
@@ -153,8 +163,8 @@ def run_fit_step(node: Fit, model: Runner, state: WalkState, directory: Path,
     node.results.update(results)
     written = []
     for save in node.saves:
-        stamp = save_stamp(save.value, _gate_place(save.value, state), state.model_ref,
-                           state.digest)
+        stamp = _twin(save_stamp(save.value, _gate_place(save.value, state), state.model_ref,
+                                 state.digest), state)
         value = results.get(save.value)
         if value is None:  # <gate>.mask: the hard mask the fit left, 1.0 per unit kept
             value = state.featurizers[save.value.removesuffix(".mask")].hard_mask().float()
@@ -184,7 +194,7 @@ def run_weights(node: Weights, state: WalkState, directory: Path) -> list[str]:
     written = []
     for save in node.saves:
         spec = state.specs[save.value]
-        metadata = stamp_metadata(document_stamp(spec), produced_by=state.digest)
+        metadata = _twin(stamp_metadata(document_stamp(spec), produced_by=state.digest), state)
         bundle = {**state.featurizers[save.value].tensors(), TENSOR_KEY: tensors[save.value]}
         written.append(record.write_tensors(directory / save.file_path, bundle, metadata,
                                             root=directory))

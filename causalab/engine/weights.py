@@ -74,7 +74,7 @@ def _load(path: str, dtype: str, attn_implementation: str | None, device_map: st
     except (OSError, ValueError, RuntimeError) as error:
         raise ModelError(("model", "key"), f"cannot load {path}: {error}") from None
     if control == "random_init":
-        _random_init(model, RANDOM_INIT_SEED)
+        _TWINS[(path, control)] = _random_init(model, RANDOM_INIT_SEED)
     model._model.eval()
     model._model.requires_grad_(False)
     if dtype != "fp32":
@@ -82,19 +82,33 @@ def _load(path: str, dtype: str, attn_implementation: str | None, device_map: st
     return model
 
 
-RANDOM_INIT_SEED = 0
+RANDOM_INIT_SEED = vocab.MODEL_CONTROLS["random_init"]["seed"]
+# (checkpoint directory, control) -> the twin's own revision: the tensor digest of the weights
+# that replaced the checkpoint's, computed where they are made.
+_TWINS: dict[tuple[str, str], str] = {}
 
 
-def _random_init(model, seed: int) -> None:
+def twin_revision(ref: ModelRef | None) -> str | None:
+    """The revision of the control this process loaded for ``ref`` (None: no control)."""
+    control = getattr(ref, "control", None)
+    return _TWINS.get((ref.path, control)) if control else None
+
+
+def _random_init(model, seed: int) -> str:
     """The checkpoint's architecture with fresh weights: transformers' own initialisation of
-    a model built from the same config under ``torch.manual_seed(seed)``, copied in."""
+    a model built from the same config under ``torch.manual_seed(seed)``, copied in. Returns
+    the fresh weights' tensor digest, the twin's own revision."""
     from transformers import AutoModelForCausalLM
+
+    from causalab.models.revision import tensor_digest
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         fresh = AutoModelForCausalLM.from_config(model._model.config)
+    weights = fresh.state_dict()
     with torch.no_grad():
-        model._model.load_state_dict(fresh.state_dict())
+        model._model.load_state_dict(weights)
+    return tensor_digest(weights)
 
 
 def _contiguous(module, args):

@@ -152,6 +152,7 @@ class TrackingEvents(Events):
         return {store.KIND: kind, store.VERSION: store.code_version(), **owners.owner_tags(),
                 store.MODEL_KEY: getattr(model, "key", None),
                 store.MODEL_REVISION: getattr(model, "revision", None),
+                store.MODEL_CONTROL: getattr(model, "control", None),
                 "causalab.argv": None if self.argv is None else " ".join(self.argv),
                 store.OVERRIDES: overrides, store.JOB: self.run_name or None}
 

@@ -36,6 +36,8 @@ ERROR = "causalab.error"
 COORDINATES = "causalab.coordinates"
 MODEL_KEY = "causalab.model.key"
 MODEL_REVISION = "causalab.model.revision"
+# The control that replaced the checkpoint's weights (random_init); absent on a trained run.
+MODEL_CONTROL = "causalab.model.control"
 SWEEP = "causalab.sweep"
 OVERRIDES = "causalab.overrides"
 REUSED_FROM = "causalab.reused_from"

@@ -19,7 +19,7 @@ from causalab.tracking.artifacts import listing, named
 STORED = "causalab.stored"
 INPUTS = "causalab.inputs"
 _COPIED_TAGS = (store.PRODUCED_BY, store.POINT, store.COORDINATES, store.MODEL_KEY,
-                store.MODEL_REVISION)
+                store.MODEL_REVISION, store.MODEL_CONTROL)
 
 
 def shortfall(stored: Mapping[str, int], sent: Mapping[str, int]) -> str | None:

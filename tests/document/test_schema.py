@@ -125,7 +125,7 @@ def test_schema_literals_are_built_from_the_vocabulary_keys():
 def test_the_vocabularies_have_the_sizes_the_format_names():
     assert len(vocab.COMPONENTS) == 21 and vocab.MAX_POINTS == 1000
     assert [r["columns"] for r in vocab.METRIC_KINDS.values()] == [
-        ("expected",), ("a", "b"), ("target",), ("token",), ("token",)]
+        ("expected",), ("a", "b"), ("target",), ("token",), ("token",), ("a", "b")]
     per_head = {n for n, r in vocab.COMPONENTS.items() if r["per_head"]}
     assert per_head == {"attention_query", "attention_key", "attention_scores",
                         "attention_probs", "attention_z", "attention_premix"}

@@ -26,7 +26,7 @@ from causalab.files import BASIS_KEY, SAELENS_CONFIG, SAELENS_WEIGHTS, TENSOR_KE
 
 IDENTITY_KEYS = (
     "kind", "k", "d", "parametrization", "site", "component", "layer", "heads", "units",
-    "model_key", "model_revision", "model_dtype",
+    "model_key", "model_revision", "model_dtype", "model_control",
 )
 SAE_TENSORS = ("W_enc", "W_dec", "b_enc", "b_dec")  # a plain (non-SAELens) dictionary file
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
@@ -178,8 +178,11 @@ def check_identity(metadata: dict[str, str], stamp: dict[str, str], at: Path) ->
             continue  # sae/linear take k from the bundle
         said, implied = metadata[key], stamp.get(key, "")
         if said != implied:
+            hint = (f" (the bundle was fitted on the model's {said} control, not the checkpoint; "
+                    f"give the featurizer control: {said!r} to use it as such)"
+                    if key == "model_control" and not implied else "")
             raise CompileError(at, f"{key}: bundle says {said or '<none>'}, "
-                                   f"document says {implied or '<none>'}")
+                                   f"document says {implied or '<none>'}{hint}")
 
 
 def _shape_error(at: Path, kind: str, name: str, found, wanted) -> CompileError:
