@@ -4,7 +4,7 @@
 * ``rot.safetensors``: a rank-8 DAS rotation at the last token leaving block 0 (where the day
   sits on these models), fitted by `experiment=das site=resid site.rank=8`.
 * ``sae.safetensors``: a 32-latent dictionary trained at the same site on every prompt token of
-  the 30 training pairs, by `experiment=compare method=sae` (``reduce: sae``), stamped.
+  the training pairs, by `experiment=compare method=sae` (``reduce: sae``), stamped.
 
 Each is made by composing the shipped conf and running it on the CPU through
 ``causalab.pipeline``, so it needs the engine and the built-in weekday models.

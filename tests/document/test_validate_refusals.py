@@ -378,6 +378,20 @@ CASES += [
     _case("V21", "of_not_vocabulary_shaped", patching,
           lambda d: _set(d, IV + ("metrics", "iia", "of"), "v_cf"),
           IV + ("metrics", "iia", "of")),
+    # interchange's clean gap is read on the unpatched model, not the patched one
+    _case("V21", "clean_gap_read_on_the_patched_model", patching,
+          lambda d: _set(d, IV + ("metrics", "gap"), {
+              "kind": "interchange", "of": "logits", "base_of": "logits",
+              "counterfactual_of": "logits", "a": "cf_answer", "b": "base_answer"}),
+          IV + ("metrics", "gap", "base_of")),
+    _case("V21", "clean_gap_read_not_a_read", patching,
+          lambda d: _set(d, IV + ("metrics", "gap"), {
+              "kind": "interchange", "of": "logits", "base_of": "nothing",
+              "counterfactual_of": "logits", "a": "cf_answer", "b": "base_answer"}),
+          IV + ("metrics", "gap", "base_of")),
+    _case("V22", "control_on_a_featurizer_it_does_not_load", das,
+          lambda d: _set(d, ("featurizers", "rot", "control"), "random_init"),
+          ("featurizers", "rot", "control")),
 ]
 
 CASES += [

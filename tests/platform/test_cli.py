@@ -323,3 +323,32 @@ def test_generated_answer_shows_a_placed_a_missing_and_an_ambiguous_row(capsys, 
     table = json.loads((out / "p_said.json").read_text())
     assert [(row["eligible"], row["reason"]) for row in table] == [
         (True, ""), (False, "alignment_missing"), (True, ""), (False, "alignment_ambiguous")]
+
+
+def test_a_rotation_fitted_on_the_random_init_control_is_tagged_and_fetch_says_so(
+        capsys, tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    document = json.loads((CORPUS / "das.json").read_text())
+    document["model"]["control"] = "random_init"
+    document["steps"]["fit"]["epochs"] = 1
+    path = tmp_path / "das_control.json"
+    path.write_text(json.dumps(document))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    status, _, err = cli(capsys, "run", str(path), "--device-map", "cpu", "--tracking-uri", uri,
+                         "--out", str(tmp_path / "out"), "--data-root", DATA)
+    assert status == 0, err
+    (run,) = MlflowClient(uri).search_runs(
+        [MlflowClient(uri).get_experiment_by_name("causalab").experiment_id])
+    assert run.data.tags["causalab.model.control"] == "random_init"  # what the UI lists
+    status, out, err = cli(capsys, "fetch", f"runs:/{run.info.run_id}/rot.safetensors", "-o",
+                           str(tmp_path / "rot.safetensors"), "--tracking-uri", uri)
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[0] == str(tmp_path / "rot.safetensors")
+    assert lines[1].startswith("  fitted on the random_init control of causalab:tiny-llama "
+                               "(seed 0, twin revision ")
+    fetched = cli_json(capsys, "fetch", f"runs:/{run.info.run_id}/rot.safetensors", "-o",
+                       str(tmp_path / "again.safetensors"), "--tracking-uri", uri)
+    assert fetched["control"]["model_control"] == "random_init"
