@@ -98,8 +98,12 @@ def bootstrap_interval(values: Sequence[float] | numpy.ndarray) -> tuple[float, 
 
 def _step(spread: numpy.ndarray) -> float:
     """The grid a table's values are rounded to: :data:`GRID`, or coarser so that the
-    distribution of its mean has at most :data:`POINTS` points."""
-    return max(GRID, float(numpy.abs(spread).max()) * spread.size / POINTS)
+    distribution of its mean has at most :data:`POINTS` points; whole numbers (the paired
+    differences of two proportions) sit on a grid of 1, where nothing is rounded."""
+    widest = float(numpy.abs(spread).max()) * spread.size
+    if numpy.array_equal(spread, numpy.rint(spread)) and widest <= POINTS:
+        return 1.0
+    return max(GRID, widest / POINTS)
 
 
 def _mean_distribution(codes: numpy.ndarray) -> numpy.ndarray:
