@@ -226,3 +226,27 @@ def test_a_bad_run_option_is_refused_at_its_config_key(key, value, tmp_path):
         _run(config)
     assert refused.value.path == ("run", key)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("overrides", [["experiment=das", "model=llama"],
+                                       ["experiment=ioi_das", "model=smollm2"],
+                                       ["experiment=ioi_das", "model=smollm2", "data=ioi_names"]],
+                         ids=["weekdays", "ioi", "ioi_names"])
+def test_a_das_fit_evaluates_on_validation_rows_carved_from_training_never_the_test_rows(
+        overrides):
+    document = render(overrides)
+    fit, test = document["steps"]["fit"], document["steps"]["test"]
+    evaluated = set(fit["eval"]["rows"].values())
+    (trained,) = set(fit["rows"].values())
+    (tested,) = set(test["rows"].values())
+    (valid,) = evaluated
+    table = trained.split("#")[0]
+    assert valid == f"{table}#valid" and trained == f"{table}#train" and tested == f"{table}#test"
+    rows = json.loads((REPO / "documents" / "data" / f"{table}.json").read_text())
+    ids = {split: {r["example_id"] for r in rows if r["split"] == split}
+           for split in ("train", "valid", "test")}
+    assert all(ids.values()) and not ids["valid"] & (ids["train"] | ids["test"])
+    # every test row is scored once, after the fit, by the test step and the control
+    scored = [name for name, step in document["steps"].items()
+              if tested in step.get("rows", {}).values()]
+    assert scored == ["test", "control"]
