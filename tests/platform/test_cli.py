@@ -112,7 +112,7 @@ def test_data_describes_a_reference_and_its_split(capsys):
     assert payload["empty_columns"] == []
     assert payload["sample"]["input"].startswith("If today is ")
     status, out, _ = cli(capsys, "data", "weekdays_full/data", "--data-root", DATA)
-    assert status == 0 and "42 rows" in out and "train=30" in out and "test=12" in out
+    assert status == 0 and "42 rows" in out and "train=24" in out and "valid=6" in out and "test=12" in out
 
 
 def test_data_refuses_a_missing_table_in_one_line(capsys):
