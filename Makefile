@@ -9,7 +9,7 @@ export TOKENIZERS_PARALLELISM := false
 # matmul wait ~10 ms on 2 cores. Passive waiting removes that (measured in scripts/bench).
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup postgresql test test-readme test-commands test-device test-capabilities test-slow test-all test-cluster run ui server bench clean test-saelens saelens-fixtures
+.PHONY: setup postgresql test test-readme tutorial test-commands test-device test-capabilities test-slow test-all test-cluster run ui server bench clean test-saelens saelens-fixtures
 
 setup: $(STAMP)
 
@@ -39,10 +39,16 @@ test-slow: setup
 test-all: setup
 	$(PY) -m pytest -q -m ''
 
-# The README's terminal blocks, each run on a fast twin and its lines checked (tests/test_readme.py);
-# its command blocks run as pasted, in order, on a fresh copy (tests/test_readme_in_order.py).
+# The terminal blocks of the README and its docs/ pages, each run on a fast twin and its lines
+# checked (tests/test_readme.py; `make run`'s block on one thread too); their command blocks run
+# as pasted, in order, on a fresh copy (tests/test_readme_in_order.py); the tutorial notebook
+# executed end to end (tests/test_tutorial.py).
 test-readme: setup
-	$(PY) -m pytest -q -m slow tests/test_readme.py tests/test_readme_in_order.py
+	$(PY) -m pytest -q -m slow tests/test_readme.py tests/test_readme_in_order.py tests/test_tutorial.py
+
+# The tutorial notebook written from scripts/make_tutorial.py and executed in place (its outputs kept).
+tutorial: setup
+	$(PY) scripts/make_tutorial.py --execute
 
 # Every command conf/experiment/*.yaml documents on a built-in weekday or tiny model, run to its end
 # (tests/platform/test_documented_commands.py; those on SmolLM2 and Gemma-3 are in test-slow).

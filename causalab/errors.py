@@ -70,6 +70,24 @@ def fault_line(error: BaseException, hint: str) -> str:
     return f"error: {type(error).__name__}: {' '.join(str(error).split())} ({hint})"
 
 
+def not_set_up(error: ModuleNotFoundError, command: str) -> str | None:
+    """The one line a front door (``python -m causalab``, ``python -m causalab.run``) prints
+    when a library it needs is not installed in the interpreter running it: the checkout's
+    set-up was not made, or another Python runs it. None for a module of causalab's own (a
+    bug, not a set-up), which keeps its traceback.
+
+    >>> line = not_set_up(ModuleNotFoundError("No module", name="hydra"), "causalab.run")
+    >>> line.startswith("error: no module named 'hydra': ") and "`make setup`" in line
+    True
+    """
+    name = (error.name or "").split(".")[0]
+    if not name or name in ("causalab", "hydra_plugins"):
+        return None
+    return (f"error: no module named {name!r}: this Python is not causalab's set-up; run "
+            f"`make setup` in the checkout (it makes .venv), then "
+            f".venv/bin/python -m {command} ...")
+
+
 class CausalabError(Exception):
     """Base of every error causalab raises on purpose. ``path`` is where it is (kept whole);
     the message's quoted user strings are cut to QUOTE_LIMIT characters, once, here."""

@@ -8,6 +8,9 @@ from pathlib import Path
 DOCUMENT = "document.json"
 RUN_RECORD = "run.json"
 HYDRA_CONFIG = "hydra_config.yaml"
+# A fit's loss and eval curves beside its point's tables (plots/sweep_files.py); on its
+# tracked run, ``plots/`` + this.
+LOSS_PICTURE = "{step}_loss.png"
 TENSOR_KEY = "weight"
 BASIS_KEY = "basis"  # a subspace bundle's orthonormal (d, k) basis, next to its weight
 TENSOR_SUFFIX = ".safetensors"

@@ -23,16 +23,23 @@ from contextlib import nullcontext, redirect_stdout
 from pathlib import Path
 from typing import Any, NoReturn
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.errors import CompactHydraException
-from hydra.types import RunMode
+try:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import CompactHydraException
+    from hydra.types import RunMode
 
-from causalab.cli.main import process_settings
-from causalab.errors import CausalabError, fault_line
-from causalab.interrupts import INTERRUPTED, exit_status, interrupts, leave, one_line
-from causalab.options import RunOptions, check_device, run_options
-from causalab.hydra.rendering import CONF, document_of
+    from causalab.cli.main import process_settings
+    from causalab.errors import CausalabError, fault_line
+    from causalab.interrupts import INTERRUPTED, exit_status, interrupts, leave, one_line
+    from causalab.options import RunOptions, check_device, run_options
+    from causalab.hydra.rendering import CONF, document_of, unknown_choice
+except ModuleNotFoundError as _missing:  # run by a Python without the set-up: one line
+    from causalab.errors import not_set_up
+
+    if __name__ != "__main__" or not_set_up(_missing, "causalab.run") is None:
+        raise
+    raise SystemExit(not_set_up(_missing, "causalab.run")) from None
 
 _GROUPS = ("experiment", "model", "site", "data")
 
@@ -131,7 +138,7 @@ def _run(config) -> None:
     from causalab.engine.events import Chain
     from causalab.pipeline import run_document
     from causalab.progress import PointProgress, Summary
-    from causalab.plots.sweep_files import SweepPictures
+    from causalab.plots.sweep_files import FitPictures, SweepPictures
 
     document = document_of(config)
     options = run_options_of(config)
@@ -145,8 +152,8 @@ def _run(config) -> None:
     with events if events is not None else nullcontext():
         written = run_document(document, out=out, batch_size=options.batch_size,
                                device_map=options.device_map, data_root=options.data_root,
-                               events=Chain(events, PointProgress(), summary,
-                                            SweepPictures(out)),
+                               events=Chain(FitPictures(out), events, PointProgress(),
+                                            summary, SweepPictures(out)),
                                resume_mib=options.resume_mib, memory=options.memory)
         # The numbers are shown now; leaving the block waits for MLflow to store them.
         with redirect_stdout(block) if block is not None else nullcontext():
@@ -240,6 +247,13 @@ if __name__ == "__main__":
     # ``python -m causalab.run`` runs this file as ``__main__``; the job must come from the
     # importable module instead, or a launcher would pickle ``__main__``'s code by value.
     from causalab.run import main as entry
+
+    # An option a config group does not have (experiment=dass) is one line with the nearest
+    # names, not Hydra's list of every option.
+    unknown = unknown_choice([a for a in sys.argv[1:] if not a.startswith("-")])
+    if unknown is not None:
+        print(f"error: {unknown}", file=sys.stderr)
+        raise SystemExit(1)
 
     # Interrupts count from the start: one that lands while Hydra starts, or in a launcher
     # waiting on its workers (joblib), is one line and ends what this process opened, as

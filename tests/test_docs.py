@@ -73,8 +73,7 @@ def _citations_in(path: Path) -> tuple[list[tuple[str, str]], list[str]]:
 
 def _cited_files() -> list[Path]:
     files = _sources("causalab", "conf", "scripts", "tests", suffixes=(".py", ".yaml"))
-    files += [REPO / "README.md", REPO / "docs" / "README.md"] + [
-        REPO / "docs" / f"{name}.md" for name in DOCS]
+    files += [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
     return [p for p in files if p != Path(__file__).resolve()]
 
 
@@ -102,3 +101,64 @@ def test_the_readme_points_at_docs_and_not_outside_the_repository():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert "docs/format.md" in readme and "docs/platform.md" in readme
     assert "../shared" not in readme
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but ``-`` and ``_`` dropped,
+    spaces made ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+    return {_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def broken_links(page: Path, root: Path = REPO) -> list[str]:
+    """The links and images of a Markdown page that do not resolve: a relative path that is
+    not a file or folder of the checkout, or an ``#anchor`` no heading of its page makes."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target):  # https://…, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        found = (page.parent / path).resolve() if path else page
+        if not found.exists() or root not in (found, *found.parents):
+            broken.append(f"{page.relative_to(root)}: {target} (no such file here)")
+        elif anchor and found.suffix == ".md" and anchor not in _anchors(found):
+            broken.append(f"{page.relative_to(root)}: {target} (no heading #{anchor})")
+    return broken
+
+
+def test_every_link_of_the_readme_and_the_docs_pages_resolves():
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    readme = LINK.findall((REPO / "README.md").read_text(encoding="utf-8"))
+    assert len(readme) >= 10 and any(t.endswith(".png") for t in readme)
+    broken = [line for page in pages for line in broken_links(page)]
+    assert not broken, broken
+
+
+def test_a_missing_file_and_a_missing_heading_are_caught(tmp_path):
+    assert _anchor("Four workflows") == "four-workflows"
+    assert _anchor("What `make run` shows") == "what-make-run-shows"
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("# Title\n\n## Four workflows\n")
+    page = tmp_path / "docs" / "page.md"
+    page.write_text("[a](nowhere.md) [b](../README.md#no-such-heading) [c](https://x.org)\n"
+                    "[d](../README.md#four-workflows) ![e](../README.md) [f](#title-here)\n"
+                    "# Title here\n```\n[g](inside-a-block.md)\n```\n")
+    assert broken_links(page, tmp_path) == [
+        "docs/page.md: nowhere.md (no such file here)",
+        "docs/page.md: ../README.md#no-such-heading (no heading #no-such-heading)"]
+
+
+def test_the_readme_is_a_guide_its_first_line_says_what_causalab_is():
+    lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 200, len(lines)
+    assert lines[0].startswith("# causalab") and "causal interventions" in lines[0]
+    text = "\n".join(lines)
+    assert "make run" in text and "make test" in text and "docs/images/" in text

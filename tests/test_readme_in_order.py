@@ -1,4 +1,5 @@
-"""The README's command blocks run as pasted, in the order a newcomer meets them, on a fresh copy.
+"""The command blocks of the README and its docs/ pages run as pasted, in the order a newcomer
+meets them (the README, then the pages that hold what moved out of it: ``PAGES``), on a fresh copy.
 
 A copy of the checkout (its tracked files, the set-up ``.venv`` linked in) is the newcomer's
 clone; every ```` ```sh ```` block of the README runs there in order with ``bash -e``, against the
@@ -20,6 +21,9 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md"] + [REPO / "docs" / f"{name}.md" for name in (
+    "tour", "cli", "results", "real-models", "cluster", "benchmarks", "reliability")]
+RUN_HERE = 5  # blocks run on the copy: make run, run an experiment, fetch, Hydra, compare
 # the first command of a block -> None (run here) or the test that runs it instead
 ELSEWHERE = {
     "make run": None,
@@ -48,6 +52,11 @@ def sh_blocks(text: str) -> list[str]:
     return re.findall(r"^```sh\n(.*?)^```", text, re.M | re.S)
 
 
+def page_blocks() -> list[str]:
+    """Every command block of the pages, in order."""
+    return [block for page in PAGES for block in sh_blocks(page.read_text(encoding="utf-8"))]
+
+
 def _first(block: str) -> str:
     return block.strip().splitlines()[0]
 
@@ -60,9 +69,9 @@ def _owner(block: str) -> str:
 
 
 def test_every_readme_block_is_run_here_or_names_the_test_that_runs_it():
-    blocks = sh_blocks((REPO / "README.md").read_text())
+    blocks = page_blocks()
     owners = [_owner(block) for block in blocks]
-    assert len(blocks) >= 10 and sum(ELSEWHERE[o] is None for o in owners) == 4
+    assert len(blocks) >= 10 and sum(ELSEWHERE[o] is None for o in owners) == RUN_HERE
     assert set(owners) == set(ELSEWHERE), set(ELSEWHERE) - set(owners)
 
 
@@ -90,7 +99,7 @@ def test_the_readme_blocks_run_as_pasted_in_order_on_a_fresh_copy(tmp_path):
     clone = _fresh_copy(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING")}
     ran = []
-    for block in sh_blocks((REPO / "README.md").read_text()):
+    for block in page_blocks():
         if ELSEWHERE[_owner(block)] is not None:
             continue
         lines = [line for line in block.splitlines() if not line.strip().startswith(SKIPPED_LINES)]
@@ -99,7 +108,7 @@ def test_the_readme_blocks_run_as_pasted_in_order_on_a_fresh_copy(tmp_path):
         assert done.returncode == 0, f"{_first(block)}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
         assert "Traceback" not in done.stderr, done.stderr[-3000:]
         ran.append(_first(block))
-    assert len(ran) == 4
+    assert len(ran) == RUN_HERE
     assert (clone / "mlflow.db").is_file()
     fetched = clone / "rot16.safetensors"
     assert fetched.is_file() and fetched.stat().st_size > 64 * 16 * 4

@@ -48,7 +48,8 @@ def verb_vocab(args: argparse.Namespace) -> dict:
 
 
 def verb_validate(args: argparse.Namespace) -> dict:
-    """Lower every sweep point and check it offline; refusals name the JSON path."""
+    """Lower every sweep point and check the document alone, offline (no model read: a layer
+    the model does not have is ``explain``'s to refuse); refusals name the JSON path."""
     from causalab.document import naming_warnings, validate
 
     raw = _read_document(args.document)
@@ -58,8 +59,12 @@ def verb_validate(args: argparse.Namespace) -> dict:
               for path, message in naming_warnings(raw)]
     for warning in warned:  # a warning is one line on stderr; the document is still valid
         print(f"warning: {warning['path']}: {warning['message']}", file=sys.stderr)
-    return {"text": f"ok: {args.document} is a valid document", "ok": True,
-            "points": len(points), "labels": labels, "warnings": warned}
+    model = (raw.get("model") or {}).get("key") if isinstance(raw, dict) else None
+    against = f"against {model}'s config and tokenizer" if model else "against its model"
+    return {"text": f"ok: {args.document} is a valid document on its own (validate reads no "
+                    f"model; causalab explain {args.document} checks it {against})",
+            "ok": True, "checked": "document", "points": len(points), "labels": labels,
+            "warnings": warned}
 
 
 def verb_data(args: argparse.Namespace) -> dict:

@@ -95,7 +95,8 @@ VERBS: dict[str, tuple[Callable[[argparse.Namespace], dict], str]] = {
     "model": (verb_model, "a checkpoint's shape and components, without weights"),
     "tokens": (verb_tokens, "token counts of strings on a checkpoint's tokenizer"),
     "data": (verb_data, "rows, columns and splits of a dataset reference"),
-    "validate": (verb_validate, "check a document offline"),
+    "validate": (verb_validate, "check a document alone, offline (explain checks it against "
+                                "its model)"),
     "explain": (verb_explain, "compile a document and print the plan"),
     "run": (verb_run, "run a document and print the written paths"),
     "render": (verb_render, "render Hydra overrides to a canonical document"),

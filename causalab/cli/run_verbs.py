@@ -71,7 +71,7 @@ def verb_run(args: argparse.Namespace) -> dict:
     from causalab.engine.events import Chain
     from causalab.pipeline import run_document
     from causalab.progress import PointProgress
-    from causalab.plots.sweep_files import SweepPictures
+    from causalab.plots.sweep_files import FitPictures, SweepPictures
 
     options = run_options_of(args)
     raw = _read_document(args.document)
@@ -79,7 +79,8 @@ def verb_run(args: argparse.Namespace) -> dict:
     with events if options.track else contextlib.nullcontext():
         written = run_document(raw, out=options.out, batch_size=options.batch_size,
                                device_map=options.device_map, data_root=options.data_root,
-                               events=Chain(events, PointProgress(), _Notes(),
+                               events=Chain(FitPictures(options.out), events,
+                                            PointProgress(), _Notes(),
                                             SweepPictures(options.out)),
                                resume_mib=options.resume_mib, strict=options.strict,
                                memory=options.memory)

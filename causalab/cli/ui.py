@@ -9,7 +9,7 @@ Ctrl-C or SIGTERM stops the group. A
 server store (``http://…``) is already served: only its addresses are printed. What MLflow
 3.17 keeps per browser and no server or address sets (the GenAI/Model-training toggle of a
 page opened without ``workflowType``, the assistant pane of a first visit, anything on
-MLflow's compare page) is said in the README.
+MLflow's compare page) is said in docs/tour.md.
 """
 from __future__ import annotations
 

@@ -43,12 +43,55 @@ def _each(count: Any) -> list[list[int]]:
     return [[index] for index in range(int(count))]
 
 
+def unknown_choice(overrides: Sequence[str], config_dir: str | None = None) -> str | None:
+    """``experiment=dass: conf/experiment/ has no option 'dass'; nearest: das, dbm, dass…``:
+    the first override that picks an option its config group does not have (one value of a
+    ``-m`` sweep's ``a,b`` counts too), in one line with the nearest names; None when every
+    option named is there. Groups under ``hydra/`` (whose options plugins add) and overrides
+    this cannot read are left to Hydra."""
+    import difflib
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    root = Path(config_dir or CONF)
+    try:
+        parsed = OverridesParser.create().parse_overrides([o for o in overrides if "=" in o])
+    except HydraException:
+        return None
+    for override in parsed:
+        group = override.key_or_group
+        folder = root / group
+        if override.is_delete() or group.startswith("hydra") or not folder.is_dir():
+            continue
+        if override.is_sweep_override():
+            if not override.is_choice_sweep():
+                continue
+            values = list(override.sweep_string_iterator())
+        else:
+            values = [override.get_value_element_as_str()]
+        options = sorted(p.stem for p in folder.glob("*.yaml"))
+        for value in values:
+            if value in options or value == "null":
+                continue
+            nearest = difflib.get_close_matches(value, options, n=3, cutoff=0.5)
+            shown = (f"nearest: {', '.join(nearest)}" if nearest else
+                     f"its options: {', '.join(options[:8])}" +
+                     (f", … ({len(options)})" if len(options) > 8 else ""))
+            where = folder.relative_to(root.parent) if root.parent in folder.parents else folder
+            return f"{group}={value}: {where}/ has no option {value!r}; {shown}"
+    return None
+
+
 def compose(overrides: Sequence[str], config_dir: str | None = None):
     """The composed config (a DictConfig, ``hydra`` key excluded) for these overrides."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    unknown = unknown_choice(overrides, config_dir)
+    if unknown is not None:
+        raise UsageError(("overrides",), unknown)
     register_resolvers()
     folder = str(Path(config_dir or CONF).resolve())
     try:

@@ -9,7 +9,8 @@ is log2, a layer axis has integer ticks, and no axis has more than ``figures.MAX
 heatmaps with a colour bar. Numbers are placed by size, anything else (a position named S1,
 S2, END) in the order the sweep gave it; a quantity named as a fraction (``iia``, ``p_answer``)
 has an axis or colour scale from 0 to 1; a score's 95 % interval, when its point logged one,
-is a shaded band behind its line. A method comparison is a ranking
+is a shaded band behind its line, and the figure's foot says so and how many rows each point
+was scored on (``n/<metric>/<step>``). A method comparison is a ranking
 (:mod:`causalab.plots.ranking_chart`). Figures are drawn on :mod:`causalab.plots.canvas`' canvas. Inputs are plain numbers (coordinates and
 metrics, :mod:`causalab.scores.summary`); this module knows no runs.
 """
@@ -135,6 +136,12 @@ def _axis(keys: Sequence[str], names: Sequence[str]) -> str | None:
     return next((key for key in keys if short(key) in names), None)
 
 
+def fit_title(title: str, point: str, step: str) -> str:
+    """``causalab:weekday-llama · block_input L2 pos -1 · k=4 · fit``: a fit's picture by its
+    model and site, its point (a sweep's points differ there alone) and its step."""
+    return " · ".join(part for part in (title, point, step) if part)
+
+
 def loss_figure(losses: Sequence[float], evals: Sequence[float] = (), *, title: str = "",
                 eval_name: str = "eval"):
     """``train/loss`` per update and, beside it, the watched eval metric per epoch."""
@@ -180,6 +187,7 @@ def curve_figure(points: Sequence[Point], axis: str, *, title: str = ""):
     figure = new_figure((1.0 + 4.6 * len(columns), 0.5 + 2.6 * len(found)))
     grid = figure.subplots(len(found), len(columns), squeeze=False)
     xs = _values(points, axis)
+    banded = False
     for row, (name, steps) in enumerate(found.items()):
         for column, model in enumerate(columns):
             axes = grid[row][column]
@@ -190,7 +198,7 @@ def curve_figure(points: Sequence[Point], axis: str, *, title: str = ""):
                 drawn, = axes.plot([x for x, _ in pairs], [y for _, y in pairs],
                                    "--" if control else "-", marker="o", label=label,
                                    color="tab:grey" if control and len(lines) <= 2 else None)
-                _band(axes, chosen, axis, name, step, pairs, drawn.get_color())
+                banded |= _band(axes, chosen, axis, name, step, pairs, drawn.get_color())
             _x_axis(axes, axis, xs)
             fixed = bounds(name, [y for _, pairs in lines.values() for _, y in pairs])
             if fixed:
@@ -202,7 +210,27 @@ def curve_figure(points: Sequence[Point], axis: str, *, title: str = ""):
             if lines and len(lines) <= _MAX_LEGEND:
                 axes.legend(fontsize="small")
     figure.suptitle(title or "sweep")
+    caption = _caption(points, found, banded)
+    if caption:
+        figure.supxlabel(caption, fontsize="small", color="dimgrey")
     return figure
+
+
+def _caption(points: Sequence[Point], found: Mapping[str, Sequence[str]], banded: bool) -> str:
+    """``each point scored on 12 rows`` / ``shaded: the mean's 95 % interval over its rows``:
+    how many rows a point's means were taken over (``n/<metric>/<step>``, where the points
+    logged it) and what a band is, where one is drawn (the interval of docs/format.md §7.10),
+    a line each."""
+    counts = sorted({int(metrics[key]) for _, metrics in points for name, steps in found.items()
+                     for step in steps if (key := f"n/{name}/{step}") in metrics
+                     and math.isfinite(metrics[key])})
+    parts = []
+    if counts:
+        rows = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+        parts.append(f"each point scored on {rows} rows")
+    if banded:
+        parts.append("shaded: the mean's 95 % interval over its rows")
+    return "\n".join(parts)
 
 
 def _lines(points: Sequence[Point], axis: str, name: str, steps: Sequence[str],
@@ -223,18 +251,19 @@ def _lines(points: Sequence[Point], axis: str, name: str, steps: Sequence[str],
 
 
 def _band(axes, points: Sequence[Point], axis: str, name: str, step: str, pairs: list,
-          color: str) -> None:
+          color: str) -> bool:
     """The 95 % interval of each point on a line (``<score>.lo``/``.hi``, summary.bounds) as a
-    shaded band behind it, when every point of the line logged one."""
+    shaded band behind it, when every point of the line logged one; whether it was drawn."""
     spans = {}
     for coordinates, metrics in points:
         found = summary.bounds(metrics, name, step)
         if found is not None and axis in coordinates:
             spans[plain(coordinates[axis])] = found
     if len(pairs) < 2 or any(x not in spans for x, _ in pairs):
-        return
+        return False
     axes.fill_between([x for x, _ in pairs], [spans[x][0] for x, _ in pairs],
                       [spans[x][1] for x, _ in pairs], color=color, alpha=0.15, linewidth=0)
+    return True
 
 
 def _step_label(step: str) -> str:
@@ -292,6 +321,9 @@ def heatmap_figure(points: Sequence[Point], rows: str, columns: str, *, title: s
         bar = figure.colorbar(image, ax=axes, label=name)
         bar.locator = MaxNLocator(nbins=8)
     figure.suptitle(title or "sweep")
+    caption = _caption(points, {name: [step for step, _ in panels]}, False)
+    if caption:
+        figure.supxlabel(caption, fontsize="small", color="dimgrey")
     return figure
 
 

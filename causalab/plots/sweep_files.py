@@ -1,7 +1,9 @@
-"""A sweep's pictures as files in its output folder, beside its results, tracked or not.
+"""A run's pictures as files in its output folder, beside its results, tracked or not.
 
 The same PNGs a sweep's parent run carries (:func:`causalab.plots.curves.sweep_plots`),
-written under ``<out>/plots/``: an untracked run has them too. Imports no mlflow.
+written under ``<out>/plots/``, and each fit's loss and eval curves beside its point's tables
+(``<out>/k=4/fit_loss.png``, titled with the point): an untracked run has them too. Imports
+no mlflow.
 """
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from causalab.engine.events import Events
-from causalab.plots.curves import sweep_plots, title_of, varied
-from causalab.scores.naming import bound_keys
+from causalab.files import LOSS_PICTURE
+from causalab.plots.curves import fit_title, loss_curve, sweep_plots, title_of, varied
+from causalab.scores.naming import bound_keys, eligible_key, fits_watched
 from causalab.scores.summary import Point
 
 
@@ -44,6 +47,7 @@ class SweepPictures(Events):
     def metric(self, point: Any, step: str, name: str, mean: float | None, eligible: int) -> None:
         if id(point) in self.points and mean is not None:
             self.points[id(point)][1][f"{name}/{step}"] = mean
+            self.points[id(point)][1][eligible_key(step, name)] = eligible
 
     def interval(self, point: Any, step: str, name: str, low: float, high: float) -> None:
         if id(point) in self.points:
@@ -59,3 +63,52 @@ class SweepPictures(Events):
             return
         if len(points) > 1:
             written += write_plots(points, self.out, title=self.title)
+
+
+
+class FitPictures(Events):
+    """Each fit's loss (per update) and watched eval metric (per epoch) drawn beside its
+    point's tables when the point ends, tracked or not: ``<out>/<point>/<step>_loss.png``,
+    titled with the model, the site, the point and the step. Ahead of the tracking listener
+    in a chain, so the point's run uploads this file (as ``plots/<step>_loss.png``) rather
+    than drawing it again; the files are added to the run's ``written`` at its end."""
+
+    def __init__(self, out: str | Path) -> None:
+        self.out = out
+        self.title = ""
+        self.fits: dict[int, dict[str, tuple[list, list]]] = {}
+        self.drawn: list[str] = []
+
+    def run_start(self, document: dict, points: list[Any]) -> None:
+        first = points[0] if points else None
+        places = [dict(getattr(p, "coordinates", None) or {}) for p in points]
+        self.title = title_of(getattr(first, "document", None) or document, varied(places))
+
+    def fit_update(self, point: Any, step: str, update: int, loss: float) -> None:
+        self.fits.setdefault(id(point), {}).setdefault(step, ([], []))[0].append(loss)
+
+    def fit_epoch(self, point: Any, step: str, epoch: int, eval_mean: float,
+                  kept: float | None) -> None:
+        self.fits.setdefault(id(point), {}).setdefault(step, ([], []))[1].append(eval_mean)
+
+    def point_end(self, point: Any, written: list[str], error: BaseException | None) -> None:
+        fits = self.fits.pop(id(point), None)
+        if error is not None or not fits:
+            return
+        document = getattr(point, "document", None)
+        watched = fits_watched(document)
+        directory = getattr(point, "directory", "") or ""
+        title = title_of(document) or self.title
+        for step, (losses, evals) in fits.items():
+            name = Path(directory) / LOSS_PICTURE.format(step=step)
+            path = Path(self.out) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            watching = f"eval/{watched.get(step, 'eval')}"
+            path.write_bytes(loss_curve(losses, evals, eval_name=watching,
+                                        title=fit_title(title, getattr(point, "name", ""), step)))
+            written.append(name.as_posix())
+            self.drawn.append(str(path))
+
+    def run_end(self, written: list[str]) -> None:
+        written += [p for p in self.drawn if p not in written]
+        self.drawn = []

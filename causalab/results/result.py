@@ -201,6 +201,7 @@ def run(document: Mapping[str, Any] | str | Path, *, out: str | None = None,
     """
     from causalab.options import check_device, run_options
     from causalab.pipeline import run_document
+    from causalab.plots.sweep_files import FitPictures
 
     options = run_options("python", out=out, track=track, tracking_uri=tracking_uri,
                           experiment=experiment, rerun=rerun, data_root=data_root,
@@ -220,7 +221,8 @@ def run(document: Mapping[str, Any] | str | Path, *, out: str | None = None,
     try:
         written = run_document(raw, out=out, batch_size=options.batch_size,
                                device_map=options.device_map, data_root=options.data_root,
-                               events=Chain(tracker, collect), resume_mib=options.resume_mib,
+                               events=Chain(FitPictures(out), tracker, collect),
+                               resume_mib=options.resume_mib,
                                memory=options.memory)
         if tracker is not None:
             tracker.wait()  # Result.runs names the stored runs
@@ -333,17 +335,23 @@ def read_table(source: str | Path, tracking_uri: str | None = None):
     return pandas.DataFrame.from_records(data)
 
 
-def search_points(experiment: str | None = None, *, tracking_uri: str | None = None,
-                  filter_string: str = "", parent_run_id: str | None = None):
-    """One row per tracked point run: run id, status, model, coordinates, every metric's last
-    value (scores such as ``iia/test``, a fit's final ``train/loss`` and ``eval/<metric>``,
-    row counts ``n/…``), ``produced_by`` and, for a point reused from another run,
-    ``reused_from``.
+def search_points(experiment: Any = None, *, sweep: Any = "newest",
+                  tracking_uri: str | None = None, filter_string: str = "",
+                  parent_run_id: str | None = None):
+    """One row per tracked point run of one sweep: run id, status, model, coordinates, every
+    metric's last value (scores such as ``iia/test``, a fit's final ``train/loss`` and
+    ``eval/<metric>``, row counts ``n/…``), ``produced_by`` and, for a point reused from
+    another run, ``reused_from``.
 
-    ``experiment`` defaults to MLFLOW_EXPERIMENT_NAME, else ``causalab``; ``parent_run_id``
-    keeps one sweep's or multirun's children.
+    ``sweep``: ``"newest"`` (the default) is the experiment's newest sweep, multirun or lone
+    point run, the one whose point started last; a parent run's id (or ``parent_run_id``, its
+    older name) or a :class:`Result` (``search_points(result)`` works too) is that one;
+    ``"all"`` is every point of the experiment. ``frame.attrs["sweep"]`` names the parent
+    shown. ``experiment`` defaults to MLFLOW_EXPERIMENT_NAME, else ``causalab``.
     """
     from causalab.results.search import point_rows
 
-    return point_rows(experiment, tracking_uri=tracking_uri, filter_string=filter_string,
-                      parent_run_id=parent_run_id)
+    if isinstance(experiment, Result):
+        experiment, sweep = None, experiment
+    return point_rows(experiment, sweep=sweep, tracking_uri=tracking_uri,
+                      filter_string=filter_string, parent_run_id=parent_run_id)

@@ -6,14 +6,23 @@ wraps, here bound to one explicit tracking URI rather than the process-global on
 ``reused_from``, one column per swept coordinate, then one per metric with its last value:
 the scores (``iia/test``, ``iia/control``, …, main score first), a fit's final series values
 (``train/loss``, ``eval/iia``) and the row counts (``n/iia/test``).
+
+Which points: one sweep by default, the newest of the experiment (the sweep, multirun or
+lone point run whose point started last: what a notebook just ran), so documents on other
+models never share a table with it and leave NaN columns; ``sweep=`` names another (its
+parent run's id, or a :class:`~causalab.results.result.Result`), and ``sweep="all"`` is every
+point of the experiment. The frame's ``attrs["sweep"]`` says which.
 """
 from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
+from causalab.errors import UsageError
 from causalab.scores import naming
 from causalab.tracking import runs as store
+from causalab.tracking.landing import stored_points
 
 
 def _runs(mlflow, experiment_id: str, query: str) -> list:
@@ -27,28 +36,83 @@ def _runs(mlflow, experiment_id: str, query: str) -> list:
             return found
 
 
-def point_rows(experiment: str | None = None, *, tracking_uri: str | None = None,
-               filter_string: str = "", parent_run_id: str | None = None):
+def point_rows(experiment: str | None = None, *, sweep: Any = "newest",
+               tracking_uri: str | None = None, filter_string: str = "",
+               parent_run_id: str | None = None):
     """The DataFrame :func:`causalab.search_points` returns (empty when nothing matches)."""
     import pandas
 
-    mlflow = store.client(store.resolve_uri(tracking_uri))
-    name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or store.DEFAULT_EXPERIMENT
-    found = mlflow.get_experiment_by_name(name)
-    if found is None:
-        return pandas.DataFrame(columns=_FIXED)
-    query = [f"tags.`{store.KIND}` = 'point'"]
     if parent_run_id:
-        query.append(f"tags.`{store.PARENT}` = '{parent_run_id}'")
-    if filter_string:
-        query.append(filter_string)
-    rows = [_row(run) for run in _runs(mlflow, found.experiment_id, " and ".join(query))]
+        sweep = parent_run_id
+    mlflow = store.client(store.resolve_uri(tracking_uri))
+    empty = pandas.DataFrame(columns=_FIXED)
+    experiment_id = _experiment_of(mlflow, experiment, sweep)
+    if experiment_id is None:
+        return empty
+    query = [f"tags.`{store.KIND}` = 'point'"] + ([filter_string] if filter_string else [])
+    kept, top = _scope(mlflow, experiment_id, sweep)
+    runs = [] if kept is not None and not kept else \
+        _runs(mlflow, experiment_id, " and ".join(query))
+    rows = [_row(run) for run in runs if kept is None or run.info.run_id in kept]
     if not rows:
-        return pandas.DataFrame(columns=_FIXED)
+        empty.attrs["sweep"] = top
+        return empty
     frame = pandas.DataFrame.from_records(rows)
     metrics = sorted({k for row in rows for k in row["_metrics"]}, key=naming.listed)
     places = [c for c in frame.columns if c not in _FIXED and c != "_metrics" and c not in metrics]
-    return frame[_FIXED + places + metrics]
+    frame = frame[_FIXED + places + metrics]
+    frame.attrs["sweep"] = top
+    return frame
+
+
+def _experiment_of(mlflow, experiment: str | None, sweep: Any) -> str | None:
+    """The experiment's id: the one named, else the one a named sweep (a run id, a Result's
+    runs) was tracked in, else MLFLOW_EXPERIMENT_NAME's or ``causalab``'s; None: not there."""
+    named = [*getattr(sweep, "runs", {}).values(), *getattr(sweep, "skipped", {}).values()]
+    if isinstance(sweep, str) and sweep not in ("all", "newest"):
+        named.append(sweep)
+    if experiment is None:
+        for run_id in named[:1]:
+            run = store.found_run(mlflow, run_id)
+            if run is not None:
+                return run.info.experiment_id
+    name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or store.DEFAULT_EXPERIMENT
+    found = mlflow.get_experiment_by_name(name)
+    return None if found is None else found.experiment_id
+
+
+def _scope(mlflow, experiment_id: str, sweep: Any) -> tuple[set[str] | None, str | None]:
+    """(the point run ids kept, None for every one; the sweep's top run id) of ``sweep``."""
+    if isinstance(sweep, str) and sweep == "all":
+        return None, None
+    ids = [*getattr(sweep, "runs", {}).values(), *getattr(sweep, "skipped", {}).values()]
+    if ids or hasattr(sweep, "runs"):  # a Result: the points it ran or reused
+        return set(ids), None
+    if sweep in (None, "newest"):
+        newest = mlflow.search_runs([experiment_id], filter_string=f"tags.`{store.KIND}` = 'point'",
+                                    order_by=["attributes.start_time DESC"], max_results=1)
+        if not newest:
+            return set(), None
+        sweep = _top(mlflow, newest[0])
+    if not isinstance(sweep, str):
+        raise UsageError(("sweep",), f"a sweep is its parent run's id, a Result, 'newest' or "
+                                     f"'all', not {type(sweep).__name__}")
+    run = store.found_run(mlflow, sweep)
+    if run is None:
+        raise UsageError(("sweep",), f"no run {sweep} in this store")
+    if run.data.tags.get(store.KIND) == "point":
+        return {run.info.run_id}, sweep
+    return {r.info.run_id for r in stored_points(mlflow, experiment_id, sweep)}, sweep
+
+
+def _top(mlflow, run) -> str:
+    """The run at the top of ``run``'s parents: the sweep or multirun it belongs to."""
+    while run.data.tags.get(store.PARENT):
+        above = store.found_run(mlflow, run.data.tags[store.PARENT])
+        if above is None:
+            break
+        run = above
+    return run.info.run_id
 
 
 _FIXED = ["run_id", "status", "name", "model", "parent_run_id", "produced_by", "reused_from"]

@@ -86,6 +86,15 @@ def log_order(metrics: list) -> list:
     return sorted(metrics, key=lambda point: order(point.key))
 
 
+def fits_watched(document: Mapping[str, Any] | None) -> dict[str, str]:
+    """Each fit step of a point's document -> the metric its early stop watches (``iia``;
+    ``metric`` when none is named): the ``eval/<metric>`` series of its epochs."""
+    steps = (document or {}).get("steps", {})
+    return {name: step.get("early_stop", {}).get("metric", "metric")
+            for name, step in steps.items()
+            if isinstance(step, dict) and step.get("kind") == "fit"}
+
+
 def split_score(key: str) -> tuple[str, str]:
     """``iia/test`` -> (``iia``, ``test``): the metric and the step of a score key."""
     name, _, step = key.partition("/")

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from causalab.document.digest import digest as document_digest
 from causalab.engine.events import Events
 from causalab.errors import CausalabError, Path as JsonPath, TrackingError, UsageError, reason
-from causalab.files import DOCUMENT, HYDRA_CONFIG, RUN_RECORD
+from causalab.files import DOCUMENT, HYDRA_CONFIG, LOSS_PICTURE, RUN_RECORD
 from causalab.plots import curves as plots
 from causalab.scores import naming
 from causalab.tracking import artifacts, claims, landing, owners, pictures, stored
@@ -377,14 +377,23 @@ class TrackingEvents(Events):
     def _upload(self, run: PointRun, files: list) -> None:
         """Send a point's files, config, loss plots, then its buffered numbers; what reached
         the store is kept on ``run`` for the read-back at its end."""
+        # A fit's picture drawn beside the point's tables (plots.sweep_files.FitPictures) is
+        # its run's plots/<step>_loss.png; a fit with none there is drawn here.
+        pictures = {LOSS_PICTURE.format(step=step): f"plots/{LOSS_PICTURE.format(step=step)}"
+                    for step in run.losses}
+        files = [(local, pictures.get(artifact, artifact)) for local, artifact in files]
         run.sending(self.call, artifacts.log_files, run.run_id,
                     [f for f in files if Path(f[0]).is_file()])
         run.sending(self._log_config, run.run_id)
+        sent = {artifact for local, artifact in files if Path(local).is_file()}
         for step, losses in run.losses.items():
+            artifact = pictures[LOSS_PICTURE.format(step=step)]
+            if artifact in sent:
+                continue
             watched = f"eval/{run.fits.get(step, 'eval')}"
-            run.sending(self.call, artifacts.log_loss_curve, run.run_id,
-                        f"plots/{step}_loss.png", losses, run.evals.get(step, []),
-                        title=f"{run.title} · {step}", eval_name=watched)
+            run.sending(self.call, artifacts.log_loss_curve, run.run_id, artifact, losses,
+                        run.evals.get(step, []), title=plots.fit_title(run.title, run.label, step),
+                        eval_name=watched)
         run.sending(run.flush, self.call)
 
     def _log_receipt(self, found: dict | None) -> None:

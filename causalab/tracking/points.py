@@ -43,10 +43,7 @@ class PointRun:
     def of(cls, label: str, document: dict | None, title: str) -> PointRun:
         """A point's run: its document's steps, and the metric each fit's early stop watches."""
         steps = (document or {}).get("steps", {})
-        fits = {name: step.get("early_stop", {}).get("metric", "metric")
-                for name, step in steps.items()
-                if isinstance(step, dict) and step.get("kind") == "fit"}
-        return cls(label, list(steps), fits, title)
+        return cls(label, list(steps), naming.fits_watched(document), title)
 
     def score(self, step: str, name: str, mean: float | None, eligible: int) -> None:
         """A step's metric mean (NaN when none) and eligible row count, at the step's ordinal."""

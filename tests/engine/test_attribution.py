@@ -285,7 +285,7 @@ def test_on_smollm2_attribution_ranks_the_exact_sweeps_top_three_heads_among_its
         place = entry["coordinates"]
         cells.setdefault((place["layers"], place["heads"]), []).append(entry["value"])
     ranked = sorted(cells, key=lambda unit: -sum(cells[unit]) / len(cells[unit]))
-    # The exact 270-point sweep on the 120 rows (README, "IOI on SmolLM2"): L23 H3, L29 H1,
-    # L23 H0 move S - IO the most towards S; L24 H4 and L29 H0 the most the other way.
+    # The exact 270-point sweep on the 120 rows (docs/real-models.md, "IOI on SmolLM2"): L23 H3,
+    # L29 H1, L23 H0 move S - IO the most towards S; L24 H4 and L29 H0 the most the other way.
     assert {(23, 3), (29, 1), (23, 0)} <= set(ranked[:10]), ranked[:10]
     assert {(24, 4), (29, 0)} & set(ranked[-5:]), ranked[-5:]

@@ -274,8 +274,8 @@ def test_drawn_counterfactuals_in_windows_and_split_fused_runs_write_the_full_fo
     assert len(unintervened) == 2
     assert seen and not _ran_on(seen, _counterfactual_ids(kit, oracle, resolved, rows), 3)
     _same(got, want)
-    # Windows of 3 rows sum in another order than the hook loop's 4-row batch (README,
-    # "What repeats"): 1e-5 on logits of about 10.
+    # Windows of 3 rows sum in another order than the hook loop's 4-row batch
+    # (docs/reliability.md, "What repeats"): 1e-5 on logits of about 10.
     assert _block0_diffs(got) == pytest.approx(_hooked_diffs(kit, oracle, resolved, rows),
                                                abs=1e-5)
 
@@ -297,7 +297,7 @@ def _fitted_alike(got: dict, want: dict) -> None:
     torch.testing.assert_close(got["train_loss.safetensors"]["weight"],
                                want["train_loss.safetensors"]["weight"], rtol=1e-5, atol=1e-5)
     # The fitted subspace, not its parametrization: AdamW may move the directions the
-    # Cayley map ignores by whole steps on rounding noise (README, "What repeats").
+    # Cayley map ignores by whole steps on rounding noise (docs/reliability.md, "What repeats").
     basis, other = (files["rot.safetensors"]["basis"] for files in (got, want))
     torch.testing.assert_close(basis @ basis.T, other @ other.T, rtol=0, atol=1e-4)
 

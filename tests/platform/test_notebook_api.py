@@ -1,4 +1,4 @@
-"""The notebook API as the README's cells use it, run twice as a notebook would rerun them.
+"""The notebook API as docs/tour.md's cells use it, run twice as a notebook would rerun them.
 
 `causalab.run("documents/v2/das_rank_sweep.json", track=True)` (a fit-only sweep over three
 ranks) is tracked to a temporary SQLite store, then run again: the rerun reuses every point
@@ -111,3 +111,25 @@ def test_a_run_given_no_out_removes_its_folder_when_the_process_ends(given, tmp_
     out = Path(done.stdout.strip().splitlines()[-1])
     assert out.is_dir() == given
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("causalab-")]
+
+
+def test_search_points_shows_one_sweep_by_default_and_every_point_when_asked(twice):
+    """Two documents in one experiment (the rank sweep, then the two-layer logit lens): by
+    default the table is the newest sweep's points alone, not both with NaN beside each."""
+    uri, name = twice["uri"], "notebook-scope"
+    ranks = causalab.run(RANK_SWEEP, track=True, tracking_uri=uri, experiment=name,
+                         data_root=DATA)
+    lens = causalab.run(str(REPO / "documents" / "v2" / "logit_lens.json"), track=True,
+                        tracking_uri=uri, experiment=name, data_root=DATA)
+    newest = causalab.search_points(name, tracking_uri=uri)
+    assert sorted(newest["run_id"]) == sorted(lens.runs.values())
+    assert "k" not in newest.columns and "iia/test" not in newest.columns
+    parent = newest.attrs["sweep"]
+    assert set(newest["parent_run_id"]) == {parent}
+    by_id = causalab.search_points(name, sweep=parent, tracking_uri=uri)
+    assert sorted(by_id["run_id"]) == sorted(newest["run_id"])
+    mine = causalab.search_points(ranks, tracking_uri=uri)
+    assert sorted(mine["run_id"]) == sorted(ranks.runs.values()) and len(mine) == 3
+    assert sorted(mine["k"].tolist()) == [1, 4, 16]
+    every = causalab.search_points(name, sweep="all", tracking_uri=uri)
+    assert len(every) == 5 and every.attrs["sweep"] is None

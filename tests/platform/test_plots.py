@@ -78,7 +78,7 @@ def _texts(figure):
     """(text, window box) of every text the renderer draws."""
     figure.canvas.draw()
     renderer = figure.canvas.get_renderer()
-    found = [figure._suptitle] if figure._suptitle is not None else []
+    found = [t for t in (figure._suptitle, figure._supxlabel) if t is not None]
     for legend in figure.legends:
         found += legend.get_texts()
     for axes in figure.axes:
@@ -336,3 +336,72 @@ def test_a_tracked_sweep_draws_its_pictures_once_for_its_folder_and_its_parent(t
     stored = MlflowClient(events.uri).download_artifacts(events.sweep_run_id,
                                                          "plots/layer_curve.png", str(tmp_path))
     assert Path(stored).read_bytes() == picture.read_bytes()
+
+
+def test_a_sweep_curve_says_how_many_rows_each_point_was_scored_on_and_what_its_band_is():
+    points = [({"k": k}, {"iia/test": v, "iia/test.lo": v - 0.1, "iia/test.hi": v + 0.05,
+                          "iia/control": 0.0, "n/iia/test": 12.0, "n/iia/control": 12.0})
+              for k, v in ((1, 0.2), (4, 0.6), (16, 0.9))]
+    caption = plots.curve_figure(points, "k")._supxlabel.get_text()
+    assert caption == "each point scored on 12 rows\nshaded: the mean's 95 % interval over its rows"
+    unbanded = [(c, {k: v for k, v in m.items() if not k.endswith((".lo", ".hi"))})
+                for c, m in points]
+    assert plots.curve_figure(unbanded, "k")._supxlabel.get_text() == "each point scored on 12 rows"
+    heads = [({"layers": [layer], "heads": [head]}, {"iia/patch": 0.5, "n/iia/patch": 40.0 + head})
+             for layer in range(2) for head in range(3)]
+    figure = plots.sweep_figures(heads)["plots/head_heatmap.png"]
+    assert figure._supxlabel.get_text() == "each point scored on 40–42 rows"
+
+
+def _rank_sweep(tmp_path, monkeypatch, tracked: bool):
+    """The tiny rank sweep (three fits) run with the fit pictures ahead of tracking, as the
+    front doors chain them; the titles every loss picture was drawn with."""
+    import json
+
+    from causalab.engine.events import Chain
+    from causalab.pipeline import run_document
+    from causalab.plots import sweep_files
+    from causalab.tracking import TrackingEvents
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    titles = []
+    original = plots.loss_curve
+    monkeypatch.setattr(sweep_files, "loss_curve", lambda *a, title="", **k: (
+        titles.append(title), original(*a, title=title, **k))[1])
+    monkeypatch.setattr(plots, "loss_curve", sweep_files.loss_curve)
+    out = tmp_path / "ranks"
+    document = json.loads((REPO / "documents/v2/das_rank_sweep.json").read_text())
+    data = str(REPO / "documents" / "data")
+    if not tracked:
+        written = run_document(document, out=str(out), data_root=data,
+                               events=Chain(sweep_files.FitPictures(out)))
+        return out, written, titles, None
+    with TrackingEvents(tracking_uri=str(tmp_path), out=str(out)) as events:
+        written = run_document(document, out=str(out), data_root=data,
+                               events=Chain(sweep_files.FitPictures(out), events))
+    return out, written, titles, events
+
+
+def test_an_untracked_fit_draws_its_loss_beside_its_points_tables_titled_with_its_point(
+        tmp_path, monkeypatch):
+    out, written, titles, _ = _rank_sweep(tmp_path, monkeypatch, tracked=False)
+    for k in (1, 4, 16):
+        picture = out / f"k={k}" / "fit_loss.png"
+        assert picture.read_bytes().startswith(b"\x89PNG") and str(picture) in written
+        assert (out / f"k={k}" / "rot.safetensors").is_file()  # beside the point's files
+    assert sorted(titles) == sorted(f"causalab:tiny-llama · block_output L0 pos -1 · k={k} · fit"
+                                    for k in (1, 4, 16)), titles
+
+
+def test_a_tracked_fit_is_drawn_once_its_file_is_its_runs_plots_fit_loss(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    out, written, titles, events = _rank_sweep(tmp_path, monkeypatch, tracked=True)
+    assert len(titles) == 3  # the folder's pictures are the runs': none drawn twice
+    client = MlflowClient(events.uri)
+    for label, run_id in events.point_runs.items():
+        names = {a.path for a in client.list_artifacts(run_id, "plots")}
+        assert names == {"plots/fit_loss.png"}, names
+        assert "fit_loss.png" not in {a.path for a in client.list_artifacts(run_id)}
+        stored = client.download_artifacts(run_id, "plots/fit_loss.png", str(tmp_path / label))
+        assert Path(stored).read_bytes() == (out / label / "fit_loss.png").read_bytes()

@@ -1,7 +1,7 @@
-"""The README's Python block, as written, is a plain script that runs tracked.
+"""The notebook API's Python block (docs/tour.md), as written, is a plain script that runs tracked.
 
-The block under "From Python (notebooks)" is saved as a ``.py`` file (no ``__main__`` guard,
-nothing added) and run by a fresh interpreter in a temporary folder that holds the
+The block under "From Python (notebooks)" of docs/tour.md (moved there from the README) is
+saved as a ``.py`` file (no ``__main__`` guard, nothing added) and run by a fresh interpreter in a temporary folder that holds the
 checkout's ``documents/`` (the block's paths are relative to where it runs), with
 ``MLFLOW_TRACKING_URI`` pointing at a store there: it exits 0 with no traceback, and its
 points are FINISHED in that store.
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _python_block() -> str:
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "tour.md").read_text()
     section = readme.split("## From Python (notebooks)", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
 

@@ -40,7 +40,7 @@ REAL = {
                                "data=weekdays_full", "site=head_grid", "site.layers=[10,11,12]"],
 }
 
-# documents/real/ioi_* -> their conf twins on SmolLM2 (the README's "IOI on SmolLM2")
+# documents/real/ioi_* -> their conf twins on SmolLM2 (docs/real-models.md, "IOI on SmolLM2")
 IOI = ("ioi_behavior", "ioi_layer_sweep", "ioi_unrelated_sweep", "ioi_head_patching",
        "ioi_logit_lens", "ioi_das", "ioi_attention")
 
