@@ -231,6 +231,10 @@ class _CallableModule(types.ModuleType):
 sys.modules[__name__].__class__ = _CallableModule
 
 
+# Hydra's flags that take configs from another folder or file.
+_ELSEWHERE = ("-cd", "--config-dir", "-cp", "--config-path", "-cn", "--config-name")
+
+
 def _leave_interrupted(status: int) -> None:
     """End a multirun parent this process opened KILLED, then leave at once (``leave``)."""
     opened = sys.modules.get("causalab.hydra.callbacks")
@@ -249,8 +253,11 @@ if __name__ == "__main__":
     from causalab.run import main as entry
 
     # An option a config group does not have (experiment=dass) is one line with the nearest
-    # names, not Hydra's list of every option.
-    unknown = unknown_choice([a for a in sys.argv[1:] if not a.startswith("-")])
+    # names, not Hydra's list of every option. Configs from elsewhere (a --config-dir, a
+    # hydra.searchpath) may add options: those are Hydra's to judge.
+    arguments = sys.argv[1:]
+    elsewhere = any(a.split("=")[0] in _ELSEWHERE or "hydra.searchpath" in a for a in arguments)
+    unknown = None if elsewhere else unknown_choice([a for a in arguments if not a.startswith("-")])
     if unknown is not None:
         print(f"error: {unknown}", file=sys.stderr)
         raise SystemExit(1)

@@ -98,3 +98,11 @@ def test_validate_says_it_checked_the_document_alone_and_explain_checks_the_mode
     out, err = capsys.readouterr()
     assert status == 1 and out == ""
     assert "7" in _one_line(err) and _one_line(err).startswith("error: ")
+
+
+def test_an_option_of_a_config_folder_given_on_the_command_line_is_left_to_hydra(tmp_path):
+    """Configs from another folder (``--config-dir``) may add options the shipped conf/ has
+    not: the check leaves them to Hydra, whose own refusal still exits non-zero."""
+    done = _python("-m", "causalab.run", "--config-dir", str(tmp_path), "experiment=dass",
+                   "model=llama")
+    assert done.returncode != 0 and "nearest: das" not in done.stderr
