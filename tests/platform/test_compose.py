@@ -61,8 +61,9 @@ def test_experiments_restate_no_roles_no_head_site_and_no_index_lists():
 
 def test_shared_intervention_bodies_are_used_by_more_than_one_experiment():
     used = {p.stem: 0 for p in (CONF / "intervention").glob("*.yaml")}
-    for name in EXPERIMENTS:
-        text = (CONF / "experiment" / f"{name}.yaml").read_text()
+    users = [CONF / "experiment" / f"{name}.yaml" for name in EXPERIMENTS]
+    for path in users + sorted((CONF / "method").glob("*.yaml")):  # a method is compare's part
+        text = path.read_text()
         for body in used:
             used[body] += f"/intervention@interventions." in text and f": {body}\n" in text
     assert used and all(count >= 2 for count in used.values()), used
@@ -149,3 +150,17 @@ def test_one_multirun_runs_every_experiment_on_the_tiny_llama(tmp_path):
     assert set(ran) == {e for e in EXPERIMENTS if not any(fnmatch(e, p) for p in NOT_ON_TINY)}
     for name, document in ran.items():
         assert document == render([f"experiment={name}", "model=tiny_llama"]), name
+
+
+def test_the_experiment_docs_conf_md_shows_how_to_add_renders_and_validates(tmp_path):
+    import shutil
+
+    from causalab.document import validate
+
+    block = re.search(r"```yaml\n(.*?)```", (REPO / "docs" / "conf.md").read_text(), re.S).group(1)
+    shutil.copytree(CONF, tmp_path / "conf")
+    (tmp_path / "conf" / "experiment" / "my_das.yaml").write_text(block)
+    document = render(["experiment=my_das", "model=tiny_llama"], config_dir=str(tmp_path / "conf"))
+    assert list(document["steps"]) == ["fit", "test"]
+    assert document["featurizers"]["rot"] == {"kind": "subspace", "k": 4}
+    assert validate(document)

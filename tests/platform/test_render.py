@@ -2,7 +2,9 @@
 are the hand-written corpus documents, digest for digest."""
 from __future__ import annotations
 
+import hashlib
 import json
+import runpy
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 DOCUMENT_KEYS = {"header", "model", "roles", "sites", "featurizers", "interventions", "steps"}
+# what each composition rendered to before conf/ was regrouped (scripts/conf_digests.py --write)
+RENDERINGS = json.loads((Path(__file__).parent / "conf_renderings.json").read_text())
 
 # corpus document -> the overrides that render it on the tiny Llama
 CORPUS = {
@@ -59,13 +63,39 @@ def test_the_shipped_groups_are_all_there():
         assert list((CONF / group).glob("*.yaml")), group
 
 
+def _rendered_digest(document: dict) -> str:
+    return hashlib.sha256(json.dumps(document, sort_keys=True, separators=(",", ":"))
+                          .encode("utf-8")).hexdigest()
+
+
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_renders_to_a_valid_document_on_every_model(experiment):
     for model in MODELS:
-        document = render([f"experiment={experiment}", f"model={model}"])
+        overrides = [f"experiment={experiment}", f"model={model}"]
+        document = render(overrides)
         assert set(document) <= DOCUMENT_KEYS, (model, set(document) - DOCUMENT_KEYS)
         points = validate(document)
         assert points, (experiment, model)
+        assert _rendered_digest(document) == RENDERINGS[" ".join(overrides)], overrides
+
+
+def test_every_compare_method_renders_the_document_it_rendered_before_conf_was_regrouped():
+    pinned = {key: value for key, value in RENDERINGS.items() if " method=" in key}
+    methods = {path.stem for path in (CONF / "method").glob("*.yaml")}
+    assert {key.split()[1].removeprefix("method=") for key in pinned} == methods
+    for key, expected in pinned.items():
+        document = render(key.split())
+        assert _rendered_digest(document) == expected, key
+        assert validate(document), key
+
+
+def test_conf_says_each_value_once_mostly():
+    """Below a fifth of conf/'s value lines appear in a second file (scripts/conf_duplication.py)."""
+    measure = runpy.run_path(str(REPO / "scripts" / "conf_duplication.py"))
+    share, total, _ = measure["repeated_share"](CONF)
+    assert total > 300 and share < 0.20, f"{share:.1%} of {total} value lines repeated"
+    assert measure["value_lines"]("defaults: [a, _self_]\nx: 1  # why\n- {k: v}\nblock:\n") \
+        == ["x: 1", "- {k: v}"]
 
 
 @pytest.mark.parametrize("name", sorted(CORPUS))
