@@ -242,17 +242,24 @@ SAELENS_HOOKS = {
 
 # docs/format.md §7.8: the COLUMNS table. Column fields name data columns, in compute order.
 # differentiable: an attribute step (docs/format.md §9.7) may take its gradient (not match: a step).
+# gap_floor: the least |m(base) - m(cf)| an edge step's faithfulness ratio divides by, in the
+# kind's unit (docs/format.md §9.7, "Circuit scores"): 0.1 logit or nat is a 10 % odds or
+# likelihood ratio; a probability or a fraction moves by 0.01.
 METRIC_KINDS = {
     "match": {"columns": ("expected",), "unit": "fraction", "estimand_version": "match/v1",
-              "differentiable": False},
+              "differentiable": False, "gap_floor": 0.01},
     "logit_diff": {"columns": ("a", "b"), "unit": "logit",
-                   "estimand_version": "logit_diff/v1", "differentiable": True},
+                   "estimand_version": "logit_diff/v1", "differentiable": True,
+                   "gap_floor": 0.1},
     "cross_entropy": {"columns": ("target",), "unit": "nat",
-                      "estimand_version": "cross_entropy/v1", "differentiable": True},
+                      "estimand_version": "cross_entropy/v1", "differentiable": True,
+                      "gap_floor": 0.1},
     "token_logit": {"columns": ("token",), "unit": "logit",
-                    "estimand_version": "token_logit/v1", "differentiable": True},
+                    "estimand_version": "token_logit/v1", "differentiable": True,
+                    "gap_floor": 0.1},
     "token_prob": {"columns": ("token",), "unit": "probability",
-                   "estimand_version": "token_prob/v1", "differentiable": True},
+                   "estimand_version": "token_prob/v1", "differentiable": True,
+                   "gap_floor": 0.01},
 }
 
 # docs/format.md §9.7: how an attribute step cuts its site set into units. coordinate: the
@@ -334,6 +341,7 @@ def render_vocab() -> str:
     metric_line = ", ".join(f"{k}({', '.join(r['columns'])})" for k, r in METRIC_KINDS.items())
     units_line = ", ".join(f"{k}={r['unit']} {r['estimand_version']}"
                            for k, r in METRIC_KINDS.items())
+    floors_line = ", ".join(f"{k}={r['gap_floor']:g} {r['unit']}" for k, r in METRIC_KINDS.items())
     cuts = ", ".join(f"{k}={v}" for k, v in POSITION_FORMS["cuts"].items())
     segments = ", ".join(repr(s) for s in POSITION_FORMS["segments"])
     frames = ", ".join(repr(f) for f in POSITION_FORMS["frames"])
@@ -347,6 +355,7 @@ def render_vocab() -> str:
         f"saelens hooks:    " + ", ".join(f"blocks.L.{h}={c}" for h, c in SAELENS_HOOKS.items()),
         f"metric kinds:     {metric_line}",
         f"units:            {units_line}",
+        f"gap floors:       {floors_line} (an edge step's faithfulness below it is flagged)",
         f"position forms:   exactly one cut: {cuts}",
         f"                  scope: variable=str, segment=str ({segments}, or 'role[i]')",
         f"                  frame: Literal[{frames}]; {POSITION_FORMS['sugar']}",
@@ -397,4 +406,5 @@ def vocab_payload() -> dict:
                                   for key, v in r.items()}
                               for k, r in SAE_ARCHITECTURES.items()},
         "saelens_hooks": dict(SAELENS_HOOKS), "max_points": MAX_POINTS,
+        "gap_floors": {k: r["gap_floor"] for k, r in METRIC_KINDS.items()},
     }
