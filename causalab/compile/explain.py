@@ -148,11 +148,11 @@ def _edge_lines(node: Attribute, pad: str) -> list[str]:
     """An ``edges: true`` step: its graph and forwards (docs/format.md §9.7)."""
     pass_ = node.passes[0]
     tokens = pass_.inputs[node.base].tokens
-    sizes = ", ".join(map(str, node.circuit_k)) or "fractions of the edges"
+    sizes = ", ".join(map(str, node.circuit_k)) or "MIB's budgets (0.1 % ... 50 % of the edges)"
     return [f"{pad}{node.name}: Attribute  edges (EAP-IG, {node.steps} steps)  "
             f"metrics={_names(node.metrics)}  circuit_k={sizes}",
-            f"{pad}    senders: embeddings, every head (through o_proj; its share of a post-norm's "
-            "output), every MLP; receivers: "
+            f"{pad}    senders: embeddings, every head (through o_proj or c_proj; its share of "
+            "a post-norm's output), every MLP; receivers: "
             + ("every later head's query, key and value input (per key/value head), "
                if node.receivers == "heads" else "every later attention input, ")
             + "MLP input, the logits",
@@ -161,7 +161,9 @@ def _edge_lines(node: Attribute, pad: str) -> list[str]:
             f"{pad}    forward + backward '{node.base}' x {node.steps}: d metric / d each "
             "receiver's input",
             f"{pad}    per circuit size: a base forward with every edge outside the top k "
-            "patched from the counterfactual"]
+            "patched from the counterfactual",
+            f"{pad}    MIB's circuits (CPR: signed ranking, CMD: |score|): the same forward at "
+            "each budget the curve lacks"]
 
 
 def featurizer_line(spec: FeaturizerSpec) -> str:

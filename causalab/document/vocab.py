@@ -246,24 +246,31 @@ SAELENS_HOOKS = {
 # (random_init: transformers' initialisation of the checkpoint's config under this seed).
 MODEL_CONTROLS = {"random_init": {"seed": 0}}
 
+# gap_floor: the least |m(base) - m(cf)| an edge step's faithfulness ratio divides by, in the
+# kind's unit (docs/format.md §9.7, "Circuit scores"): 0.1 logit or nat is a 10 % odds or
+# likelihood ratio; a probability or a fraction moves by 0.01.
 METRIC_KINDS = {
     "match": {"columns": ("expected",), "unit": "fraction", "estimand_version": "match/v1",
-              "differentiable": False},
+              "differentiable": False, "gap_floor": 0.01},
     "logit_diff": {"columns": ("a", "b"), "unit": "logit",
-                   "estimand_version": "logit_diff/v1", "differentiable": True},
+                   "estimand_version": "logit_diff/v1", "differentiable": True,
+                   "gap_floor": 0.1},
     "cross_entropy": {"columns": ("target",), "unit": "nat",
-                      "estimand_version": "cross_entropy/v1", "differentiable": True},
+                      "estimand_version": "cross_entropy/v1", "differentiable": True,
+                      "gap_floor": 0.1},
     "token_logit": {"columns": ("token",), "unit": "logit",
-                    "estimand_version": "token_logit/v1", "differentiable": True},
+                    "estimand_version": "token_logit/v1", "differentiable": True,
+                    "gap_floor": 0.1},
     "token_prob": {"columns": ("token",), "unit": "probability",
-                   "estimand_version": "token_prob/v1", "differentiable": True},
+                   "estimand_version": "token_prob/v1", "differentiable": True,
+                   "gap_floor": 0.01},
     # (LD(of) - LD(base_of)) / mean(LD(counterfactual_of) - LD(base_of)), LD = logit[a] -
     # logit[b]: how far a patch moves the logit difference across the model's own clean gap
     # (0: not at all, 1: as far as the counterfactual prompt does). ``reads``: the reads of
     # the unpatched model it also scores, named by these fields, before its columns.
     "interchange": {"columns": ("a", "b"), "reads": ("base_of", "counterfactual_of"),
                     "unit": "fraction of the clean gap", "estimand_version": "interchange/v1",
-                    "differentiable": False},
+                    "differentiable": False, "gap_floor": 0.01},
 }
 
 # docs/format.md §9.7: how an attribute step cuts its site set into units. coordinate: the
@@ -345,6 +352,7 @@ def render_vocab() -> str:
     metric_line = ", ".join(f"{k}({', '.join(r['columns'])})" for k, r in METRIC_KINDS.items())
     units_line = ", ".join(f"{k}={r['unit']} {r['estimand_version']}"
                            for k, r in METRIC_KINDS.items())
+    floors_line = ", ".join(f"{k}={r['gap_floor']:g} {r['unit']}" for k, r in METRIC_KINDS.items())
     cuts = ", ".join(f"{k}={v}" for k, v in POSITION_FORMS["cuts"].items())
     segments = ", ".join(repr(s) for s in POSITION_FORMS["segments"])
     frames = ", ".join(repr(f) for f in POSITION_FORMS["frames"])
@@ -358,6 +366,7 @@ def render_vocab() -> str:
         f"saelens hooks:    " + ", ".join(f"blocks.L.{h}={c}" for h, c in SAELENS_HOOKS.items()),
         f"metric kinds:     {metric_line}",
         f"units:            {units_line}",
+        f"gap floors:       {floors_line} (an edge step's faithfulness below it is flagged)",
         f"position forms:   exactly one cut: {cuts}",
         f"                  scope: variable=str, segment=str ({segments}, or 'role[i]')",
         f"                  frame: Literal[{frames}]; {POSITION_FORMS['sugar']}",
@@ -408,4 +417,5 @@ def vocab_payload() -> dict:
                                   for key, v in r.items()}
                               for k, r in SAE_ARCHITECTURES.items()},
         "saelens_hooks": dict(SAELENS_HOOKS), "max_points": MAX_POINTS,
+        "gap_floors": {k: r["gap_floor"] for k, r in METRIC_KINDS.items()},
     }

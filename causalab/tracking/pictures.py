@@ -66,21 +66,26 @@ def send_grids(listener: Any, run: Any, point: Any) -> None:
     grids = attribution_plots.grids_of(point)
     if grids:
         listener.send(run.sending, listener.call, log_grids, run.run_id, grids, title=run.title)
-    for module, name, numbers in ((verify_plots, "verify", None),
-                                  (edge_plots, "faithfulness", edge_plots.areas)):
+    for module, name, numbers, labels in ((verify_plots, "verify", None, None),
+                                          (edge_plots, "faithfulness", edge_plots.areas,
+                                           edge_plots.tags)):
         reports = module.reports_of(point)
         if reports:
             listener.send(run.sending, listener.call, log_step_pictures, run.run_id, reports,
                           module.figure, name, title=run.title,
-                          metrics=numbers(reports) if numbers else {})
+                          metrics=numbers(reports) if numbers else {},
+                          tags=labels(reports) if labels else {})
 
 
 def log_step_pictures(mlflow, run_id: str, reports: Mapping[str, Any], draw, name: str, *,
-                      title: str, metrics: Mapping[str, float]) -> dict[str, int]:
+                      title: str, metrics: Mapping[str, float],
+                      tags: Mapping[str, str] | None = None) -> dict[str, int]:
     """Each step's report drawn as ``plots/<step>_<name>.png``, with ``metrics`` (an edge step's
-    faithfulness areas); returns what was sent."""
+    faithfulness areas and MIB's scores) and ``tags`` (its curves below the floor); returns
+    what was sent."""
     store.log_batch(mlflow, run_id,  # none: log_batch sends nothing
-                    metrics=[store.metric(key, value) for key, value in metrics.items()])
+                    metrics=[store.metric(key, value) for key, value in metrics.items()],
+                    tags=tags or {})
     sent: dict[str, int] = {}
     for step, report in reports.items():
         png = draw(report, title=title)

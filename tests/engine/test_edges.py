@@ -214,11 +214,24 @@ def test_edge_options_refused_where_they_do_not_apply(kit, tiny, tmp_path):
 
 
 def test_an_edge_step_on_a_layout_it_cannot_decompose_is_refused_at_its_field(kit, tiny, tmp_path):
+    """An out-projection with a bias on a Llama layout is refused (no head owns it); GPT-2's
+    layout runs (``test_edges_gpt2.py``)."""
+    import causalab.compile
+    from causalab.engine.walk import run_plan
+    from causalab.engine.weights import load_model
     from causalab.errors import RunError
 
     data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(PAIRS))
-    with pytest.raises(RunError, match="model.layers") as refused:
-        kit.run_compiled(_edge_document(kit, tiny("tiny-gpt2")), data_root, tmp_path / "out")
+    plan = causalab.compile.compile_document(_edge_document(kit, tiny("tiny-llama")),
+                                             data_root=data_root)
+    model = load_model(plan.model)  # the session's cached model: the bias is taken off after
+    projection = model._model.model.layers[0].self_attn.o_proj
+    projection.bias = torch.nn.Parameter(torch.zeros(projection.out_features))
+    try:
+        with pytest.raises(RunError, match="o_proj has a bias") as refused:
+            run_plan(plan, model, out=str(tmp_path / "out"))
+    finally:
+        projection.bias = None
     assert "circuit" in str(refused.value)
     assert not list((tmp_path / "out").glob("circuit.*.json"))
 

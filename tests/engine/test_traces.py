@@ -309,8 +309,10 @@ def test_an_edges_step_makes_the_hooked_forwards_explain_lists(tiny, kit, tmp_pa
         return original(model, batch, *args, **kwargs)
     monkeypatch.setattr(edges, "_forward", record)
     opened = _opened(document, data_root, tmp_path / "out", monkeypatch, batch_size=2)
-    # 3 rows in windows of 2: per window cf, base, 2 steps; then base, cf and 3 circuit sizes.
-    assert len(listed) == 2 * (2 + 2) + 2 * (2 + 3)
+    # 3 rows in windows of 2: per window cf, base, 2 steps; then base, cf, 3 circuit sizes
+    # (0, 4, 110) and MIB's: of its sizes 0, 1, 2, 5, 11, 22, 55, 110 of the 110 edges, the
+    # six the curve lacks by |score| and the six between the ends by signed score.
+    assert len(listed) == 2 * (2 + 2) + 2 * (2 + 3 + 6 + 6)
     assert made == listed
     assert [p.job for p in found if p.job.kind != "edges"] == opened
 

@@ -109,3 +109,9 @@ def test_an_edge_step_run_carries_its_tables_its_faithfulness_plot_and_area(tmp_
     curve = json.loads((out / "circuit.faithfulness.json").read_text())
     assert run.data.metrics["circuit/logit_diff/faithfulness_area"] == pytest.approx(
         curve["area"])
+    # MIB's scores beside it; the random tiny Llama's gap (about 0.002 logit) is below the
+    # floor, so the run says so.
+    assert run.data.metrics["circuit/logit_diff/cpr"] == pytest.approx(curve["mib"]["cpr"])
+    assert run.data.metrics["circuit/logit_diff/cmd"] == pytest.approx(curve["mib"]["cmd"])
+    assert curve["floor"]["below"]
+    assert json.loads(run.data.tags["causalab.below_floor"]) == ["circuit/logit_diff"]

@@ -51,9 +51,18 @@ edge kept it is the base's (on both layouts the senders sum to the stream in eve
 the normalised score ``(m(circuit) − m(cf)) / (m(base) − m(cf))`` (row means) runs from 0 to 1;
 its area is the trapezoid over ``k / |edges|``.
 
-Other layouts are refused (GPT-2's ``transformer.h``, OLMo-2's post-norms with no input norms,
-an ``o_proj`` with a bias, which no head owns). The final logit softcap and attention softcaps,
-sliding windows and the attention implementation need nothing: the forwards are the model's own.
+**GPT-2's layout** (``transformer.h``; ``ln_1``, a fused ``c_attn``, ``c_proj``, ``ln_2``,
+``mlp``, ``ln_f``; ``Conv1D`` weights stored ``(in, out)``): the embeddings are the stream
+entering block 0 (``wte + wpe``), a head's output is its slice of ``c_proj``'s input through its
+rows of the weight, without the bias: ``c_proj``'s bias is the same in every forward, a constant
+of the stream no sender owns, so every difference of sender outputs is unchanged and the curve's
+ends stay exact. Per-head receivers rebuild ``c_attn``'s output slice by slice (query heads, key
+heads, value heads) from ``ln_1`` of each slice's own copy (``_fused_qkv_hooks``).
+
+Other layouts are refused (OLMo-2's post-norms with no input norms, cross-attention blocks, an
+``o_proj`` with a bias on the Llama-style layouts, which no head owns). The final logit softcap
+and attention softcaps, sliding windows and the attention implementation need nothing: the
+forwards are the model's own. MIB's circuit scores over these curves: ``mib``.
 """
 from __future__ import annotations
 
@@ -87,27 +96,71 @@ class Graph:
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """Where one model's senders and receivers are read: its blocks, its final norm, its head
-    shape and whether its blocks are sandwich blocks (post-norms on the sublayer outputs)."""
+    shape and its kind: ``pre_norm`` (Llama, Qwen2), ``sandwich`` (Gemma-2, Gemma-3: post-norms
+    on the sublayer outputs) or ``gpt2`` (``transformer.h``: LayerNorms ``ln_1``, ``ln_2``, one
+    fused ``c_attn`` for queries, keys and values, ``Conv1D`` projections)."""
 
     layers: nn.ModuleList
     final: nn.Module
     heads: int
     head_dim: int
-    sandwich: bool
+    kind: str
     kv_heads: int
+
+    @property
+    def sandwich(self) -> bool:
+        return self.kind == "sandwich"
+
+    def attention_norm(self, layer: nn.Module) -> nn.Module:
+        """The norm whose input is ``layer``'s attention receivers' stream."""
+        return layer.ln_1 if self.kind == "gpt2" else layer.input_layernorm
 
     def pre_mlp(self, layer: nn.Module) -> nn.Module:
         """The norm whose input is ``layer``'s MLP receiver."""
-        return layer.pre_feedforward_layernorm if self.sandwich else layer.post_attention_layernorm
+        names = {"gpt2": "ln_2", "sandwich": "pre_feedforward_layernorm"}
+        return getattr(layer, names.get(self.kind, "post_attention_layernorm"))
+
+    def mlp_output(self, layer: nn.Module) -> nn.Module:
+        """The module whose output is ``layer``'s MLP sender."""
+        return layer.post_feedforward_layernorm if self.sandwich else layer.mlp
+
+    def out_projection(self, layer: nn.Module) -> nn.Module:
+        """The projection whose input holds ``layer``'s heads side by side."""
+        return layer.attn.c_proj if self.kind == "gpt2" else layer.self_attn.o_proj
+
+    def out_weight(self, module: nn.Module) -> torch.Tensor:
+        """``out_projection``'s weight as ``(hidden, heads · head_dim)`` (``Conv1D`` stores
+        it transposed)."""
+        return module.weight.T if self.kind == "gpt2" else module.weight
+
+
+def _gpt2_layout(model, transformer) -> Layout:
+    """GPT-2's blocks at ``transformer.h``: each head's share of ``c_proj`` is a sender, its
+    bias a constant of the stream (the same in every forward)."""
+    name, blocks = type(model).__name__, transformer.h
+    children = {child for child, _ in blocks[0].named_children()}
+    if not {"ln_1", "attn", "ln_2", "mlp"} <= children or not hasattr(transformer, "ln_f") \
+            or not hasattr(blocks[0].attn, "c_attn"):
+        raise ValueError(f"{name}: edge attribution on transformer.h needs GPT-2's blocks "
+                         "(ln_1, attn.c_attn, attn.c_proj, ln_2, mlp) and a final ln_f")
+    if getattr(model.config, "add_cross_attention", False):
+        raise ValueError(f"{name}: cross-attention blocks are no decoder's edges")
+    config = model.config
+    heads = config.num_attention_heads
+    return Layout(blocks, transformer.ln_f, heads, config.hidden_size // heads, "gpt2", heads)
 
 
 def _layout(model) -> Layout:
-    """The model's layout, refused off the pre-norm and sandwich layouts (module docstring)."""
+    """The model's layout, refused off the pre-norm, sandwich and GPT-2 layouts (module
+    docstring)."""
     name, inner = type(model).__name__, getattr(model, "model", None)
+    transformer = getattr(model, "transformer", None)
+    if inner is None and transformer is not None and hasattr(transformer, "h"):
+        return _gpt2_layout(model, transformer)
     layers = getattr(inner, "layers", None)
     if layers is None or not hasattr(inner, "norm"):
         raise ValueError(f"{name}: edge attribution needs decoder blocks at model.layers and a "
-                         "final norm at model.norm")
+                         "final norm at model.norm (or GPT-2's at transformer.h)")
     children = {child for child, _ in layers[0].named_children()}
     sandwich = set(_SANDWICH) <= children
     pre_norm = {"input_layernorm", "post_attention_layernorm"} <= children and not \
@@ -121,7 +174,8 @@ def _layout(model) -> Layout:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return Layout(layers, inner.norm, heads, head_dim, sandwich, kv_heads)
+    return Layout(layers, inner.norm, heads, head_dim, "sandwich" if sandwich else "pre_norm",
+                  kv_heads)
 
 
 def graph(model, receivers: str = "heads") -> Graph:
@@ -181,14 +235,14 @@ def _head_hooks(found: Layout, l: int, senders: list) -> list:
 
     def on_heads(module, args):
         z = args[0].unflatten(-1, (heads, head_dim))
-        w = module.weight.unflatten(1, (heads, head_dim))  # (d, heads, head_dim)
+        w = found.out_weight(module).unflatten(1, (heads, head_dim))  # (d, heads, head_dim)
         each = torch.einsum("bshk,dhk->hbsd", z, w)
         if found.sandwich:
             pending[:] = [each]
         else:
             senders.extend(each.unbind(0))
 
-    handles = [layer.self_attn.o_proj.register_forward_pre_hook(on_heads)]
+    handles = [found.out_projection(layer).register_forward_pre_hook(on_heads)]
     if found.sandwich:
         gain, eps = _gain(layer.post_attention_layernorm)
 
@@ -244,6 +298,29 @@ def _qkv_hooks(found: Layout, l: int, first: int, shift: Callable, senders: list
             attention.v_proj.register_forward_hook(rebuilt(first + heads + kv, kv))]
 
 
+def _fused_qkv_hooks(found: Layout, l: int, first: int, shift: Callable, senders: list) -> list:
+    """GPT-2's per-head receivers: ``c_attn``'s output (queries, keys, values side by side,
+    each ``heads`` slices of ``head_dim`` columns) rebuilt slice by slice, slice ``c`` from
+    ``ln_1(shift(first + c, x))`` through its columns of the ``Conv1D`` weight and bias: query
+    heads, then key heads, then value heads, the receivers' own order."""
+    layer, stream = found.layers[l], {}
+    norm, count = layer.ln_1, 3 * found.heads
+
+    def on_norm(module, args):
+        stream["x"] = args[0]
+
+    def rebuilt(module, args, output):
+        x = stream["x"]
+        inputs = torch.stack([shift(first + c, x, senders) for c in range(count)])
+        normed = norm.forward(inputs)  # the module's forward: no hook runs twice
+        weight = module.weight.T.unflatten(0, (count, -1))  # (count, head_dim, d)
+        each = torch.einsum("cbsd,ckd->bsck", normed, weight) + module.bias.unflatten(0, (count, -1))
+        return each.flatten(-2).to(output.dtype)
+
+    return [norm.register_forward_pre_hook(on_norm),
+            layer.attn.c_attn.register_forward_hook(rebuilt)]
+
+
 @contextlib.contextmanager
 def _hooked(model, out: dict, embeddings: torch.Tensor | None, shift: Callable,
             receivers: str = "heads"):
@@ -268,13 +345,14 @@ def _hooked(model, out: dict, embeddings: torch.Tensor | None, shift: Callable,
     for l, layer in enumerate(found.layers):
         first = (width + 1) * l
         if receivers == "blocks":
-            handles.append(layer.input_layernorm.register_forward_pre_hook(on_receiver(first)))
+            handles.append(found.attention_norm(layer).register_forward_pre_hook(
+                on_receiver(first)))
         else:
-            handles += _qkv_hooks(found, l, first, shift, senders)
+            per_head = _fused_qkv_hooks if found.kind == "gpt2" else _qkv_hooks
+            handles += per_head(found, l, first, shift, senders)
         handles += _head_hooks(found, l, senders)
         handles.append(found.pre_mlp(layer).register_forward_pre_hook(on_receiver(first + width)))
-        mlp_out = layer.post_feedforward_layernorm if found.sandwich else layer.mlp
-        handles.append(mlp_out.register_forward_hook(on_mlp))
+        handles.append(found.mlp_output(layer).register_forward_hook(on_mlp))
     handles.append(found.final.register_forward_pre_hook(
         on_receiver((width + 1) * len(found.layers))))
     try:
@@ -299,10 +377,17 @@ def scores(model, base: dict, counterfactual: dict, metric: Metric, steps: int =
     """``(rows, senders, receivers)`` EAP-IG edge scores (zero where no edge); ``base`` and
     ``counterfactual`` tokenizer batches of equal shape and mask; ``receivers``: ``heads``
     (each head's query, key and value input) or ``blocks`` (each attention block's input)."""
+    return scored(model, base, counterfactual, metric, steps, receivers)[0]
+
+
+def scored(model, base: dict, counterfactual: dict, metric: Metric, steps: int = 1,
+           receivers: str = "heads") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``scores`` with the metric per row of the base's and the counterfactual's own
+    forwards (the two the scores are taken from)."""
     found = graph(model, receivers)
     with torch.no_grad():
-        _, cf = _forward(model, counterfactual, metric)
-        _, at_base = _forward(model, base, metric)
+        m_cf, cf = _forward(model, counterfactual, metric)
+        m_base, at_base = _forward(model, base, metric)
     delta = torch.stack([c - b for c, b in zip(cf, at_base)])  # (senders, rows, seq, d)
     grads = None
     for k in range(steps):
@@ -315,7 +400,7 @@ def scores(model, base: dict, counterfactual: dict, metric: Metric, steps: int =
         grads = step if grads is None else [g + h for g, h in zip(grads, step)]
     mean = torch.stack(grads) / steps  # (receivers, rows, seq, d)
     every = torch.einsum("ubsd,vbsd->buv", delta.float(), mean.float())
-    return every * found.mask
+    return every * found.mask, m_base, m_cf
 
 
 def patched(model, base: dict, counterfactual: dict | list, metric: Metric,
@@ -341,32 +426,55 @@ def patched(model, base: dict, counterfactual: dict | list, metric: Metric,
 @dataclasses.dataclass(frozen=True)
 class Curve:
     """Faithfulness against circuit size: ``ks``, the metric's row mean at each, the
-    normalised score at each and the area under it over ``k / |edges|``."""
+    normalised score at each and the area under it over ``k / |edges|`` (None throughout
+    where the two ends agree: nothing to normalise by); ``gap_se``: the standard error of
+    the per-row gap ``m(base) − m(cf)`` (None with one row)."""
 
     ks: tuple[int, ...]
     metric: tuple[float, ...]
-    faithfulness: tuple[float, ...]
+    faithfulness: tuple[float | None, ...]
     base: float
     counterfactual: float
-    area: float
+    area: float | None
+    gap_se: float | None = None
 
 
-def circuit(mean_scores: torch.Tensor, mask: torch.Tensor, k: int) -> torch.Tensor:
-    """The top-``k`` edges by ``|score|`` as a ``(senders, receivers)`` bool mask."""
-    flat = torch.where(mask, mean_scores.abs(), torch.full_like(mean_scores, -1.0)).flatten()
+@dataclasses.dataclass(frozen=True)
+class Ends:
+    """One evaluation's two ends per row (all windows in order) and each circuit's row mean."""
+
+    base: torch.Tensor
+    counterfactual: torch.Tensor
+    values: tuple[float, ...]
+
+    def normalised(self, values) -> list[float | None]:
+        m_base, m_cf = float(self.base.mean()), float(self.counterfactual.mean())
+        if m_base == m_cf:
+            return [None] * len(values)
+        return [(v - m_cf) / (m_base - m_cf) for v in values]
+
+    def gap_se(self) -> float | None:
+        gap = (self.base - self.counterfactual).double()
+        return float(gap.std() / len(gap) ** 0.5) if len(gap) > 1 else None
+
+
+def circuit(mean_scores: torch.Tensor, mask: torch.Tensor, k: int,
+            signed: bool = False) -> torch.Tensor:
+    """The top-``k`` edges by ``|score|`` (``signed``: by score, largest first) as a
+    ``(senders, receivers)`` bool mask."""
+    key = mean_scores if signed else mean_scores.abs()
+    flat = torch.where(mask, key, torch.full_like(mean_scores, -torch.inf)).flatten()
     keep = torch.zeros_like(flat, dtype=torch.bool)
     keep[flat.argsort(descending=True, stable=True)[:k]] = True
     return keep.view_as(mask) & mask
 
 
-def faithfulness(model, windows: list[tuple[dict, dict, Metric]], mean_scores: torch.Tensor,
-                 ks: list[int], receivers: str = "heads") -> Curve:
-    """The curve over ``ks`` for the circuits ``mean_scores`` (senders, receivers) ranks;
-    ``windows``: ``(base, counterfactual, metric)`` per window of rows, row means over all."""
-    mask = graph(model, receivers).mask
-    total = int(mask.sum())
-    outside = [mask & ~circuit(mean_scores, mask, k) for k in ks]
-    found: list[list[torch.Tensor]] = [[] for _ in range(len(ks) + 2)]
+def evaluate(model, windows: list[tuple[dict, dict, Metric]], outside: list[torch.Tensor],
+             receivers: str = "heads") -> Ends:
+    """Per window the base's forward, the counterfactual's and one patched base forward per
+    mask of ``outside`` (the edges patched from the counterfactual): the two ends per row and
+    each circuit's row mean over all windows."""
+    found: list[list[torch.Tensor]] = [[] for _ in range(len(outside) + 2)]
     with torch.no_grad():
         for base, cf, metric in windows:
             found[0].append(_forward(model, base, metric, receivers=receivers)[0])
@@ -375,8 +483,25 @@ def faithfulness(model, windows: list[tuple[dict, dict, Metric]], mean_scores: t
             for j, edges_out in enumerate(outside):
                 found[j + 2].append(patched(model, base, senders, metric, edges_out,
                                             receivers))
-    m_base, m_cf, *values = [float(torch.cat(each).mean()) for each in found]
-    normal = [(v - m_cf) / (m_base - m_cf) for v in values]
+    m_base, m_cf, *values = [torch.cat(each) for each in found]
+    return Ends(m_base, m_cf, tuple(float(v.mean()) for v in values))
+
+
+def curve_of(ends: Ends, ks: list[int], values: list[float], total: int) -> Curve:
+    """The curve of circuits of sizes ``ks`` whose metric row means are ``values``."""
+    normal = ends.normalised(values)
     x = [k / total for k in ks]
-    area = sum((x[i + 1] - x[i]) * (normal[i + 1] + normal[i]) / 2 for i in range(len(x) - 1))
-    return Curve(tuple(ks), tuple(values), tuple(normal), m_base, m_cf, area)
+    area = None if None in normal else sum(
+        (x[i + 1] - x[i]) * (normal[i + 1] + normal[i]) / 2 for i in range(len(x) - 1))
+    return Curve(tuple(ks), tuple(values), tuple(normal), float(ends.base.mean()),
+                 float(ends.counterfactual.mean()), area, ends.gap_se())
+
+
+def faithfulness(model, windows: list[tuple[dict, dict, Metric]], mean_scores: torch.Tensor,
+                 ks: list[int], receivers: str = "heads") -> Curve:
+    """The curve over ``ks`` for the circuits ``mean_scores`` (senders, receivers) ranks;
+    ``windows``: ``(base, counterfactual, metric)`` per window of rows, row means over all."""
+    mask = graph(model, receivers).mask
+    ends = evaluate(model, windows, [mask & ~circuit(mean_scores, mask, k) for k in ks],
+                    receivers)
+    return curve_of(ends, ks, list(ends.values), int(mask.sum()))
