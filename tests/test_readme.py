@@ -323,13 +323,8 @@ def test_the_tests_ran_in_their_own_folder_and_left_the_checkout_alone(session):
 
 
 # Issue 58's acceptance check: the README's `make run` block is what any clone prints, to the
-# digit, whatever the thread count. Until the DAS fit's result is independent of the thread
-# count (the `science` branch: the validation split and a thread-independent fit), ranks 1 and
-# 4 move with it, so this is expected to fail: remove the xfail mark when that lands.
+# digit, whatever the thread count (a fit runs on one thread, docs/format.md §9.5).
 @pytest.mark.slow
-@pytest.mark.xfail(reason="issue 58: make run's rank-1 and rank-4 fits move with the thread count "
-                          "until the DAS fit is independent of it (the science branch)",
-                   strict=False)
 def test_make_run_prints_the_readme_block_to_the_digit_on_one_thread(session, tmp_path):
     shown = next(block for block in BLOCKS if block.command == "make run")
     twin = SHOWN["make run"]
