@@ -37,9 +37,10 @@ try:
 except ModuleNotFoundError as _missing:  # run by a Python without the set-up: one line
     from causalab.errors import not_set_up
 
-    if __name__ != "__main__" or not_set_up(_missing, "causalab.run") is None:
+    _line = not_set_up(_missing, "causalab.run") if __name__ == "__main__" else None
+    if _line is None:
         raise
-    raise SystemExit(not_set_up(_missing, "causalab.run")) from None
+    raise SystemExit(_line) from None
 
 _GROUPS = ("experiment", "model", "site", "data")
 
