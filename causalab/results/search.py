@@ -32,8 +32,9 @@ def point_rows(experiment: str | None = None, *, tracking_uri: str | None = None
     """The DataFrame :func:`causalab.search_points` returns (empty when nothing matches)."""
     import pandas
 
-    mlflow = store.client(store.resolve_uri(tracking_uri))
-    name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or store.DEFAULT_EXPERIMENT
+    uri = store.resolve_uri(tracking_uri)
+    mlflow = store.client(uri)
+    name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or store.default_experiment(uri)
     found = mlflow.get_experiment_by_name(name)
     if found is None:
         return pandas.DataFrame(columns=_FIXED)

@@ -40,6 +40,10 @@ SWEEP = "causalab.sweep"
 OVERRIDES = "causalab.overrides"
 REUSED_FROM = "causalab.reused_from"
 JOB = "causalab.job"
+# The coordinate a swept point logged its scores against as MLflow's step (points.step_axis).
+STEP_AXIS = "causalab.step_axis"
+# MLflow's run description: the Markdown its UI shows at the top of a run's page.
+NOTE = "mlflow.note.content"
 # A point claimed at its run's start: "waiting" until the run starts computing it, then
 # "started" (tracking/claims.py); a dead owner's waiting claim held nothing.
 CLAIM = "causalab.claim"
@@ -74,6 +78,21 @@ def resolve_uri(configured: str | None = None, cwd: str | None = None) -> str:
         return uri
     folder = Path(cwd or os.getcwd()) / (uri or "")
     return f"sqlite:///{folder.resolve() / DATABASE}"
+
+
+def default_experiment(uri: str) -> str:
+    """The experiment a run goes to when none is named: ``causalab``, but on a tracking
+    server with a login (``MLFLOW_TRACKING_USERNAME``) one of the user's own,
+    ``causalab-<user>``: a server behind ``causalab server --auth`` gives each experiment's
+    writes to its creator, so a shared default would refuse every user but the first (403).
+
+    >>> default_experiment("sqlite:////tmp/mlflow.db")
+    'causalab'
+    """
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME", "").strip()
+    if user and uri.startswith(("http://", "https://")):
+        return f"{DEFAULT_EXPERIMENT}-{user}"
+    return DEFAULT_EXPERIMENT
 
 
 def store_exists(uri: str) -> bool:
