@@ -340,8 +340,9 @@ def search_points(experiment: str | None = None, *, tracking_uri: str | None = N
     row counts ``n/…``), ``produced_by`` and, for a point reused from another run,
     ``reused_from``.
 
-    ``experiment`` defaults to MLFLOW_EXPERIMENT_NAME, else ``causalab``; ``parent_run_id``
-    keeps one sweep's or multirun's children.
+    ``experiment`` defaults to MLFLOW_EXPERIMENT_NAME, else ``causalab`` (on a server with a
+    login, ``causalab-<user>``: :func:`causalab.tracking.runs.default_experiment`);
+    ``parent_run_id`` keeps one sweep's or multirun's children.
     """
     from causalab.results.search import point_rows
 

@@ -273,8 +273,8 @@ def _line_charts(points: Sequence[Point], keys: Sequence[str], name: str, test: 
              "xAxisScaleType": "log" if log else "linear", "scaleType": "linear",
              "lineSmoothness": 0, "useGlobalLineSmoothing": False, "displayPoints": True}
     # A little beyond the ends, so a dot there is drawn whole; a log range in decades.
-    chart["range"] = {"xMin": math.log10(min(values) / 1.5), "xMax": math.log10(max(values) * 1.5)} \
-        if log else {}
+    chart["range"] = {"xMin": math.log10(min(values) / 1.5),
+                      "xMax": math.log10(max(values) * 1.5)} if log else {}
     if fraction is not None:
         chart["range"].update(yMin=fraction[0] - 0.05, yMax=fraction[1] + 0.05)
     return [{**chart, "metricKey": key, "selectedMetricKeys": [key]} for key in keys]

@@ -47,7 +47,8 @@ NOTE = "mlflow.note.content"
 # A point claimed at its run's start: "waiting" until the run starts computing it, then
 # "started" (tracking/claims.py); a dead owner's waiting claim held nothing.
 CLAIM = "causalab.claim"
-# MLflow 3 opens an experiment on its GenAI pages unless this tag names a training-style kind.
+# The experiment's kind as MLflow names it: a model-training experiment. MLflow 3.17's UI takes
+# its navigation from the address or the browser instead (causalab/server/mlflow_app.py).
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 # MLflow's limits (mlflow.utils.validation, checked against it in the tests), here so that
 # params and keys are named before MLflow is imported.
@@ -110,7 +111,8 @@ def artifact_location(uri: str) -> str | None:
 
 def runs_page(base: str, experiment_id: str | None) -> str:
     """The UI address of an experiment's runs table. MLflow 3.17's UI picks GenAI or training
-    pages by a ``workflowType`` it keeps per browser, not by the experiment's tag: asked here."""
+    pages by the address's ``workflowType``, else by a choice it keeps per browser, never by
+    the experiment's tag: asked here."""
     if experiment_id is None:
         return base.rstrip("/")
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
