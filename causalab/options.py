@@ -36,9 +36,10 @@ class RunOptions(BaseModel):
     (none: 256; 0 turns it off). ``memory``: what the whole process may hold, weights
     included: bytes with a unit (``6GiB``) or a share of free memory (``80%``, the default;
     :mod:`causalab.memory`). ``track``: log to MLflow; ``tracking_uri`` (else
-    MLFLOW_TRACKING_URI or ./mlflow.db), ``experiment`` (else MLFLOW_EXPERIMENT_NAME or
-    ``causalab``); ``rerun``: run points even when a finished run has their digest;
-    ``strict``: refuse when a bundle check cannot run (a stamp without a digest).
+    MLFLOW_TRACKING_URI or ./mlflow.db), ``experiment`` (else MLFLOW_EXPERIMENT_NAME, else
+    ``causalab``, ``causalab-<user>`` on a server with a login); ``rerun``: run points even
+    when a finished run has their digest; ``strict``: refuse when a bundle check cannot run
+    (a stamp without a digest).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)

@@ -80,13 +80,17 @@ def tracking_events(config: Any, out: str, options: RunOptions | None = None):
         return None
     from causalab.tracking import TrackingEvents
 
+    from causalab.scores.naming import run_label
+
     name, params, parent = _job()
     parent = parent or {}
+    # What tells this job from the multirun's others, before each of its points' names.
+    label = run_label({key: params[key] for key in parent.get("varied") or () if key in params})
     return TrackingEvents(
         tracking_uri=parent.get("tracking_uri") or options.tracking_uri,
         experiment=parent.get("experiment") or options.experiment,
         rerun=options.rerun, hydra_config=config, out=out,
-        parent_run_id=parent.get("run_id"), run_name=name, job_params=params)
+        parent_run_id=parent.get("run_id"), run_name=name, job_params=params, job_label=label)
 
 
 def _job_line(document: dict) -> str:

@@ -6,10 +6,10 @@ addresses of the newest sweep (or ``--run``'s): the runs page on the sweep's sav
 points as the rows, its coordinates and scores as the columns, in model-training
 navigation) and the same view's charts (its scores against the swept coordinate first).
 Ctrl-C or SIGTERM stops the group. A
-server store (``http://…``) is already served: only its addresses are printed. What MLflow
-3.17 keeps per browser and no server or address sets (the GenAI/Model-training toggle of a
-page opened without ``workflowType``, the assistant pane of a first visit, anything on
-MLflow's compare page) is said in docs/tour.md.
+server store (``http://…``) is already served: only its addresses are printed. The UI is
+MLflow's with causalab's app (:mod:`causalab.server.mlflow_app`): a browser's first visit,
+whatever address it opens, gets model-training navigation and no assistant pane. What MLflow
+3.17 lets no server set (anything on its compare page) is said in docs/tour.md.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def sweep_lines(uri: str, base: str, run_id: str | None = None) -> list[str]:
         if run_id is not None:
             raise UsageError(("--run",), f"run {run_id} is no sweep parent with a saved view "
                                          f"in {uri}")
-        experiment = mlflow.get_experiment_by_name(store.DEFAULT_EXPERIMENT)
+        experiment = mlflow.get_experiment_by_name(store.default_experiment(uri))
         page = store.runs_page(base, experiment.experiment_id if experiment else None)
         return [f"runs: {page}"]
     experiment, parent, points = found
@@ -57,13 +57,19 @@ def sweep_lines(uri: str, base: str, run_id: str | None = None) -> list[str]:
 
 
 def _start(uri: str, port: int, log) -> subprocess.Popen:
+    from causalab.server.mlflow_app import app_arguments
+
     mlflow = Path(sys.executable).with_name("mlflow")
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
                MLFLOW_DISABLE_TELEMETRY="true")
     env.pop("MLFLOW_TRACKING_URI", None)
+    app = app_arguments()
+    if not app:
+        print("note: causalab's MLflow app is not registered (`make setup` registers it): "
+              "an address without workflowType opens MLflow's GenAI pages", file=sys.stderr)
     return subprocess.Popen(
         [str(mlflow), "ui", "--host", HOST, "--port", str(port), "--workers", "1",
-         "--backend-store-uri", uri],
+         "--backend-store-uri", uri, *app],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         start_new_session=True, env=env)
 

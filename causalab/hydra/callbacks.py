@@ -82,7 +82,7 @@ class MultirunParent(Callback):
         if tracking.get("enabled", True) is not True:  # false, or a value each job refuses
             return
         uri = store.resolve_uri(tracking.get("uri"))
-        name = tracking.get("experiment") or store.DEFAULT_EXPERIMENT
+        name = tracking.get("experiment") or store.default_experiment(uri)
         mlflow = store.client(uri)
         experiment = store.experiment_id(mlflow, name, uri)
         sweep = _naming(config)
@@ -94,7 +94,8 @@ class MultirunParent(Callback):
                 store.OVERRIDES: overrides, **owners.owner_tags()}
         run_id = store.create_run(mlflow, experiment, " ".join(sweep) or "multirun", tags)
         self._parent = {"run_id": run_id, "experiment": name, "experiment_id": experiment,
-                        "tracking_uri": uri, "folder": str(config.hydra.sweep.dir)}
+                        "tracking_uri": uri, "folder": str(config.hydra.sweep.dir),
+                        "varied": swept_keys(config)}
         # Registered before anything else is sent, so a failure from here on still ends it.
         atexit.register(self._abandon)
         _OPEN.append(self)
@@ -157,6 +158,23 @@ class MultirunParent(Callback):
             reason = (f"failed: {', '.join(self._failed)}" if self._failed else
                       "a job failed or the multirun stopped before its end")
         self._end(reason, status)
+
+
+def swept_keys(config: Any) -> list[str]:
+    """The keys a multirun sweeps, each taking more than one value across its jobs
+    (``model=llama,gpt2``, ``site.layer=range(0,4)``; given on the command line or as
+    ``hydra.sweeper.params``), as their jobs' params name them (``+`` and ``~`` dropped)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    given = list(config.hydra.overrides.task)
+    params = (config.hydra.get("sweeper") or {}).get("params") or {}
+    given += [f"{key}={value}" for key, value in params.items()]
+    try:
+        parsed = OverridesParser.create().parse_overrides(given)
+    except Exception:  # Hydra refuses the sweep itself, in its own words
+        return []
+    found = [override.key_or_group for override in parsed if override.is_sweep_override()]
+    return list(dict.fromkeys(found))
 
 
 def _naming(config: Any) -> list[str]:

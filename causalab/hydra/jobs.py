@@ -22,7 +22,7 @@ from causalab.tracking import runs as store
 
 ENV = "CAUSALAB_MULTIRUN_PARENT"
 LOST = "the job's process ended before its runs did (killed, or its node lost)"
-_KEYS = ("run_id", "experiment", "experiment_id", "tracking_uri")
+_KEYS = ("run_id", "experiment", "experiment_id", "tracking_uri", "varied")
 
 
 def encode(parent: dict) -> str:

@@ -132,6 +132,24 @@ def bounds(name: str, values: Sequence[float]) -> tuple[float, float] | None:
     return (0.0, 1.0) if word in _FRACTIONS and inside else None
 
 
+def log_axis(axis: str, values: Sequence[Any]) -> bool:
+    """Whether a numeric axis reads better on a log scale: a rank (``k``) above zero, as these
+    pictures draw it, or any grid of three or more positive values spaced by ratio rather than
+    by difference (1, 4, 16; 0.001, 0.01, 0.1)."""
+    numbers = sorted({float(v) for v in map(plain, values) if numeric(v)})
+    if not numbers or numbers[0] <= 0:
+        return False
+    if short(axis) in _RANK:
+        return True
+
+    def spread(gaps: list[float]) -> float:
+        return (max(gaps) - min(gaps)) / (sum(gaps) / len(gaps))
+
+    pairs = list(zip(numbers, numbers[1:]))
+    return len(numbers) >= 3 and spread([math.log(b / a) for a, b in pairs]) < \
+        spread([b - a for a, b in pairs])
+
+
 def _axis(keys: Sequence[str], names: Sequence[str]) -> str | None:
     return next((key for key in keys if short(key) in names), None)
 

@@ -347,7 +347,8 @@ def search_points(experiment: Any = None, *, sweep: Any = "newest",
     point run, the one whose point started last; a parent run's id (or ``parent_run_id``, its
     older name) or a :class:`Result` (``search_points(result)`` works too) is that one;
     ``"all"`` is every point of the experiment. ``frame.attrs["sweep"]`` names the parent
-    shown. ``experiment`` defaults to MLFLOW_EXPERIMENT_NAME, else ``causalab``.
+    shown. ``experiment`` defaults to MLFLOW_EXPERIMENT_NAME, else ``causalab`` (on a server with a
+    login, ``causalab-<user>``: :func:`causalab.tracking.runs.default_experiment`).
     """
     from causalab.results.search import point_rows
 

@@ -44,9 +44,10 @@ def point_rows(experiment: str | None = None, *, sweep: Any = "newest",
 
     if parent_run_id:
         sweep = parent_run_id
-    mlflow = store.client(store.resolve_uri(tracking_uri))
+    uri = store.resolve_uri(tracking_uri)
+    mlflow = store.client(uri)
     empty = pandas.DataFrame(columns=_FIXED)
-    experiment_id = _experiment_of(mlflow, experiment, sweep)
+    experiment_id = _experiment_of(mlflow, uri, experiment, sweep)
     if experiment_id is None:
         return empty
     query = [f"tags.`{store.KIND}` = 'point'"] + ([filter_string] if filter_string else [])
@@ -65,9 +66,10 @@ def point_rows(experiment: str | None = None, *, sweep: Any = "newest",
     return frame
 
 
-def _experiment_of(mlflow, experiment: str | None, sweep: Any) -> str | None:
+def _experiment_of(mlflow, uri: str, experiment: str | None, sweep: Any) -> str | None:
     """The experiment's id: the one named, else the one a named sweep (a run id, a Result's
-    runs) was tracked in, else MLFLOW_EXPERIMENT_NAME's or ``causalab``'s; None: not there."""
+    runs) was tracked in, else MLFLOW_EXPERIMENT_NAME's or the store's default (``causalab``,
+    per user on a server with a login); None: not there."""
     named = [*getattr(sweep, "runs", {}).values(), *getattr(sweep, "skipped", {}).values()]
     if isinstance(sweep, str) and sweep not in ("all", "newest"):
         named.append(sweep)
@@ -76,7 +78,8 @@ def _experiment_of(mlflow, experiment: str | None, sweep: Any) -> str | None:
             run = store.found_run(mlflow, run_id)
             if run is not None:
                 return run.info.experiment_id
-    name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or store.DEFAULT_EXPERIMENT
+    name = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") \
+        or store.default_experiment(uri)
     found = mlflow.get_experiment_by_name(name)
     return None if found is None else found.experiment_id
 

@@ -101,6 +101,33 @@ def split_score(key: str) -> tuple[str, str]:
     return name, step
 
 
+def short_model(key: Any) -> str:
+    """A model as a run's name says it: a built-in without ``causalab:``, a hub id or a
+    folder by its last part.
+
+    >>> [short_model(k) for k in ("causalab:weekday-gpt2", "meta-llama/Llama-3.2-1B", "gpt2")]
+    ['weekday-gpt2', 'Llama-3.2-1B', 'gpt2']
+    """
+    text = _text(key).rstrip("/")
+    text = text[len("causalab:"):] if text.startswith("causalab:") else text
+    return text.rsplit("/", 1)[-1] or text
+
+
+def run_label(pairs: Mapping[str, Any]) -> str:
+    """Coordinates as a run's name says them, each by its last word, a model by its short
+    name, space-separated: what tells a multirun's job apart from the others (``model=gpt2``),
+    before its points' own names (``model=gpt2 k=4``).
+
+    >>> run_label({"model": "causalab:weekday-gpt2", "site.layer": 1})
+    'model=weekday-gpt2 layer=1'
+    """
+    words = []
+    for key, value in pairs.items():
+        word = "model" if key in ("model", "model.key") else str(key).rsplit(".", 1)[-1]
+        words.append(f"{word}={short_model(value) if word == 'model' else _text(value)}")
+    return " ".join(words)
+
+
 def _text(value: Any) -> str:
     if isinstance(value, (list, tuple)) and len(value) == 1:
         value = value[0]

@@ -18,8 +18,11 @@ import math
 from typing import Any, Mapping, Sequence
 
 from causalab.document.sweep import shown
-from causalab.scores.naming import (CONTROLS, COUNT, MAIN, SERIES, bound_keys, is_score,
-                                      split_score)
+from causalab.scores.naming import (BOUNDS, CONTROLS, COUNT, MAIN, SERIES, bound_keys,
+                                      is_score, split_score)
+
+INTERVAL = ("[lo, hi]: 95 % interval over the rows: Clopper-Pearson for a proportion (iia, "
+            "match), the exact percentile bootstrap for any other mean")
 
 Point = tuple[Mapping[str, Any], Mapping[str, float]]  # (coordinates, metrics)
 FIRST = "first"  # a parent's coordinates of the one point first (``first/k``)
@@ -218,8 +221,7 @@ def html_table(points: Sequence[Point], swept: Sequence[str], *, title: str = ""
             "<style>body{font-family:sans-serif}table{border-collapse:collapse}"
             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>"
             f"<h3>{caption}</h3>{note}<table><tr>{header}</tr>{''.join(rows)}</table>"
-            "<p>[lo, hi]: 95 % interval over the rows: Clopper-Pearson for a proportion (iia, "
-            "match), the exact percentile bootstrap for any other mean</p>")
+            f"<p>{INTERVAL}</p>")
 
 
 def shown_score(metrics: Mapping[str, float], key: str) -> str:
@@ -233,3 +235,45 @@ def _number(found: float | None, interval: tuple[float, float] | None = None) ->
     if found is None:
         return ""
     return f"{found:.3f}" + ("" if interval is None else f" [{interval[0]:.2f}, {interval[1]:.2f}]")
+
+
+def description(metrics: Mapping[str, float], *, title: str = "") -> str:
+    """A point run's description, in Markdown (MLflow shows a run's description at the top of
+    its page, its first lines before "Show more"): the main score with its 95 % interval
+    beside its control, in bold, and its row count, on the first line; then each other
+    quantity's scores the same way; then ``title`` (the model and site). Rounded as the run
+    prints them (``0.667 [0.42, 0.92]``); empty for a point without a score."""
+    lines = []
+    for name, steps in quantities([({}, metrics)]).items():
+        control = next((step for step in steps if step in CONTROLS), None)
+        for test in [step for step in steps if step not in CONTROLS] or [None]:
+            shown = [_scored(metrics, name, step, bold=not lines) for step in (test, control)
+                     if step]
+            line = " · control ".join(shown) if test else f"control {shown[0]}"
+            rows = metrics.get(f"{COUNT}/{stored_key(name, test)}") if test and not lines \
+                else None
+            lines.append(line + (f" · {int(rows)} rows" if rows is not None and
+                                 math.isfinite(rows) else ""))
+    if not lines:
+        return ""
+    notes = [markdown(title)] if title else []
+    if any(key.endswith(BOUNDS) for key in metrics):
+        notes.append(markdown(INTERVAL))
+    parts = [lines[0], "\n".join(f"- {line}" for line in lines[1:]),
+             "  \n".join(f"*{note}*" for note in notes)]
+    return "\n\n".join(part for part in parts if part)
+
+
+def _scored(metrics: Mapping[str, float], name: str, step: str, bold: bool) -> str:
+    key, number = markdown(stored_key(name, step)), _number(value(metrics, name, step))
+    interval = bounds(metrics, name, step)
+    shown = f"**{key} {number or 'none'}**" if bold else f"{key} {number or 'none'}"
+    return shown + ("" if interval is None or not number else
+                    f" [{interval[0]:.2f}, {interval[1]:.2f}]")
+
+
+def markdown(text: str) -> str:
+    """``text`` read as itself in Markdown: ``logit_diff`` not half in italics."""
+    for mark in ("\\", "_", "*", "`"):
+        text = text.replace(mark, "\\" + mark)
+    return text

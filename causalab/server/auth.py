@@ -3,24 +3,28 @@
 Under the stack's root, beside the database's ``password``: ``admin_password`` (0600, made
 once with :mod:`secrets`), ``basic_auth.ini`` (MLflow's auth config: its user database
 ``basic_auth.db`` under the root, ``admin`` as the admin user, no permission by default) and
-``basic_auth.db``, and ``flask_secret`` (0600, the key its forms are signed with). The admin
+``basic_auth.db`` (the password hashes: 0600, as the server writes everything under umask
+077), and ``flask_secret`` (0600, the key its forms are signed with). The admin
 password reaches ``mlflow server`` through its environment
 (``MLFLOW_AUTH_ADMIN_PASSWORD``, read once, when the auth app creates its admin), never its
 command line or the ini. Clients authenticate as MLflow's client does: ``MLFLOW_TRACKING_USERNAME``
 and ``MLFLOW_TRACKING_PASSWORD`` in the environment; :func:`credentials` reads them from the
-file. Nothing here imports mlflow.
+file. A server that listens beyond loopback must have the login in front (or be told
+``--insecure``: :func:`check_host`). Nothing here imports mlflow.
 """
 from __future__ import annotations
 
+import ipaddress
 import secrets
 from pathlib import Path
+
+from causalab.errors import TrackingError
 
 ADMIN = "admin"
 PASSWORD_FILE = "admin_password"
 CONFIG_FILE = "basic_auth.ini"
 USERS_DATABASE = "basic_auth.db"
 SESSION_KEY_FILE = "flask_secret"
-APP = ("--app-name", "basic-auth")
 
 
 def _secret(path: Path) -> str:
@@ -68,3 +72,26 @@ def login_hint(root: Path) -> str:
     return (f"login {ADMIN}, password in {root / PASSWORD_FILE}: export "
             f"MLFLOW_TRACKING_USERNAME={ADMIN} "
             f"MLFLOW_TRACKING_PASSWORD=$(cat {root / PASSWORD_FILE})")
+
+
+def loopback(host: str) -> bool:
+    """Whether ``host`` is this machine alone: ``localhost`` or a loopback address.
+
+    >>> [loopback(h) for h in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "10.0.0.5")]
+    [True, True, True, False, False]
+    """
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
+
+
+def check_host(host: str, auth: bool, insecure: bool = False) -> None:
+    """Refuse a server reachable from other machines without a login in front of it."""
+    if loopback(host) or auth or insecure:
+        return
+    raise TrackingError(("--host",), f"{host} is reachable from other machines, and without "
+                        "--auth anyone there could write and delete runs: add --auth (every "
+                        "request logs in), or --insecure to serve it open anyway")

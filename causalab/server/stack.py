@@ -2,8 +2,12 @@
 ``mlflow server`` in front of it, both listening on 127.0.0.1 and kept under one folder.
 
 Under ``root``: ``pgdata/`` (the database cluster, made by ``initdb`` on first start),
-``artifacts/`` (the artifact root the server proxies), ``server.json`` (ports, pids and
-process groups of what runs), ``postgres.log``, ``mlflow.log``, ``password`` (0600).
+``artifacts/`` (the artifact root the server proxies, 0700), ``server.json`` (ports, pids and
+process groups of what runs), ``postgres.log`` and ``mlflow.log`` (0600), ``password`` (0600).
+``mlflow server`` runs with umask 077, so what it writes (the artifacts it is sent, the
+basic-auth app's ``basic_auth.db`` of password hashes) no other local user reads. It listens
+on 127.0.0.1 unless told another address (``--host``), which it takes only with ``--auth`` in
+front or ``--insecure`` said: an open server on a network lets anyone write and delete runs.
 
 PostgreSQL is Debian's (``make setup`` installs the ``postgresql`` package), or any
 ``initdb``/``postgres`` on PATH or given as ``pg_bin``; it is started by ``pg_ctl -w`` (which
@@ -33,7 +37,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from causalab.server import auth as server_auth
+from causalab.server import auth as server_auth, mlflow_app
 from causalab.errors import TrackingError
 
 STATE = "server.json"
@@ -159,11 +163,14 @@ def _start_postgres(root: Path, binaries: Path, account, port: int, timeout: flo
     data = init_cluster(root, binaries, account)
     # No Unix socket: TCP on loopback only, and nothing written outside the root.
     options = f"-p {port} -c listen_addresses={HOST} -c unix_socket_directories=''"
-    with open(root / "postgres.log", "ab") as log:
+    log = _private_log(root / "postgres.log")
+    try:
         done = subprocess.run(
             [str(binaries / "pg_ctl"), "start", "-D", str(data), "-w", "-t",
              str(max(1, int(timeout))), "-o", options], stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, cwd=str(data), **_as(account))
+    finally:
+        os.close(log)
     try:  # the first line of postmaster.pid
         pid = int((data / "postmaster.pid").read_text().split("\n", 1)[0])
     except (OSError, ValueError):
@@ -206,11 +213,22 @@ def pg_ready(port: int) -> bool:
 
 # --- mlflow server ------------------------------------------------------------------------
 
+def _private_log(path: Path) -> int:
+    """``path`` opened to append, made 0600 (and made so when an earlier start left it 0644)."""
+    handle = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.fchmod(handle, 0o600)
+    return handle
+
+
 def _start_mlflow(root: Path, store_uri: str, port: int, host: str,
                   auth: bool = False) -> subprocess.Popen:
     mlflow = Path(sys.executable).parent / "mlflow"
     artifacts = root / "artifacts"
-    artifacts.mkdir(exist_ok=True)
+    artifacts.mkdir(mode=0o700, exist_ok=True)
+    artifacts.chmod(0o700)  # made 0755 by an earlier version: no other user walks into it
+    users = root / server_auth.USERS_DATABASE
+    if users.is_file():
+        users.chmod(0o600)
     # Without job execution the server starts no huey consumers: fewer processes, and
     # SIGTERM stops it in about a second.
     env = dict(os.environ, MLFLOW_BACKEND_STORE_URI=store_uri,
@@ -218,15 +236,15 @@ def _start_mlflow(root: Path, store_uri: str, port: int, host: str,
     env.pop("MLFLOW_TRACKING_URI", None)
     if auth:
         env.update(server_auth.server_environment(root))
-    log = open(root / "mlflow.log", "ab")
+    log = _private_log(root / "mlflow.log")
     try:
         return subprocess.Popen(
             [str(mlflow), "server", "--host", host, "--port", str(port), "--workers", "1",
-             "--artifacts-destination", str(artifacts), *(server_auth.APP if auth else ())],
+             "--artifacts-destination", str(artifacts), *mlflow_app.app_arguments(auth)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=env, cwd=str(root))
+            start_new_session=True, env=env, cwd=str(root), umask=0o077)
     finally:
-        log.close()
+        os.close(log)
 
 
 def answers(url: str) -> bool:
@@ -245,12 +263,15 @@ def free_port() -> int:
 
 def start(root: str | Path = DEFAULT_ROOT, *, port: int = 5000, pg_port: int = 0,
           host: str = HOST, pg_user: str | None = None, pg_binaries: str | None = None,
-          timeout: float = 180.0, auth: bool = False) -> Stack:
+          timeout: float = 180.0, auth: bool = False, insecure: bool = False) -> Stack:
     """Start PostgreSQL, then ``mlflow server`` on it; returns once the server answers.
+    A ``host`` other than loopback needs ``auth`` or ``insecure``
+    (:func:`causalab.server.auth.check_host`).
 
     >>> stack = start("/srv/causalab-server", port=5000)  # doctest: +SKIP
     >>> stop(stack.root)                                  # doctest: +SKIP
     """
+    server_auth.check_host(host, auth, insecure)
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
     if (root / STATE).is_file() and _running(Stack.load(root)):
@@ -377,12 +398,16 @@ def add_arguments(parser) -> None:
     parser.add_argument("--auth", action="store_true",
                         help="MLflow's basic-auth app in front: every request logs in "
                              "(admin password in <root>/admin_password, 0600)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="serve a --host other than loopback without --auth (anyone who "
+                             "reaches it can write and delete runs)")
 
 
 def verb(args) -> dict:
     """Start, stop or look at the tracking stack (PostgreSQL + mlflow server)."""
     options = {"port": args.port, "host": args.host, "pg_port": args.pg_port,
-               "pg_user": args.pg_user, "pg_binaries": args.pg_bin, "auth": args.auth}
+               "pg_user": args.pg_user, "pg_binaries": args.pg_bin, "auth": args.auth,
+               "insecure": args.insecure}
     if args.action == "status":
         found = status(args.root)
         said = f"(postgres {found['postgres']}, mlflow {found['mlflow']})"

@@ -43,27 +43,30 @@ class TrackingEvents(Events):
     ``tracking_uri``: as :func:`~causalab.tracking.runs.resolve_uri`. ``hydra_config``: the
     job's composed config, logged as ``hydra_config.yaml``. ``parent_run_id``: nest under this
     run (a multirun's parent); ``run_name``: the name of the job's top run (its overrides);
-    ``job_params``: extra params (a job's swept overrides). ``out``: the folder given to
-    ``run_document``, whose files it uploads. ``uri_option``: the option a refusal about the
-    store names."""
+    ``job_params``: extra params (a job's swept overrides); ``job_label``: what tells this
+    job's points from its multirun's other jobs' points (``model=gpt2``), put before each
+    point's run name (``model=gpt2 k=4``). ``out``: the folder given to ``run_document``,
+    whose files it uploads. ``uri_option``: the option a refusal about the store names."""
 
     def __init__(self, tracking_uri: str | None = None, experiment: str | None = None,
                  rerun: bool = False, hydra_config: Any = None, *, out: str | None = None,
                  parent_run_id: str | None = None, run_name: str | None = None,
                  job_params: Mapping[str, Any] | None = None, argv: list[str] | None = None,
-                 uri_option: JsonPath | None = None):
+                 uri_option: JsonPath | None = None, job_label: str = ""):
         self.out = out
         if out is None:
             raise UsageError(("out",), "TrackingEvents needs out=<the folder run_document "
                                        "writes to>, to upload what the run writes there")
         self.uri = store.resolve_uri(tracking_uri)
         self.experiment = (experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME")
-                           or store.DEFAULT_EXPERIMENT)
+                           or store.default_experiment(self.uri))
         self.rerun = rerun
         self.config = hydra_config
         self.parent_run_id = parent_run_id
         self.run_name = run_name
         self.job_params = {str(k): store.param_value(v) for k, v in (job_params or {}).items()}
+        self.job_label = job_label
+        self._axis: str | None = None  # the coordinate its points' scores are logged against
         self.argv = argv
         self.uri_option = uri_option or (("--tracking-uri",) if argv is not None
                                          else ("tracking", "uri"))
@@ -103,7 +106,7 @@ class TrackingEvents(Events):
         except CausalabError:
             raise
         except Exception as error:
-            found = translated(error, self.uri)
+            found = translated(error, self.uri, self.experiment)
             if found is None:
                 raise
             if isinstance(found, StoreRefused):  # named where the store came from
@@ -165,6 +168,8 @@ class TrackingEvents(Events):
         wanted = {p.digest: dict(getattr(p, "input_digests", None) or {})
                   for p in points if getattr(p, "digest", None)}
         self._swept = len(points) > 1 or any(getattr(p, "coordinates", None) for p in points)
+        if self._swept:
+            self._axis = facts.step_axis([getattr(p, "coordinates", None) or {} for p in points])
         # Which points are done, and a claim on each of the others, decide what runs: the
         # one wait (tracking/claims.py). A rerun asked to compute every point again,
         # so it neither looks up nor claims, and does not wait for the store.
@@ -196,8 +201,9 @@ class TrackingEvents(Events):
         document = getattr(point, "document", None)
         run = PointRun.of(label, document, plots.title_of(document) or self._title)
         run.run_id = self._claims.mine.pop(digest, None)
-        run.params = naming.point_params(document, getattr(point, "coordinates", None) or {},
-                                         self.job_params)
+        coordinates = getattr(point, "coordinates", None) or {}
+        run.at = facts.step_at(coordinates, self._axis)
+        run.params = naming.point_params(document, coordinates, self.job_params)
         self._open[id(point)] = run
         self.send(self._create, run, *self._claim_of(point))
         return True
@@ -211,6 +217,8 @@ class TrackingEvents(Events):
             store.COORDINATES: json.dumps(coordinates, sort_keys=True, default=str),
             stored.INPUTS: json.dumps(dict(getattr(point, "input_digests", None) or {}),
                                       sort_keys=True, separators=(",", ":")),
+            store.STEP_AXIS: self._axis if facts.step_at(coordinates, self._axis) is not None
+            else None,
             # a multirun job's claims sit under its parent from the start
             store.PARENT: self.parent_run_id or None}
 
@@ -322,7 +330,11 @@ class TrackingEvents(Events):
         return getattr(point, "name", "") if self._swept else ""
 
     def _run_name(self, label: str) -> str:
-        return label if self._swept else (self.run_name or label or "point")
+        """A point's run name: its sweep label after the job's (``model=gpt2 k=4``), or, a
+        job's one point, the job's name."""
+        if self._swept:
+            return " ".join(part for part in (self.job_label, label) if part)
+        return self.run_name or label or "point"
 
     # --- the store's side -------------------------------------------------------------------
 
@@ -371,8 +383,10 @@ class TrackingEvents(Events):
 
     def _link(self, point: Any, label: str, found: str) -> None:
         parent = self.sweep_run_id or self.parent_run_id
+        at = facts.step_at(getattr(point, "coordinates", None) or {}, self._axis)
+        tags = {**self._tags("point", point), store.STEP_AXIS: None if at is None else self._axis}
         self.linked[label] = self.call(stored.link, self.experiment_id, found, parent,
-                                       self._run_name(label), self._tags("point", point))
+                                       self._run_name(label), tags, at or 0)
 
     def _upload(self, run: PointRun, files: list) -> None:
         """Send a point's files, config, loss plots, then its buffered numbers; what reached

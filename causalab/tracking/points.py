@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from causalab.errors import reason
 from causalab.files import DOCUMENT
-from causalab.scores import naming
+from causalab.scores import naming, summary
 from causalab.tracking import runs as store, stored
 
 
@@ -23,6 +23,7 @@ class PointRun:
     steps: list[str]
     fits: dict[str, str]
     title: str = ""
+    at: int | None = None  # the step its scores are logged at: its sweep axis' value
     run_id: str | None = None
     folder: str | None = None  # where the point's files are in ``out`` (a swept point)
     params: dict[str, str] = field(default_factory=dict)
@@ -45,16 +46,24 @@ class PointRun:
         steps = (document or {}).get("steps", {})
         return cls(label, list(steps), naming.fits_watched(document), title)
 
+    def ordinal(self, step: str) -> int:
+        """The MLflow step a score of ``step`` is logged at: the point's value of its sweep's
+        axis (:func:`step_axis`), so MLflow charts a sweep's scores against it; else the
+        step's place in the document."""
+        if self.at is not None:
+            return self.at
+        return self.steps.index(step) if step in self.steps else 0
+
     def score(self, step: str, name: str, mean: float | None, eligible: int) -> None:
-        """A step's metric mean (NaN when none) and eligible row count, at the step's ordinal."""
-        ordinal = self.steps.index(step) if step in self.steps else 0
+        """A step's metric mean (NaN when none) and eligible row count (:meth:`ordinal`)."""
+        ordinal = self.ordinal(step)
         value = mean if mean is not None and math.isfinite(mean) else math.nan
         self.add(naming.metric_key(step, name), value, ordinal)
         self.add(naming.eligible_key(step, name), eligible, ordinal)
 
     def interval(self, step: str, name: str, low: float, high: float) -> None:
         """The ends of a score's 95 % interval, logged beside it (``iia/test.lo``, ``.hi``)."""
-        ordinal = self.steps.index(step) if step in self.steps else 0
+        ordinal = self.ordinal(step)
         for key, value in zip(naming.bound_keys(naming.metric_key(step, name)), (low, high)):
             if math.isfinite(value):
                 self.add(key, value, ordinal)
@@ -93,13 +102,33 @@ class PointRun:
 
     def flush(self, call: Callable[..., Any]) -> None:
         """The point's params and every number it buffered, in one request when they fit;
-        with the record of what was stored when all of it was sent (:attr:`whole`)."""
+        with its description (:func:`~causalab.scores.summary.description`) and the record
+        of what was stored when all of it was sent (:attr:`whole`)."""
         text = stored.record(self.sent, self.keys) if self.whole and self.lost is None else None
+        note = summary.description({p.key: p.value for p in self.metrics}, title=self.title)
+        tags = {key: value for key, value in ((stored.STORED, text), (store.NOTE, note))
+                if value}
         if (self.metrics or self.params or text) and self.run_id is not None:
             call(store.log_batch, self.run_id, metrics=naming.log_order(self.metrics),
-                 params=self.params, tags={stored.STORED: text} if text else None)
+                 params=self.params, tags=tags or None)
             self.metrics, self.params = [], {}
             self.recorded = text
+
+
+def step_axis(coordinates: Sequence[Mapping[str, Any]]) -> str | None:
+    """The coordinate a sweep's scores are logged against as MLflow's step (the x axis MLflow
+    draws on a log scale): the first that varies between its points and is a whole number
+    at each (``k``, ``layers``, ``pos``); None when none is."""
+    from causalab.plots.curves import varied
+
+    return next((key for key in varied(coordinates)
+                 if all(step_at(c, key) is not None for c in coordinates)), None)
+
+
+def step_at(coordinates: Mapping[str, Any], axis: str | None) -> int | None:
+    """A point's value of ``axis`` as an MLflow step, when it is a whole number."""
+    value = summary.plain(coordinates.get(axis)) if axis else None
+    return value if summary.numeric(value) and isinstance(value, int) else None
 
 
 def shared_params(points: list[Any], job: Mapping[str, str]) -> dict[str, str]:

@@ -182,12 +182,14 @@ def said_once() -> None:
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
-def translated(error: BaseException, uri: str) -> TrackingError | None:
-    """``error`` as :class:`Unanswered` or :class:`StoreRefused`, at no path; else None."""
+def translated(error: BaseException, uri: str,
+               experiment: str | None = None) -> TrackingError | None:
+    """``error`` as :class:`Unanswered` or :class:`StoreRefused`, at no path; else None.
+    ``experiment``: the one the run writes to, which a refused permission names."""
     why = unanswered(error, uri)
     if why is not None:
         return Unanswered((), f"the tracking store at {uri} stopped answering ({why})")
-    why = refused(error)
+    why = refused(error, experiment)
     if why is not None:
         return StoreRefused((), f"the tracking store at {uri} is not usable ({why})")
     return None
@@ -198,12 +200,22 @@ _LOGIN = re.compile(r"error code (401|403)\b")
 _REFUSING = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM}
 
 
-def refused(error: BaseException) -> str | None:
+def refused(error: BaseException, experiment: str | None = None) -> str | None:
     """Why the store cannot take a write, when that is what ``error`` says: its SQLite file or
-    artifact folder (full, read-only, corrupt, no permission) or a server that asks for a login."""
+    artifact folder (full, read-only, corrupt, no permission), a server that asks for a login,
+    or one that refuses the login the permission (403) on ``experiment``."""
     seen: BaseException | None = error
     while seen is not None:
-        if _LOGIN.search(str(seen)) and type(seen).__name__ == "MlflowException":
+        login = _LOGIN.search(str(seen)) if type(seen).__name__ == "MlflowException" else None
+        user = os.environ.get("MLFLOW_TRACKING_USERNAME", "").strip()
+        if login and login.group(1) == "403" and user:
+            where = f"experiment {experiment!r}" if experiment else "this experiment"
+            return (f"HTTP 403: user {user!r} has no permission on {where}, which another "
+                    "user made: ask its owner or an admin for it, or write to an experiment "
+                    "of your own (unnamed, a login's runs go to "
+                    f"'causalab-{user}'; MLFLOW_EXPERIMENT_NAME or tracking.experiment "
+                    "names one)")
+        if login:
             return ("it asks for a login (HTTP 401/403): set MLFLOW_TRACKING_USERNAME and "
                     "MLFLOW_TRACKING_PASSWORD, e.g. from `causalab server --auth`'s "
                     "admin_password")

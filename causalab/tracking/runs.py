@@ -42,10 +42,15 @@ SWEEP = "causalab.sweep"
 OVERRIDES = "causalab.overrides"
 REUSED_FROM = "causalab.reused_from"
 JOB = "causalab.job"
+# The coordinate a swept point logged its scores against as MLflow's step (points.step_axis).
+STEP_AXIS = "causalab.step_axis"
+# MLflow's run description: the Markdown its UI shows at the top of a run's page.
+NOTE = "mlflow.note.content"
 # A point claimed at its run's start: "waiting" until the run starts computing it, then
 # "started" (tracking/claims.py); a dead owner's waiting claim held nothing.
 CLAIM = "causalab.claim"
-# MLflow 3 opens an experiment on its GenAI pages unless this tag names a training-style kind.
+# The experiment's kind as MLflow names it: a model-training experiment. MLflow 3.17's UI takes
+# its navigation from the address or the browser instead (causalab/server/mlflow_app.py).
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 # MLflow's limits (mlflow.utils.validation, checked against it in the tests), here so that
 # params and keys are named before MLflow is imported.
@@ -78,6 +83,21 @@ def resolve_uri(configured: str | None = None, cwd: str | None = None) -> str:
     return f"sqlite:///{folder.resolve() / DATABASE}"
 
 
+def default_experiment(uri: str) -> str:
+    """The experiment a run goes to when none is named: ``causalab``, but on a tracking
+    server with a login (``MLFLOW_TRACKING_USERNAME``) one of the user's own,
+    ``causalab-<user>``: a server behind ``causalab server --auth`` gives each experiment's
+    writes to its creator, so a shared default would refuse every user but the first (403).
+
+    >>> default_experiment("sqlite:////tmp/mlflow.db")
+    'causalab'
+    """
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME", "").strip()
+    if user and uri.startswith(("http://", "https://")):
+        return f"{DEFAULT_EXPERIMENT}-{user}"
+    return DEFAULT_EXPERIMENT
+
+
 def store_exists(uri: str) -> bool:
     """False only for a SQLite store whose file is not there: opening it would create it, and
     a verb that reads (``runs``, ``fetch``) must not."""
@@ -93,7 +113,8 @@ def artifact_location(uri: str) -> str | None:
 
 def runs_page(base: str, experiment_id: str | None) -> str:
     """The UI address of an experiment's runs table. MLflow 3.17's UI picks GenAI or training
-    pages by a ``workflowType`` it keeps per browser, not by the experiment's tag: asked here."""
+    pages by the address's ``workflowType``, else by a choice it keeps per browser, never by
+    the experiment's tag: asked here."""
     if experiment_id is None:
         return base.rstrip("/")
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"

@@ -13,6 +13,7 @@ import json
 import time
 from typing import Any, Iterable, Mapping
 
+from causalab.scores import summary
 from causalab.tracking import runs as store
 from causalab.tracking.artifacts import listing, named
 
@@ -117,14 +118,18 @@ def done_runs(mlflow: Any, experiment: str, wanted: Mapping[str, Mapping[str, st
 
 
 def link(mlflow, experiment: str, origin: str, parent: str, name: str,
-         tags: Mapping[str, str]) -> str:
-    """Create the link to ``origin`` under ``parent``; returns the link's run id."""
+         tags: Mapping[str, str], step: int = 0) -> str:
+    """Create the link to ``origin`` under ``parent``, its metrics at ``step`` (its new
+    sweep's axis value, as a point there logs them) and its description the origin's (one
+    made from its metrics when it has none); returns the link's run id."""
     source = mlflow.get_run(origin)
     copied = {k: source.data.tags[k] for k in _COPIED_TAGS if k in source.data.tags}
+    copied[store.NOTE] = source.data.tags.get(store.NOTE) or \
+        summary.description(source.data.metrics) or None
     run_id = store.create_run(mlflow, experiment, name, {**tags, **copied,
                                                          store.REUSED_FROM: origin}, parent)
     now = int(time.time() * 1000)
-    metrics = [store.Point(k, v, now, 0) for k, v in source.data.metrics.items()]
+    metrics = [store.Point(k, v, now, step) for k, v in source.data.metrics.items()]
     store.log_batch(mlflow, run_id, metrics=metrics, params=dict(source.data.params))
     store.terminate(mlflow, run_id, "FINISHED")
     return run_id

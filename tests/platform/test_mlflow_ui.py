@@ -3,19 +3,26 @@
 `python -m causalab.run experiment=das` (three ranks and their random-subspace control, on the
 tiny Llama to stay fast) tracks to a SQLite store in a temporary folder and prints the command
 that shows the sweep (`see the sweep: …/causalab ui --store … --run …`). The test runs that
-command as printed: it starts MLflow's UI on a free port and prints the addresses of the
-sweep. Debian's Chromium, driven by Playwright, opens each printed address in a fresh profile:
-the runs page shows the three points as its rows before any click, in model-training
-navigation, with `k` and both scores as columns; the printed compare address, the same saved
-view in its chart view (one click away on the runs page), shows `k`, `iia/test` and
-`iia/control` on the first screen: `iia/test` and `iia/control` each plotted against `k`.
-Ticking the three rows and pressing Compare reaches MLflow's own compare page of the same
-three runs. SIGINT stops `causalab ui` and its server. The browser's window is 1280x800, the
-smallest common laptop screen, so what is asserted in view is in view on larger ones too.
-Screenshots are saved under the test's temporary folder (their paths are printed).
+command as printed: it starts MLflow's UI (with causalab's app, causalab/server/mlflow_app.py)
+on a free port and prints the addresses of the sweep. Debian's Chromium, driven by Playwright,
+opens each printed address in a fresh profile: the runs page shows the three points as its
+rows before any click, in model-training navigation, with `k` and both scores as columns;
+the printed compare address, the same saved view in its chart view (one click away on the
+runs page), shows `iia/test` and `iia/control` each against `k` on the first screen, each
+point named in the legend. Ticking the three rows and pressing Compare reaches MLflow's own
+compare page of the same three runs. A point's page, its address pasted without
+`workflowType` into a fresh profile, opens in model-training navigation without the assistant
+pane, its description on the first screen: its score with its interval beside its control.
+A three-model multirun (`-m model=tiny_llama,tiny_gpt2,tiny_qwen2`) names each point by its
+model and rank (`model=tiny_gpt2 k=4`): its table, grouped by model, and its compare charts'
+legend, a line a model, name each model on the first screen. SIGINT stops `causalab ui` and
+its server. The browser's window is 1280x800, the smallest common laptop screen, so what is
+asserted in view is in view on larger ones too. Screenshots are saved under the test's
+temporary folder (their paths are printed).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -37,6 +44,8 @@ VIEWPORT = {"width": 1280, "height": 800}  # a 13" laptop
 _FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
           "--disable-component-update", "--disable-sync", "--no-first-run"]
 _PRINTED = re.compile(r"^(mlflow ui on \S+|open the sweep|compare its points): (http://\S+)")
+_TINY = ("experiment=das", "site.layer=1", "steps.fit.epochs=1")
+MODELS = ("tiny_llama", "tiny_gpt2", "tiny_qwen2")
 
 
 def _environment() -> dict:
@@ -46,12 +55,14 @@ def _environment() -> dict:
     return env
 
 
-def _run_sweep(folder: Path) -> str:
+def _run_sweep(folder: Path, *overrides: str, multirun: bool = False) -> str:
+    where = f"hydra.sweep.dir={folder / 'multirun'}" if multirun else \
+        f"hydra.run.dir={folder / 'job'}"
     done = subprocess.run(
-        [sys.executable, "-m", "causalab.run", "experiment=das", "model=tiny_llama",
-         "site.layer=1", "steps.fit.epochs=1", f"tracking.uri={folder}",
-         f"hydra.run.dir={folder / 'job'}", f"run.data_root={REPO / 'documents' / 'data'}"],
-        cwd=folder, env=_environment(), capture_output=True, text=True, timeout=600)
+        [sys.executable, "-m", "causalab.run", *(["-m"] if multirun else []), *_TINY,
+         *overrides, f"tracking.uri={folder}", where,
+         f"run.data_root={REPO / 'documents' / 'data'}"],
+        cwd=folder, env=_environment(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return done.stdout
 
@@ -64,13 +75,12 @@ def _answers(url: str) -> bool:
         return False
 
 
-@pytest.fixture
-def served(tmp_path):
-    """Run the sweep, start the command it printed; yield (the run's stdout, the addresses
-    ``causalab ui`` printed, its process)."""
-    printed = _run_sweep(tmp_path)
-    command = re.search(r"^see the sweep: (.+)$", printed, re.M).group(1)
-    ui = subprocess.Popen(shlex.split(command), cwd=tmp_path, env=_environment(),
+@contextlib.contextmanager
+def _ui(printed: str, folder: Path):
+    """Start the command the run printed last; yield (the addresses ``causalab ui`` printed,
+    its process)."""
+    command = re.findall(r"^see the sweep: (.+)$", printed, re.M)[-1]
+    ui = subprocess.Popen(shlex.split(command), cwd=folder, env=_environment(),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True)
     lines: queue.Queue = queue.Queue()
@@ -81,17 +91,28 @@ def served(tmp_path):
         while "compare its points" not in found:
             assert time.monotonic() < deadline and ui.poll() is None, found
             try:
-                match = _PRINTED.match(lines.get(timeout=1).strip())
+                line = lines.get(timeout=1).strip()
             except queue.Empty:
                 continue
+            assert not line.startswith("note: "), line  # causalab's MLflow app is registered
+            match = _PRINTED.match(line)
             if match:
                 found["ui" if match.group(1).startswith("mlflow ui") else match.group(1)] = \
                     match.group(2)
-        yield printed, found, ui
+        yield found, ui
     finally:
         if ui.poll() is None:
             os.killpg(ui.pid, signal.SIGKILL)
             ui.wait(30)
+
+
+@pytest.fixture
+def served(tmp_path):
+    """Run the sweep, start the command it printed; yield (the run's stdout, the addresses
+    ``causalab ui`` printed, its process)."""
+    printed = _run_sweep(tmp_path, "model=tiny_llama")
+    with _ui(printed, tmp_path) as (found, ui):
+        yield printed, found, ui
 
 
 def _in_view(locator) -> bool:
@@ -102,9 +123,11 @@ def _in_view(locator) -> bool:
         box["y"] + box["height"] <= VIEWPORT["height"]
 
 
-def _shown(page, text: str) -> bool:
-    """Some element reading exactly ``text`` is in view on the first screen."""
-    found = page.get_by_text(text, exact=True)
+def _shown(page, text) -> bool:
+    """Some element reading exactly ``text`` (or matching it, a pattern) is in view on the
+    first screen."""
+    found = page.get_by_text(text, exact=True) if isinstance(text, str) else \
+        page.get_by_text(text)
     return any(_in_view(found.nth(index)) for index in range(found.count()))
 
 
@@ -118,19 +141,21 @@ def _all_shown(page, texts, seconds: float = 60) -> dict[str, bool]:
         time.sleep(0.5)
 
 
-def _point_ids(folder: Path, parent: str) -> list[str]:
+def _point_ids(folder: Path, parent: str) -> dict[str, str]:
     from mlflow import MlflowClient
 
     client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                               f"tags.`mlflow.parentRunId` = '{parent}'")
-    return [run.info.run_id for run in runs]
+    return {run.info.run_name: run.info.run_id for run in runs}
 
 
 def _training_navigation(page) -> bool:
-    """MLflow's model-training sidebar (Runs, Models, Model registry), not its GenAI one."""
+    """MLflow's model-training sidebar (Runs, Models, Model registry), not its GenAI one, and
+    no assistant pane over the page."""
     return page.get_by_text("Model registry", exact=True).first.is_visible() and \
-        not page.get_by_text("Judges", exact=True).count()
+        not page.get_by_text("Judges", exact=True).count() and \
+        not any(found.is_visible() for found in page.get_by_text("Ask questions about").all())
 
 
 def _open(driver, folder: Path, name: str):
@@ -138,6 +163,11 @@ def _open(driver, folder: Path, name: str):
     return driver.chromium.launch_persistent_context(
         str(folder / f"profile-{name}"), executable_path=CHROMIUM, headless=True, args=_FLAGS,
         viewport=VIEWPORT)
+
+
+# A point's description, first line: its score and interval, then its control's.
+_SCORED = re.compile(r"^iia/test \d\.\d{3} \[\d\.\d\d, \d\.\d\d\] · control iia/control "
+                     r"\d\.\d{3} \[\d\.\d\d, \d\.\d\d\] · 12 rows$")
 
 
 def test_causalab_ui_serves_what_the_run_printed_the_points_as_rows_and_their_comparison(
@@ -149,9 +179,12 @@ def test_causalab_ui_serves_what_the_run_printed_the_points_as_rows_and_their_co
     assert ":5000" not in printed and " mlflow ui" not in printed
     url = found["ui"]
     assert all(address.startswith(url + "/#/") for address in found.values() if address != url)
-    shots = {name: tmp_path / f"{name}.png" for name in ("sweep", "compare", "ticked")}
-    keys = ("k", "iia/test", "iia/control")
-    points_ids = _point_ids(tmp_path, re.search(r"--run (\S+)", printed).group(1))
+    shots = {name: tmp_path / f"{name}.png" for name in ("sweep", "compare", "ticked", "point",
+                                                          "parent")}
+    keys = ("iia/test", "iia/control")
+    parent = re.search(r"--run (\S+)", printed).group(1)
+    points_ids = _point_ids(tmp_path, parent)
+    experiment = re.search(r"#/experiments/(\d+)/", found["open the sweep"]).group(1)
     with sync_playwright() as driver:
         browser = _open(driver, tmp_path, "sweep")
         try:
@@ -171,7 +204,7 @@ def test_causalab_ui_serves_what_the_run_printed_the_points_as_rows_and_their_co
             matching = page.get_by_text("matching runs").first.inner_text()
             page.locator("label:has(input[name=runs-view-mode][value=CHART])").click()
             page.wait_for_url("**compareRunsMode=CHART**", timeout=60_000)
-            page.get_by_text("k vs. iia/control", exact=True).first.wait_for(timeout=60_000)
+            page.get_by_text("k=16 (iia/control)", exact=True).first.wait_for(timeout=60_000)
             toggled = _all_shown(page, keys)
             page.locator("label:has(input[name=runs-view-mode][value=TABLE])").click()
             for point in points:
@@ -192,13 +225,33 @@ def test_causalab_ui_serves_what_the_run_printed_the_points_as_rows_and_their_co
         try:
             page = browser.new_page()
             page.goto(found["compare its points"])
-            for title in ("k vs. iia/test", "k vs. iia/control"):
-                page.get_by_text(title, exact=True).first.wait_for(timeout=120_000)
-            compare_in_view = _all_shown(page, (*keys, "k=1", "k=4", "k=16"))
+            page.get_by_text("k=16 (iia/control)", exact=True).first.wait_for(timeout=120_000)
+            legend = tuple(f"k={k} ({key})" for k in (1, 4, 16) for key in keys)
+            compare_in_view = _all_shown(page, (*keys, re.compile(r"^sweep: k\b"), *legend))
             page.screenshot(path=str(shots["compare"]))
             compare_navigation = _training_navigation(page)
             scrolled = page.evaluate("Math.max(window.scrollY, document.scrollingElement"
                                      ".scrollTop)")
+        finally:
+            browser.close()
+        # A point's page, its address as pasted (no workflowType), in a newcomer's browser.
+        browser = _open(driver, tmp_path, "point")
+        try:
+            page = browser.new_page()
+            page.goto(f"{url}/#/experiments/{experiment}/runs/{points_ids['k=4']}")
+            page.get_by_text(_SCORED).first.wait_for(timeout=120_000)
+            point_in_view = _all_shown(page, (_SCORED, "k=4"))
+            page.screenshot(path=str(shots["point"]))
+            point_navigation = _training_navigation(page)
+            page.goto(f"{url}/#/experiments/{experiment}/runs/{parent}")
+            page.get_by_text(re.compile(r"^3 points · ")).first.wait_for(timeout=120_000)
+            plot = page.locator('img[src^="get-artifact?path=plots/sweep_curve.png"]').first
+            plot.wait_for(timeout=60_000)
+            drawn = page.evaluate("(img) => img.complete && img.naturalWidth", plot
+                                  .element_handle())
+            parent_in_view = _shown(page, re.compile(r"^3 points · ")) and \
+                plot.bounding_box()["y"] < VIEWPORT["height"]
+            page.screenshot(path=str(shots["parent"]))
         finally:
             browser.close()
     os.kill(ui.pid, signal.SIGINT)
@@ -206,15 +259,60 @@ def test_causalab_ui_serves_what_the_run_printed_the_points_as_rows_and_their_co
     print("screenshots: " + " ".join(str(p) for p in shots.values()))
     assert sweep_in_view == [True, True, True] and rows == sorted(rows)
     assert matching.startswith("3 ")  # the points alone: not their parent, not other runs
-    assert sweep_navigation and compare_navigation
+    assert sweep_navigation and compare_navigation and point_navigation
     assert header["k"] < header["iia/test"] < header["iia/control"]  # left to right
-    # The compare page: both scores against k and the three points' names, not scrolled to.
-    assert compare_in_view == dict.fromkeys((*keys, "k=1", "k=4", "k=16"), True), compare_in_view
+    # The compare page: both scores against k, each point in the legend, not scrolled to.
+    assert all(compare_in_view.values()), compare_in_view
     assert scrolled == 0 and toggled == dict.fromkeys(keys, True)
     assert found["compare its points"] == found["open the sweep"] + "&compareRunsMode=CHART"
     assert "k\t1\t4\t16" in lines  # MLflow's compare page, reached by ticking the rows
-    assert sorted(ticked_ids) == sorted(points_ids) and len(points_ids) == 3
+    assert sorted(ticked_ids) == sorted(points_ids.values()) and len(points_ids) == 3
+    # The point's score, interval and control first on its page; the parent's plot drawn.
+    assert all(point_in_view.values()), point_in_view
+    assert parent_in_view and drawn == 560
     assert not _answers(url)  # SIGINT stopped the server with it
+    assert all(shot.stat().st_size > 10_000 for shot in shots.values())
+
+
+def test_a_three_model_multirun_names_each_model_in_its_table_and_its_compare_legend(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    printed = _run_sweep(tmp_path, f"model={','.join(MODELS)}", multirun=True)
+    assert re.search(r"^multirun: 9 point\(s\) under run ", printed, re.M), printed[-2000:]
+    names = [f"model={model} k={k}" for model in MODELS for k in (1, 4, 16)]
+    parent = re.findall(r"--run (\S+)", printed)[-1]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    below = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                               "tags.`causalab.kind` = 'point'")
+    assert sorted(run.info.run_name for run in below) == sorted(names)
+    shots = {name: tmp_path / f"multirun_{name}.png" for name in ("table", "compare")}
+    with _ui(printed, tmp_path) as (found, ui), sync_playwright() as driver:
+        assert parent in found["open the sweep"]
+        browser = _open(driver, tmp_path, "multirun")
+        try:
+            page = browser.new_page()
+            page.goto(found["open the sweep"])
+            page.get_by_role("link", name=names[-1], exact=True).first.wait_for(timeout=120_000)
+            table = _all_shown(page, (*names, *MODELS, *[f"Group: {m}" for m in MODELS]))
+            page.screenshot(path=str(shots["table"]))
+            matching = page.get_by_text("matching runs").first.inner_text()
+            page.goto(found["compare its points"])
+            legend = [f"{model} ({key})" for model in MODELS
+                      for key in ("iia/test", "iia/control")]
+            page.get_by_text(legend[-1], exact=True).first.wait_for(timeout=120_000)
+            compare = _all_shown(page, ("iia/test", "iia/control", *legend))
+            page.screenshot(path=str(shots["compare"]))
+            navigation = _training_navigation(page)
+        finally:
+            browser.close()
+        os.kill(ui.pid, signal.SIGINT)
+        assert ui.wait(60) == 0
+    print("screenshots: " + " ".join(str(p) for p in shots.values()))
+    assert all(table.values()), table
+    assert matching.startswith("9 ") and navigation
+    assert all(compare.values()), compare
     assert all(shot.stat().st_size > 10_000 for shot in shots.values())
 
 
@@ -272,13 +370,11 @@ def test_a_saved_view_searches_a_sweep_s_points_by_parent_or_for_a_multirun_by_t
         "metrics.`ce/control`"]
     charts, (section,) = state["compareRunCharts"], state["compareRunSections"]
     assert state["isAccordionReordered"] is True and state["runListHidden"] is False
+    # points that logged no step axis: each score against the numeric param
     assert [(c["type"], c.get("xaxis", {}).get("key"), c.get("yaxis", {}).get("key"))
-            for c in charts] == [("SCATTER", "k", "iia/test"), ("SCATTER", "k", "iia/control"),
-                                 ("PARALLEL", None, None)]
-    assert charts[2]["selectedParams"] == ["k"]
-    assert charts[2]["selectedMetrics"] == ["iia/test", "iia/control"]
+            for c in charts] == [("SCATTER", "k", "iia/test"), ("SCATTER", "k", "iia/control")]
     assert {c["metricSectionId"] for c in charts} == {section["uuid"]} and section["columns"] == 2
-    assert len({c["uuid"] for c in charts}) == 3
+    assert len({c["uuid"] for c in charts}) == 2
 
 
 def test_a_sweep_without_a_numeric_coordinate_charts_its_scores_as_bars_by_point():
@@ -287,7 +383,7 @@ def test_a_sweep_without_a_numeric_coordinate_charts_its_scores_as_bars_by_point
     points = [({"method": m}, {"iia/test": 1.0, "iia/control": 0.0}) for m in ("das", "pca")]
     charts, (section,) = landing.view_charts(points, ["method"])
     assert [(c["type"], c.get("metricKey")) for c in charts] == [
-        ("BAR", "iia/test"), ("BAR", "iia/control"), ("PARALLEL", None)]
+        ("BAR", "iia/test"), ("BAR", "iia/control")]
     assert section["name"] == "sweep: method"
 
 

@@ -105,3 +105,72 @@ def test_a_causalab_run_with_the_credentials_stores_its_point_and_one_without_is
     runs = client.search_runs([experiment.experiment_id])
     assert [run.info.status for run in runs] == ["FINISHED"]
     assert "iia/patch" in runs[0].data.metrics
+
+
+def _run(url: str, tmp_path: Path, name: str, login: dict, experiment: str | None = None):
+    """``causalab run`` of the patching document against ``url`` as ``login``."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", **login)
+    for key in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):
+        env.pop(key, None)
+    if experiment:
+        env["MLFLOW_EXPERIMENT_NAME"] = experiment
+    command = [sys.executable, "-m", "causalab", "run",
+               str(REPO / "documents" / "v2" / "patching.json"), "--tracking-uri", url,
+               "--data-root", str(REPO / "documents" / "data"), "--out", str(tmp_path / name)]
+    return subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _create_user(url: str, admin: dict, username: str, password: str) -> int:
+    import base64
+
+    token = base64.b64encode(f"{admin['MLFLOW_TRACKING_USERNAME']}:"
+                             f"{admin['MLFLOW_TRACKING_PASSWORD']}".encode()).decode()
+    request = urllib.request.Request(
+        f"{url}/api/2.0/mlflow/users/create",
+        data=json.dumps({"username": username, "password": password}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return reply.status
+
+
+def test_a_second_user_s_first_run_goes_to_an_experiment_of_their_own_and_a_403_says_whose(
+        auth_server, tmp_path, monkeypatch):
+    """With no experiment named, each login's runs go to ``causalab-<user>``, which its first
+    run creates and so owns: the first user's does not refuse the second (HTTP 403)."""
+    import secrets
+
+    url, admin = auth_server["url"], credentials(auth_server["root"])
+    bob = {"MLFLOW_TRACKING_USERNAME": "bob",
+           "MLFLOW_TRACKING_PASSWORD": secrets.token_urlsafe(18)}
+    assert _create_user(url, admin, bob["MLFLOW_TRACKING_USERNAME"],
+                        bob["MLFLOW_TRACKING_PASSWORD"]) == 200
+    first = _run(url, tmp_path, "admin", admin)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = _run(url, tmp_path, "bob", bob)
+    assert second.returncode == 0, second.stderr[-3000:]
+    # Into the first user's experiment, by name: refused in one line that says why.
+    refused = _run(url, tmp_path, "bob-into-admin", bob, experiment="causalab-admin")
+    lines = [line for line in refused.stderr.splitlines() if line.strip()]
+    assert refused.returncode == 1 and len(lines) == 1 and "Traceback" not in refused.stderr
+    assert "HTTP 403: user 'bob' has no permission on experiment 'causalab-admin'" in lines[0]
+    from mlflow import MlflowClient
+
+    for key, value in bob.items():
+        monkeypatch.setenv(key, value)
+    client = MlflowClient(url)
+    mine = client.get_experiment_by_name("causalab-bob")
+    assert [run.info.status for run in client.search_runs([mine.experiment_id])] == ["FINISHED"]
+
+
+def test_the_secrets_are_0600_and_no_other_user_reads_the_artifacts(auth_server):
+    """Run after the runs above stored their files through the server."""
+    root = auth_server["root"]
+    for name in ("password", "admin_password", "flask_secret", "basic_auth.ini",
+                 "basic_auth.db", "mlflow.log", "postgres.log"):
+        assert stat.S_IMODE((root / name).stat().st_mode) == 0o600, name
+    artifacts = root / "artifacts"
+    assert stat.S_IMODE(artifacts.stat().st_mode) == 0o700
+    stored = [path for path in artifacts.rglob("*")]
+    assert any(path.is_file() for path in stored)
+    assert [path for path in stored if path.stat().st_mode & 0o077] == []
