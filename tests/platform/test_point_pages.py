@@ -28,7 +28,7 @@ def test_a_point_s_description_opens_on_its_main_score_its_interval_and_its_cont
                      "[0.00, 0.00] · 12 rows")
     assert rest[0] == r"- logit\_diff/test 4.373 [1.08, 7.67] · control logit\_diff/control -9.596"
     assert r"*causalab:weekday-llama · block\_input L2 pos -1*" in rest[1]
-    assert "95 % bootstrap interval" in rest[1]
+    assert "95 % interval over the rows: Clopper-Pearson" in rest[1]
     assert "0.6666667" not in text and "train/loss" not in text  # rounded; a fit's series apart
 
 
