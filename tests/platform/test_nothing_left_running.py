@@ -116,15 +116,15 @@ def _points(database: Path, status: str, claim: str | None = None) -> int:
 
 
 def _making_the_store(database: Path) -> bool:
-    """The store's first use under way: a revision, not the last (or only its first tables)."""
+    """The store's first use under way: its one transaction open (a journal beside a file
+    whose tables a reader does not see yet; tracking/sqlite_store.py)."""
+    if not database.with_name(database.name + "-journal").exists():
+        return False
     try:
         with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True,
                                                 timeout=0.05)) as db:
-            tables = {row[0] for row in db.execute(
-                "select name from sqlite_master where type = 'table'")}
-            if "experiments" in tables and "alembic_version" not in tables:
-                return True
-            return "alembic_version" in tables and "trace_info" not in tables
+            return not db.execute("select name from sqlite_master where type = 'table'") \
+                .fetchall()
     except sqlite3.Error:
         return False
 
