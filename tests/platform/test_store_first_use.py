@@ -192,3 +192,32 @@ def test_a_store_mlflow_left_inside_a_batch_migration_is_one_line_naming_it(
                                "usable (MLflow cannot carry on migrating it"), lines
     assert lines[0].endswith(f"it holds no run, so removing {database} loses nothing)"), lines
     assert not lock_path(database).exists()
+
+
+def test_a_full_disk_at_a_new_stores_first_use_is_one_line_and_leaves_nothing_beside_it(
+        tmp_path, monkeypatch):
+    """A disk too small for MLflow's tables (a real 128 KiB tmpfs; the suite runs as root, as
+    ``make setup`` does): the first use's one transaction rolls back, so nothing is left but an
+    empty file where the store was asked for, no journal, copy or lock beside it, no lock in the
+    temporary folder, and nothing in the working folder but ``--out``."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    disk, work = tmp_path / "disk", tmp_path / "work"
+    disk.mkdir()
+    work.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    assert mounted.returncode == 0, f"this test mounts a tmpfs (root): {mounted.stderr}"
+    try:
+        database = disk / "mlflow.db"
+        uri = f"sqlite:///{database}"
+        run = _start(uri, work / "out")
+        _, stderr = run.communicate(timeout=LIMIT_S)
+        assert run.returncode == 1 and stderr.strip().splitlines() == [
+            f"error: --tracking-uri: the tracking store at {uri} is not usable (database or "
+            "disk is full)"], stderr[-3000:]
+        assert [p.name for p in disk.iterdir()] == ["mlflow.db"]
+        assert database.stat().st_size == 0
+        assert not lock_path(database).exists()
+        assert [p.name for p in work.iterdir()] in ([], ["out"])
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
