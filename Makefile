@@ -57,9 +57,13 @@ test-commands: setup
 
 # The slow tests that are the only test of a capability: the seed summary, the compare ranking's
 # ties, a real four-layer Hydra multirun's parent plot, a GGUF built-in's bf16 load without an
-# fp32 copy, a fit's rotation the same at one and two threads (tests/QUARANTINE.md).
+# fp32 copy, a fit's rotation the same at one and two threads, a fresh store a plain MLflow client
+# polls while the run makes it (ten trials), `make run` twice and a run stopped at five moments
+# then run again leaving no run RUNNING (tests/QUARANTINE.md).
 test-capabilities: setup
 	$(PY) -m pytest -q -m slow tests/platform/test_seeds.py tests/platform/test_compare.py \
+	  tests/platform/test_store_polled.py \
+	  tests/platform/test_nothing_left_running.py \
 	  tests/platform/test_plots.py::test_the_four_layer_hydra_multirun_parent_plot_is_one_connected_curve_per_quantity \
 	  tests/engine/test_precision.py::test_the_smollm2_gguf_built_in_loads_in_bf16_without_an_fp32_copy \
 	  tests/engine/test_determinism.py

@@ -130,7 +130,7 @@ class MultirunParent(Callback):
         children = store.children(mlflow, parent["experiment_id"], parent["run_id"])
         if not children:
             self._close()
-            mlflow.delete_run(parent["run_id"])
+            store.withdraw(mlflow, parent["run_id"])  # ended, then deleted: none RUNNING
             return
         if status != "KILLED":
             landed = landing.land(mlflow, parent["run_id"], title=self._title,

@@ -19,7 +19,7 @@ from causalab.errors import TrackingError, reason
 from causalab.files import SAELENS_WEIGHTS, TENSOR_SUFFIX, causalab_home
 from causalab.plots import curves as plots
 from causalab.progress import mlflow_bars
-from causalab.tracking.reach import FETCH_ADVICE, reach, source_of
+from causalab.tracking.reach import FETCH_ADVICE, deadlines, reach, source_of
 from causalab.tracking.runs import client, repository_of, resolve_uri, store_exists
 
 _WHERE = ("file_path",)
@@ -39,8 +39,9 @@ def _download(uri: str, parts: tuple[str, str], destination: Path, tracking_uri:
                                 f"{uri} from (give --tracking-uri or set MLFLOW_TRACKING_URI)")
     run_id, path = parts
     destination.mkdir(parents=True, exist_ok=True)
+    client(store)  # a SQLite store made or finished, and rebased, as a run's client opens it
     try:
-        with mlflow_bars():  # MLflow takes a whole run only as runs:/<id>/
+        with mlflow_bars(), deadlines():  # MLflow takes a whole run only as runs:/<id>/
             local = mlflow.artifacts.download_artifacts(
                 artifact_uri=f"runs:/{run_id}/{path}", dst_path=str(destination),
                 tracking_uri=store)

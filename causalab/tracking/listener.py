@@ -80,6 +80,7 @@ class TrackingEvents(Events):
         self._failures: list[Exception] = []  # the calls that failed, for ``wait``
         self._client: Any = None
         self._swept = False
+        self._computes = True  # whether this run computes any point (run_start decides)
         self._claims = claims.Claims()  # by digest: done, why not, mine, taken elsewhere
         self.taken: dict[str, str] = {}  # label -> the live run elsewhere that computes it
         self._open: dict[int, PointRun] = {}
@@ -176,6 +177,9 @@ class TrackingEvents(Events):
         if not self.rerun:
             asked = {p.digest: self._claim_of(p) for p in points if getattr(p, "digest", None)}
             self._claims = self.call(claims.claim_points, self.experiment_id, wanted, asked)
+        elsewhere = set(self._claims.done) | set(self._claims.taken)
+        self._computes = self.rerun or any(getattr(p, "digest", None) not in elsewhere
+                                           for p in points)
         sweep = document_digest(document) if self._swept else None
         # What a killed earlier run of this document left RUNNING ends KILLED first.
         self.send(lambda: self.call(owners.reap, self.experiment_id, wanted, sweep))
@@ -346,6 +350,8 @@ class TrackingEvents(Events):
             self.call(owners.reopen, reattach, owners.owner_tags())
             self.sweep_run_id, self._reattached = reattach, True
             return
+        if not self._computes and self.parent_run_id is None:
+            return  # every point done or computed elsewhere: no parent opened, none left open
         tags = {**self._tags("sweep", first), store.SWEEP: sweep}
         self.sweep_run_id = self.call(store.create_run, self.experiment_id,
                                       self.run_name or "sweep", tags, self.parent_run_id)
@@ -429,7 +435,7 @@ class TrackingEvents(Events):
             return
         self._send_sweep_params()
         if not self.point_runs and self.parent_run_id is None and not self._reattached:
-            self.call(lambda mlflow: mlflow.delete_run(self.sweep_run_id))
+            self.call(store.withdraw, self.sweep_run_id)  # ended, then deleted: none RUNNING
             return
         for point, label, found in self._reused:
             self._link(point, label, found)

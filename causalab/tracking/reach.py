@@ -2,35 +2,33 @@
 
 MLflow's client retries an unreachable server for minutes, and only at its first call, after
 the model has loaded; :func:`reach` asks first and refuses in seconds with the URI named.
-Deadlines, a new SQLite store's first use, a moved store's rebase and the refusals:
-docs/platform.md §5.
+Deadlines (scoped to causalab's own calls), a SQLite store's first use and a moved store's
+rebase (:mod:`causalab.tracking.sqlite_store`) and the refusals: docs/platform.md §5.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
+import functools
 import logging
 import os
 import re
-import sqlite3
+import threading
 import time
 from pathlib import Path as FilePath
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from causalab import files
 from causalab.errors import Path, TrackingError
 from causalab.progress import mlflow_notes
+from causalab.tracking import sqlite_store
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-# The folder a SQLite store causalab made was made in (an experiment tag), and its artifacts'.
-ROOT_TAG = "causalab.store_root"
-ARTIFACTS = "mlartifacts"
-# MLflow's HTTP settings for one call: 1 + 2 tries of at most 15 s each, 0-4 s of back-off
-# between them, so a server that stopped answering fails a call in about 50 s (MLflow's own
-# defaults: 8 tries of 120 s and minutes of back-off, about 20 minutes).
+# MLflow's HTTP settings for one of causalab's calls: 1 + 2 tries of at most 15 s each, 0-4 s
+# of back-off between them, so a server that stopped answering fails a call in about 50 s
+# (MLflow's own defaults: 8 tries of 120 s and minutes of back-off, about 20 minutes).
 DEADLINES = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "15", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
              "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
              "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "1.0"}
@@ -97,82 +95,92 @@ def sqlite_file(uri: str) -> FilePath | None:
     return None if name in ("", ":memory:") else FilePath(name)
 
 
-# The stores this process has opened once (a SQLite store's first use under its lock).
+# The SQLite stores this process has opened once (made or finished first, rebased if moved).
 _OPENED: set[str] = set()
 
 
 def client(uri: str) -> "MlflowClient":
-    """A client of the store at ``uri``, opened here (a new SQLite store made under its lock,
-    :func:`_first_use`); its calls carry :data:`DEADLINES` unless the process set its own."""
+    """A client of the store at ``uri``, opened here: a SQLite store made or finished in place
+    first, and rebased when it was moved (:mod:`causalab.tracking.sqlite_store`). Its calls,
+    and its artifact repositories', carry :data:`DEADLINES` (:func:`deadlines`)."""
     from mlflow import MlflowClient
 
-    os.environ.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
     database = sqlite_file(uri)
     first = database is not None and uri not in _OPENED
-    with _first_use(database) if first else contextlib.nullcontext(), mlflow_notes():
-        if database is not None and database.is_file():  # a store moved since: rebased first
-            rebase(database)
+    with mlflow_notes(), deadlines():
+        if first and not sqlite_store.made(sqlite_store.look(database)):
+            sqlite_store.make(uri, database)
         found = MlflowClient(tracking_uri=uri)
         if first:
-            found.search_experiments(max_results=1)  # the tables made or migrated now
+            _open(found, uri, database)
     _OPENED.add(uri)
-    return found
+    return Bounded(found)
 
 
-def rebase(database: FilePath) -> int:
-    """Point a moved store's artifact locations (absolute in MLflow) at the ``mlartifacts``
-    beside ``database``, before MLflow opens it; returns how many experiments were rebased."""
-    here = str(database.resolve().parent)
-    new = (FilePath(here) / ARTIFACTS).as_uri()
-    with contextlib.closing(sqlite3.connect(database, timeout=30)) as db:
-        try:
-            moved = db.execute("SELECT experiment_id, value FROM experiment_tags WHERE key = ? "
-                               "AND value != ?", (ROOT_TAG, here)).fetchall()
-        except sqlite3.DatabaseError:  # no tables yet, or not a store: MLflow says what it is
-            return 0
-        with db:
-            for experiment, was in moved:
-                old = (FilePath(was) / ARTIFACTS).as_uri()
-                for table, column in (("experiments", "artifact_location"),
-                                      ("runs", "artifact_uri")):
-                    db.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
-                               f"WHERE experiment_id = ? AND substr({column}, 1, ?) = ?",
-                               (new, len(old) + 1, experiment, len(old), old))
-                db.execute("UPDATE experiment_tags SET value = ? WHERE experiment_id = ? AND "
-                           "key = ?", (here, experiment, ROOT_TAG))
-    return len(moved)
+def _open(found: "MlflowClient", uri: str, database: FilePath) -> None:
+    """MLflow opens the store now; one it finds at an older revision that holds no run (a
+    first use that stopped after the last of its tables) is finished first. A moved store is
+    rebased before anything reads where its files are."""
+    try:
+        found.search_experiments(max_results=1)
+    except Exception as error:
+        if not sqlite_store.out_of_date(error) or sqlite_store.holds_runs(database):
+            raise
+        sqlite_store.make(uri, database, stale=True)
+        found.search_experiments(max_results=1)
+    moved = sqlite_store.moved(found, database)
+    if moved:
+        sqlite_store.rebase(uri, database, moved)
+
+
+# How many tracking calls are under way in this process, and the settings they put in place.
+_DEADLINE_LOCK = threading.Lock()
+_UNDER_WAY = 0
+_PUT: dict[str, str] = {}
 
 
 @contextlib.contextmanager
-def _first_use(database: FilePath) -> Iterator[None]:
-    """Hold ``<database>.lock`` while the store is first opened: two processes making one
-    file's tables at once fail (``table _alembic_tmp_experiments already exists``). A new store
-    is made in ``<database>.new``, then renamed into place: MLflow's migrations are not one
-    transaction, and a run killed during them in place left a store no later run could open
-    (``duplicate column name: step``). A store that exists is left to MLflow."""
+def deadlines() -> Iterator[None]:
+    """:data:`DEADLINES` in the environment (where MLflow reads them, at each request) for as
+    long as a causalab call to a store is under way, each one the process set itself left
+    alone; put back as they were once the last call ends. MLflow's client takes no timeout of
+    its own, and a notebook's own MLflow calls outside this keep MLflow's settings."""
+    global _UNDER_WAY
+    with _DEADLINE_LOCK:
+        if _UNDER_WAY == 0:
+            _PUT.update({k: v for k, v in DEADLINES.items() if k not in os.environ})
+            os.environ.update(_PUT)
+        _UNDER_WAY += 1
     try:
-        database.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(database.with_name(database.name + ".lock"), "a")
-    except OSError:  # a folder that takes no file: MLflow refuses the store in its own words
         yield
-        return
-    with handle:  # closing it releases the lock
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        if not database.exists() or database.stat().st_size == 0:
-            import sqlalchemy
-            from mlflow.store.db.utils import _initialize_tables  # MLflow's, on a new store
+    finally:
+        with _DEADLINE_LOCK:
+            _UNDER_WAY -= 1
+            if _UNDER_WAY == 0:
+                for key, value in _PUT.items():
+                    if os.environ.get(key) == value:
+                        del os.environ[key]
+                _PUT.clear()
 
-            staging = database.with_name(database.name + ".new")
-            for leftover in (staging, staging.with_name(staging.name + "-journal")):
-                leftover.unlink(missing_ok=True)
-            engine = sqlalchemy.create_engine(f"sqlite:///{staging}")
-            try:
-                with mlflow_notes():
-                    _initialize_tables(engine)
-            finally:
-                engine.dispose()
-            os.replace(staging, database)
-        yield
+
+class Bounded:
+    """An object (an ``MlflowClient``, an artifact repository) whose every method call runs
+    under :func:`deadlines`; its other attributes read through."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._inner, name)
+        if not callable(found):
+            return found
+
+        @functools.wraps(found)
+        def bounded(*args: Any, **kwargs: Any) -> Any:
+            with deadlines():
+                return found(*args, **kwargs)
+
+        return bounded
 
 
 def said_once() -> None:
@@ -206,6 +214,8 @@ def refused(error: BaseException, experiment: str | None = None) -> str | None:
     or one that refuses the login the permission (403) on ``experiment``."""
     seen: BaseException | None = error
     while seen is not None:
+        if isinstance(seen, sqlite_store.HalfMade):
+            return str(seen)
         login = _LOGIN.search(str(seen)) if type(seen).__name__ == "MlflowException" else None
         user = os.environ.get("MLFLOW_TRACKING_USERNAME", "").strip()
         if login and login.group(1) == "403" and user:

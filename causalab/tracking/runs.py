@@ -20,7 +20,8 @@ from urllib.parse import urlparse
 
 from causalab.document.names import mlflow_key
 from causalab.errors import TrackingError
-from causalab.tracking.reach import ARTIFACTS, ROOT_TAG, client, sqlite_file
+from causalab.tracking.reach import Bounded, client, sqlite_file
+from causalab.tracking.sqlite_store import ARTIFACTS, ROOT_TAG
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -191,12 +192,13 @@ _ARTIFACT_URIS: dict[tuple[str, str], str] = {}
 
 def repository_of(mlflow: MlflowClient, run_id: str):
     """A run's artifact repository, found without a store lookup for a run this process created
-    (MLflow's client.list_artifacts looks a run up again for each folder)."""
+    (MLflow's client.list_artifacts looks a run up again for each folder); its calls bounded as
+    the client's (:class:`~causalab.tracking.reach.Bounded`)."""
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
     location = (_ARTIFACT_URIS.get((run_id, mlflow.tracking_uri))
                 or mlflow.get_run(run_id).info.artifact_uri)
-    return get_artifact_repository(location, tracking_uri=mlflow.tracking_uri)
+    return Bounded(get_artifact_repository(location, tracking_uri=mlflow.tracking_uri))
 
 
 def terminate(mlflow: MlflowClient, run_id: str, status: str, error: str | None = None) -> None:

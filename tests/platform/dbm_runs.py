@@ -32,17 +32,30 @@ def dbm_sweep(folder: Path, epochs: int) -> str:
     return str(path)
 
 
+def running(uri: str) -> list[str]:
+    """Every run of the store left RUNNING, in any experiment, the deleted ones too (a run
+    deleted while RUNNING stays RUNNING in MLflow's trash)."""
+    from mlflow import MlflowClient
+    from mlflow.entities import ViewType
+
+    client = MlflowClient(uri)
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    return [f"{r.info.run_name} ({r.info.run_id}, {r.info.lifecycle_stage})" for r in
+            client.search_runs(experiments, "attributes.status = 'RUNNING'",
+                               run_view_type=ViewType.ALL, max_results=5000)]
+
+
 def each_point_finished_once(uri: str, points: int | None = None) -> None:
-    """No run of the store's default experiment is RUNNING, and each point (``points`` of
-    them, when given) was computed and FINISHED exactly once."""
+    """No run of the store is RUNNING (:func:`running`), and each point of its default
+    experiment (``points`` of them, when given) was computed and FINISHED exactly once."""
     from mlflow import MlflowClient
 
     from causalab.tracking import runs as store
 
+    assert running(uri) == []
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name(store.DEFAULT_EXPERIMENT).experiment_id
     runs = client.search_runs([experiment], max_results=1000)
-    assert [r.info.run_id for r in runs if r.info.status == "RUNNING"] == []
     computed = Counter(r.data.tags[store.PRODUCED_BY] for r in runs
                        if r.data.tags.get(store.KIND) == "point" and r.info.status == "FINISHED"
                        and store.REUSED_FROM not in r.data.tags)

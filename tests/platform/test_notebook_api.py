@@ -4,7 +4,8 @@
 ranks) is tracked to a temporary SQLite store, then run again: the rerun reuses every point
 and still gives back the same tables, scores and values, read from the store. `search_points`
 carries a fit's final eval and loss, `causalab.render` stays callable, a Result shows itself
-as a table, and a run given no `out=` leaves no folder behind once its process ends.
+as a table, a run given no `out=` leaves no folder behind once its process ends, and MLflow's
+HTTP settings are as they were after a tracked run.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from mlflow import MlflowClient
 
 import causalab
+from causalab.tracking.reach import DEADLINES
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = str(REPO / "documents" / "data")
@@ -28,11 +30,19 @@ RANK_SWEEP = str(REPO / "documents" / "v2" / "das_rank_sweep.json")
 def twice(tmp_path_factory):
     """The rank sweep tracked once, then the same cell again; both results and the store."""
     uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+    settings = {name: os.environ.get(name) for name in DEADLINES}
     first = causalab.run(RANK_SWEEP, track=True, tracking_uri=uri, experiment="notebook",
                          data_root=DATA)
     again = causalab.run(RANK_SWEEP, track=True, tracking_uri=uri, experiment="notebook",
                          data_root=DATA)
-    return {"first": first, "again": again, "uri": uri, "client": MlflowClient(uri)}
+    return {"first": first, "again": again, "uri": uri, "client": MlflowClient(uri),
+            "settings": settings}
+
+
+def test_a_tracked_run_leaves_the_notebooks_mlflow_settings_as_they_were(twice):
+    """causalab's deadlines hold for its own calls alone: a notebook's own MLflow calls after
+    a tracked run keep MLflow's HTTP settings (or the user's)."""
+    assert {name: os.environ.get(name) for name in DEADLINES} == twice["settings"]
 
 
 def test_a_rerun_reuses_every_point_and_gives_back_the_same_tables(twice):
