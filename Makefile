@@ -57,12 +57,14 @@ test-commands: setup
 
 # The slow tests that are the only test of a capability: the seed summary, the compare ranking's
 # ties, a real four-layer Hydra multirun's parent plot, a GGUF built-in's bf16 load without an
-# fp32 copy, a fit's rotation the same at one and two threads (tests/QUARANTINE.md).
+# fp32 copy, a fit's rotation the same at one and two threads, the memory floor held on SmolLM2
+# (tests/QUARANTINE.md).
 test-capabilities: setup
 	$(PY) -m pytest -q -m slow tests/platform/test_seeds.py tests/platform/test_compare.py \
 	  tests/platform/test_plots.py::test_the_four_layer_hydra_multirun_parent_plot_is_one_connected_curve_per_quantity \
 	  tests/engine/test_precision.py::test_the_smollm2_gguf_built_in_loads_in_bf16_without_an_fp32_copy \
-	  tests/engine/test_determinism.py
+	  tests/engine/test_determinism.py \
+	  tests/engine/test_memory_budget.py::test_smollm2_is_refused_at_its_weights_plus_ten_percent_and_held_at_the_least_budget
 
 # scripts/bench/device.sh --dry: the prepared GPU run's steps on the CPU (a small stand-in, no install).
 test-device: setup

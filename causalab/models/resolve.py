@@ -62,14 +62,23 @@ def resolve(key: str, revision: str | None = None, *, home: str | None = None) -
                                "directory or a hub id")
     if key.startswith(SCHEME):
         return _builtin(key, revision, home)
-    if key.endswith(".gguf") and Path(key).is_file():
+    if key.endswith(".gguf") and _is(Path.is_file, key):
         return _gguf_file(key, revision, home)
-    if Path(key).is_dir():
+    if _is(Path.is_dir, key):
         return _directory(key, revision)
     if _HUB_ID.match(key):
         return _hub(key, revision)
     raise ModelError(_KEY, f"{key!r} is not a directory, a hub id or a built-in "
                            f"({_builtin_names()})")
+
+
+def _is(test, key: str) -> bool:
+    """``test`` (``Path.is_dir``…) of ``key`` as a path; False for a key no file system can
+    name (a sentence past the file-name limit raises ENAMETOOLONG), so it is refused as a key."""
+    try:
+        return test(Path(key))
+    except (OSError, ValueError):
+        return False
 
 
 def _builtin_names() -> str:
