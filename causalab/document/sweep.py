@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from causalab.document.names import sanitised_label, unreadable_name, unsafe_segment
 from causalab.document.vocab import MAX_POINTS
-from causalab.errors import DocumentError, Path
+from causalab.errors import DocumentError, Path, shorten
 
 WRAPPER_KEYS = frozenset({"sweep", "as"})
 UNSWEEPABLE = ("model", "header")
@@ -214,9 +214,9 @@ def lower(raw: dict) -> list[Point]:
         label = sanitised_label(",".join(parts))
         why = unsafe_segment(label)
         if why is not None:
-            raise DocumentError(axes[0].wrappers[0][0], f"the point label {label[:60]!r}… {why}: "
-                                f"a label names the point's directory; {_hint(axes)}"
-                                "sweep shorter values")
+            raise DocumentError(axes[0].wrappers[0][0],
+                                f"the point label {shorten(label, 32)!r} {why}: it names the "
+                                f"point's folder; {_hint(axes)}sweep shorter values")
         points.append(Point(label=label, coordinates=coordinates, document=document,
                             origins=tuple(origins)))
     distinct = len({p.label for p in points})

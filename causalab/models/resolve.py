@@ -101,7 +101,8 @@ def _builtin(key: str, revision: str | None, home: str | None) -> Resolved:
     else:
         path, actual = _materialise(name, entry, revision, home)
     if revision not in _FLOATING and revision != actual:
-        raise ModelError(_REVISION, f"{key} has revision {actual}, the document pins {revision}")
+        raise ModelError(_REVISION, f"{key} has revision {actual}, "
+                                    f"the document pins {revision!r}")
     return Resolved(key=key, path=str(path), revision=actual, builtin=True)
 
 
@@ -194,11 +195,12 @@ def _directory(path: str, revision: str | None, *, key: str | None = None) -> Re
     if actual is None:
         if has_weights and revision not in _FLOATING and not looks_like_digest(revision):
             raise ModelError(_REVISION, f"{key} holds weights, whose revision is a tensor "
-                                        f"digest; the document pins {revision}, which is not one")
+                                        f"digest; the document pins {revision!r}, "
+                                        "which is not one")
         return Resolved(key=key, path=path, revision=revision or "main", builtin=False)
     if revision not in _FLOATING and revision != actual:
         raise ModelError(_REVISION, f"{key} has tensor digest {actual}, "
-                                    f"the document pins {revision}")
+                                    f"the document pins {revision!r}")
     return Resolved(key=key, path=path, revision=actual, builtin=False)
 
 
