@@ -87,7 +87,7 @@ def parse(text: str) -> tuple[str, float]:
 # receipt's and the head's logits over every column). Measured on this machine (2 CPUs, glibc;
 # scripts/bench/floor.py, the corpus patching document tracked, at the least budget each
 # built-in accepts): 25 MiB beyond on the tiny and weekday built-ins (804 entries), 72 MiB on
-# SmolLM2-135M (49,152), 288 MiB on Gemma-3-270M (262,144): 25 MiB + ~1.0 KiB per entry,
+# SmolLM2-135M (49,152), 286 MiB on Gemma-3-270M (262,144): 25 MiB + ~1.0 KiB per entry,
 # rounded up to the figures below. Counted on the CPU only: an accelerator's budget counts
 # what torch reserves there, which starts at zero.
 LOAD_MARGIN = 64 * 2 ** 20
