@@ -92,14 +92,19 @@ def _renormalized(pass_: Pass) -> set[str]:
     return {name for name, yes in followed.items() if yes}
 
 
+# What each break marks per position of a ``Written`` (None: not checked there).
+_MARKS = {"non_finite": lambda flags: flags.non_finite,
+          "norm_overflow": lambda flags: flags.norm_overflow,
+          "grown": lambda flags: None if flags.growth is None else flags.growth > GROWTH_LIMIT}
+
+
 def _rows(found: list[tuple[tuple[int, ...], Written]], flag: str
           ) -> tuple[set[int], set[int]]:
-    """The pass rows ``flag`` (a ``Written`` field) marks at some position, and every row the
+    """The pass rows ``flag`` (a key of ``_MARKS``) marks at some position, and every row the
     write acted on."""
     bad, every = set(), set()
     for rows, flags in found:
-        marked = (flags.growth > GROWTH_LIMIT if flags.growth is not None else None) \
-            if flag == "grown" else getattr(flags, flag)
+        marked = _MARKS[flag](flags)
         values, start = ([False] * sum(flags.counts) if marked is None else marked.tolist()), 0
         for row, count in zip(rows, flags.counts):
             every.add(row)

@@ -5,11 +5,13 @@ validate, compile against the tiny Llama's config, tokenizer and the shipped dat
 process. A variant's outcome is *compiled*, *refused* (a ``CausalabError`` naming a JSON path,
 or for input that is not a JSON tree at all, the file with its line and column), a *fault*
 (any other exception, a refusal that names no place, or a JSON tree refused without a JSON
-path) or a *hang* (no answer in ``HANG_S``). Three seeds run: the first, and two more whose
-cases found a fault the first did not (seed 51: a model key past the file-name limit made
-``resolve`` raise ``OSError`` instead of refusing ``model.key``). The generator makes structured mutations of the corpus documents (drop, retype,
-rename, sweep, splice a node from elsewhere, perturb an integer or a string) and byte-level
-ones (bad UTF-8, truncation, deep nesting, huge integers, a lone surrogate).
+path) or a *hang* (no answer in ``HANG_S``). Three seeds run: the first; seed 51, whose cases
+found two faults the first did not (a model key past the file-name limit made ``resolve`` raise
+``OSError`` instead of refusing ``model.key``, and a metric ``kind`` that is a list was quoted
+whole past ``MAX_LINE``); and seed 2. The generator makes structured mutations of the corpus
+documents (drop, retype, rename, sweep, splice a node from elsewhere, perturb an integer or a
+string) and byte-level ones (bad UTF-8, truncation, deep nesting, huge integers, a lone
+surrogate).
 """
 from __future__ import annotations
 
