@@ -163,9 +163,10 @@ class Featurizer(Node):
             raise refuse(f"{self.kind} takes no seed")
         if self.seed is not None and self.file_path is not None:
             raise refuse("a loaded featurizer takes no seed")
-        if self.file_path is not None and shell_form(self.file_path) is not None:
-            raise refuse(f"{self.file_path!r} {shell_form(self.file_path)}: nothing expands it, "
-                         "so it would be read as written; give the path itself", "file_path")
+        shell = None if self.file_path is None else shell_form(self.file_path)
+        if shell is not None:
+            raise refuse(f"{self.file_path!r} {shell}: nothing expands it, so it would be read "
+                         "as written; give the path itself", "file_path")
         if self.file_path is not None and is_uri(self.file_path):
             try:
                 runs_uri_parts(self.file_path)
