@@ -59,14 +59,15 @@ test-commands: setup
 # ties, a real four-layer Hydra multirun's parent plot, a GGUF built-in's bf16 load without an
 # fp32 copy, a fit's rotation the same at one and two threads, a fresh store a plain MLflow client
 # polls while the run makes it (ten trials), `make run` twice and a run stopped at five moments
-# then run again leaving no run RUNNING (tests/QUARANTINE.md).
+# then run again leaving no run RUNNING, the memory floor held on SmolLM2 (tests/QUARANTINE.md).
 test-capabilities: setup
 	$(PY) -m pytest -q -m slow tests/platform/test_seeds.py tests/platform/test_compare.py \
 	  tests/platform/test_store_polled.py \
 	  tests/platform/test_nothing_left_running.py \
 	  tests/platform/test_plots.py::test_the_four_layer_hydra_multirun_parent_plot_is_one_connected_curve_per_quantity \
 	  tests/engine/test_precision.py::test_the_smollm2_gguf_built_in_loads_in_bf16_without_an_fp32_copy \
-	  tests/engine/test_determinism.py
+	  tests/engine/test_determinism.py \
+	  tests/engine/test_memory_budget.py::test_smollm2_is_refused_at_its_weights_plus_ten_percent_and_held_at_the_least_budget
 
 # scripts/bench/device.sh --dry: the prepared GPU run's steps on the CPU (a small stand-in, no install).
 test-device: setup

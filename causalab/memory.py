@@ -4,8 +4,16 @@ The budget is what the whole process may hold, weights included: bytes with a un
 ``512MiB``) or a share of what is free when the run starts (``80%``, the default), counted on
 the device the model lands on (the CPU's available memory, or the accelerator's free memory).
 The weights' size is read from the safetensors headers of the model directory (no tensor is
-read), converted to the dtype the model loads in, so a model that cannot fit is refused before
-it loads. Stdlib only at import; psutil and torch are imported where the machine is measured.
+read), converted to the dtype the model loads in. The process has a floor of its own below
+which no budget holds: what it holds once the runtime a run loads is imported (Python, torch,
+transformers, nnsight and nnterp, MLflow when tracking: measured, :func:`import_runtime`) plus
+:func:`load_margin`, what loading a model and its smallest trace add beyond the weights
+(measured on the built-ins, below), plus the stored file mapped while weights convert to
+another dtype (:func:`converted_bytes`). A budget under the floor plus the weights is refused
+before the model loads, in one line naming all three; one at or above it is held (the
+resident set's peak within 5 % of it on every built-in, :func:`peak_bytes`), and a run whose
+peak passes it anyway says so (``engine.entry``). Stdlib only at import; psutil and torch
+are imported where the machine is measured.
 
 >>> parse("6GiB")
 ('bytes', 6442450944)
@@ -72,6 +80,78 @@ def parse(text: str) -> tuple[str, float]:
     return "bytes", int(number * UNITS[unit])
 
 
+# What loading a model and running its smallest trace add to the resident set beyond what the
+# process held with its runtime imported (``import_runtime``) and beyond the weights: a fixed
+# part (nnterp's wrapping of the model, the model class's module, the allocator's arenas, a
+# one-row trace) and a part per vocabulary entry (the tokenizer's tables, the fidelity
+# receipt's and the head's logits over every column). Measured on this machine (2 CPUs, glibc;
+# scripts/bench/floor.py, the corpus patching document tracked, at the least budget each
+# built-in accepts): 25 MiB beyond on the tiny and weekday built-ins (804 entries), 72 MiB on
+# SmolLM2-135M (49,152), 286 MiB on Gemma-3-270M (262,144): 25 MiB + ~1.0 KiB per entry,
+# rounded up to the figures below. Counted on the CPU only: an accelerator's budget counts
+# what torch reserves there, which starts at zero.
+LOAD_MARGIN = 64 * 2 ** 20
+VOCAB_MARGIN = 1280  # bytes per vocabulary entry
+# How far a measured peak may pass the budget before the run says it was not held.
+PEAK_SLACK = 0.05
+
+
+def import_runtime() -> None:
+    """Import what a run loads before its first trace (torch, transformers' model classes,
+    nnsight, nnterp; MLflow is in already when the run is tracked), so the resident set
+    measured next is the process's own floor, not a share of it the load adds afterwards."""
+    import nnterp  # noqa: F401  (nnsight, torch and transformers come with it)
+    from transformers import PreTrainedModel  # noqa: F401
+
+
+def load_margin(path: str | Path | None = None, device: str = "cpu") -> int:
+    """What loading the model in directory ``path`` and its smallest trace add beyond its
+    weights (0 on an accelerator): :data:`LOAD_MARGIN` plus :data:`VOCAB_MARGIN` per entry of
+    its vocabulary (``config.json``'s ``vocab_size``, or its ``text_config``'s)."""
+    if is_accelerator(device):
+        return 0
+    return LOAD_MARGIN + VOCAB_MARGIN * (_vocab_size(path) if path is not None else 0)
+
+
+def _vocab_size(path: str | Path) -> int:
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    size = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return int(size) if isinstance(size, int) and size > 0 else 0
+
+
+def floor_bytes(held: int, path: str | Path | None = None, device: str = "cpu") -> int:
+    """The process's floor: ``held`` (what it holds with the runtime imported) plus what the
+    model at ``path`` adds beyond its weights as it loads and runs one row
+    (:func:`load_margin`)."""
+    return held + load_margin(path, device)
+
+
+def peak_bytes(device: str = "cpu") -> int:
+    """The most this process has held on the device since it started: the resident set's
+    high-water mark (Linux's ``VmHWM``, which starts afresh at ``exec``; elsewhere
+    ``ru_maxrss``, which on Linux keeps a forking parent's), or the most torch has reserved
+    there."""
+    if is_accelerator(device):
+        import torch
+
+        return int(torch.cuda.max_memory_reserved())
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
 def is_accelerator(device: str) -> bool:
     """Whether ``device`` (a placement as the loader resolved it) is a CUDA device."""
     return device.startswith("cuda") or device.isdigit()
@@ -125,6 +205,21 @@ def weights_bytes(path: str | Path, dtype: str | None = None) -> int:
             itemsize = ITEMSIZE.get(dtype) if floating and dtype else None
             total += count * (itemsize or _STORED.get(entry["dtype"], 4))
     return total
+
+
+def converted_bytes(path: str | Path, dtype: str | None) -> int:
+    """Bytes of the stored weights in ``path`` that are mapped while they load in another
+    ``dtype`` (the whole stored size when some floating tensor is stored in another width,
+    else 0): the loader reads the file through a mapping whose pages count in the resident
+    set beside the converted copy (an fp32 GGUF dequantization loaded in bf16)."""
+    if dtype is None or dtype not in ITEMSIZE:
+        return 0
+    for file in sorted(Path(path).glob("*.safetensors")):
+        for name, entry in _header(file).items():
+            if name != "__metadata__" and entry["dtype"].startswith(("F", "BF")) \
+                    and _STORED.get(entry["dtype"]) != ITEMSIZE[dtype]:
+                return weights_bytes(path)
+    return 0
 
 
 def _header(file: Path) -> dict:

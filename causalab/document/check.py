@@ -16,7 +16,7 @@ from causalab.document.schema import Document
 from causalab.document.references import check_steps
 from causalab.document.sweep import (Point, authored_path, find_wrappers, lower,
                                      refuse_near_wrappers)
-from causalab.errors import DocumentError, Path
+from causalab.errors import DocumentError, Path, shorten
 
 _TAG_ERRORS = ("union_tag_invalid", "union_tag_not_found")
 
@@ -60,6 +60,11 @@ def _message(item: dict) -> str:
         return ctx["message"]
     if item["type"] == "union_tag_not_found":
         return "missing required field 'kind'"
+    if item["type"] == "union_tag_invalid":
+        # pydantic quotes the tag whole; a list or object there has quotes inside it, so the
+        # cut of long quoted strings would not find it.
+        return (f"unknown kind {shorten(str(ctx.get('tag')))!r}; expected one of "
+                f"{ctx.get('expected_tags')}")
     return item["msg"]
 
 

@@ -1,10 +1,15 @@
-"""Names that become file or directory names: one safe path segment each, or refused.
+"""Names that become file or directory names or MLflow keys: one safe path segment each, or refused.
 
-A step, an intervention, a sweep point's label and each part of a save's ``file_path`` name a
-directory or file under ``--out``. A safe segment is non-empty, is not ``.`` or ``..``, holds
-no ``/``, ``\\`` or control character, and is at most ``MAX_SEGMENT_BYTES`` long in UTF-8
-(the common file-system limit), so no name in a document can leave ``--out`` or fail the
-operating system. Pure string rules: this module never touches a disk.
+Every name an author gives a node (a role, site, featurizer, intervention, step, read, write,
+model, metric, output), a sweep axis's ``as``, a sweep point's label and each part of a save's
+``file_path`` names a directory or file under ``--out`` or a part of an MLflow key (``iia/test``,
+a swept coordinate ``sites.<t>.layers``; MLflow refuses a key that a path would resolve to
+another, ``../../evil/test``). A safe segment is non-empty, is not ``.`` or ``..``, holds no
+``/``, ``\\`` or control character, and is at most ``MAX_SEGMENT_BYTES`` long in UTF-8 (the
+common file-system limit), so no name in a document can leave ``--out``, fail the operating
+system or be refused by the store after its point has run. A save path holds no shell form
+(``~``, ``$HOME``, a backtick): nothing expands one, so ``~/x.json`` would be a folder named
+``~`` under ``--out``. Pure string rules: this module never touches a disk.
 
 >>> unsafe_segment("train") is None
 True
@@ -31,6 +36,23 @@ def unsafe_segment(name: str) -> str | None:
     size = len(name.encode("utf-8", "surrogatepass"))
     if size > MAX_SEGMENT_BYTES:
         return f"is {size} bytes long, more than {MAX_SEGMENT_BYTES}"
+    return None
+
+
+def shell_form(path: str) -> str | None:
+    """Why ``path`` holds a form only a shell expands (a leading ``~`` of a part, ``$``, a
+    backtick), or None. Nothing in causalab expands one, so it would be taken literally.
+
+    >>> shell_form("~/x.json")
+    "starts a part with '~' (a shell's home folder)"
+    >>> shell_form("sub/x.json") is None
+    True
+    """
+    if any(part.startswith("~") for part in path.split("/")):
+        return "starts a part with '~' (a shell's home folder)"
+    for mark, what in (("$", "a shell variable"), ("`", "a shell command")):
+        if mark in path:
+            return f"holds {mark!r} ({what})"
     return None
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, Union
 from pydantic import AfterValidator, AllowInfNan, BaseModel, ConfigDict, Strict, StrictInt, StrictStr
 from pydantic_core import PydanticCustomError
 
-from causalab.document.names import unreadable_name
+from causalab.document.names import unreadable_name, unsafe_segment
 
 FiniteFloat = Annotated[float, Strict(), AllowInfNan(False)]
 # An int stays an int (a gaussian seed must be one); a float is any finite float.
@@ -34,14 +34,21 @@ def refuse(message: str, *at: str | int) -> PydanticCustomError:
     return PydanticCustomError("causalab", "{message}", {"message": message, "at": tuple(at)})
 
 
-def _readable(name: str) -> str:
-    """V30: a name that cannot be shown on one line as itself."""
+def _name(name: str) -> str:
+    """V30: a name that cannot be shown on one line as itself, or that is not one safe path
+    segment (it becomes a file, a folder or a part of an MLflow key)."""
     why = unreadable_name(name)
     if why is not None:
         raise refuse(f"name {name!r} {why}: a name is shown in explain, MLflow and tables, so "
                      "it is printable, non-empty and has no leading or trailing space")
+    why = unsafe_segment(name)
+    if why is not None:
+        # The path names it already (a key): said once keeps a long name's line short.
+        raise refuse(f"this name {why}: a name becomes a file, a folder or an MLflow key, so "
+                     "it is one safe path segment (no / or \\, not . or ..)")
     return name
 
 
-# A name the author gives a node (a site, step, read, metric…): shown, so readable.
-Name = Annotated[StrictStr, AfterValidator(_readable)]
+# A name the author gives a node (a site, step, read, metric…): shown, so readable, and
+# stored (a folder, a file, an MLflow key), so one safe path segment.
+Name = Annotated[StrictStr, AfterValidator(_name)]

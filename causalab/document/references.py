@@ -16,7 +16,7 @@ import posixpath
 
 from causalab.document.attribution import check_attribute
 from causalab.document.interventions import Entry, Intervention, Ref, Write
-from causalab.document.names import mlflow_key, unsafe_segment
+from causalab.document.names import mlflow_key, shell_form, unsafe_segment
 from causalab.document.positions import Position
 from causalab.document.schema import Attribute, Document, Fit, Observe, Save, Weights
 from causalab.document.steps import step_interventions
@@ -594,6 +594,11 @@ def _contained(file_path: str, at: Path) -> str:
     if posixpath.isabs(file_path) or file_path.startswith("\\") or ":" in file_path[:2]:
         raise DocumentError(at, f"{file_path!r} is absolute; paths are relative to the "
                             "output directory")
+    shell = shell_form(file_path)
+    if shell is not None:
+        raise DocumentError(at, f"{file_path!r} {shell}: nothing expands it, so it would be a "
+                            "file or folder of that name under the output directory; give "
+                            "the path relative to --out")
     name = posixpath.normpath(file_path)
     if name == ".." or name.startswith("../"):
         raise DocumentError(at, f"{file_path!r} escapes the output directory")

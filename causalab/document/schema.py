@@ -15,7 +15,7 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from causalab.document.interventions import (METRIC_MODELS, Intervention, InterventionModel,
                                              Metric, Operand, Read, Ref, Write)
-from causalab.document.names import is_uri, runs_uri_parts, unsafe_segment
+from causalab.document.names import is_uri, runs_uri_parts, shell_form
 from causalab.document.nodes import Name, Node, Number, refuse
 from causalab.document.positions import Pos, Position, Scope, as_position
 from causalab.document.steps import (Anneal, Attribute, EarlyStop, Eval, Fit, Observe, Optimizer,
@@ -163,6 +163,10 @@ class Featurizer(Node):
             raise refuse(f"{self.kind} takes no seed")
         if self.seed is not None and self.file_path is not None:
             raise refuse("a loaded featurizer takes no seed")
+        shell = None if self.file_path is None else shell_form(self.file_path)
+        if shell is not None:
+            raise refuse(f"{self.file_path!r} {shell}: nothing expands it, so it would be read "
+                         "as written; give the path itself", "file_path")
         if self.file_path is not None and is_uri(self.file_path):
             try:
                 runs_uri_parts(self.file_path)
@@ -188,13 +192,8 @@ class Document(Node):
 
     @model_validator(mode="after")
     def _reserved_step(self) -> "Document":
-        # Step and intervention names become directories under --out (a list step's entries).
-        for node in ("steps", "interventions"):
-            for name in getattr(self, node):
-                why = unsafe_segment(name)
-                if why is not None:
-                    raise refuse(f"{node[:-1]} name {name!r} {why}: a name becomes a directory "
-                                 "under --out and must be one safe path segment", node)
+        # Every name is one safe path segment already (``Name``): step and intervention names
+        # become directories under --out, a list step's entries too.
         if FEATURIZERS_NODE in self.steps:
             raise refuse(f'"{FEATURIZERS_NODE}" is the compiler\'s node ahead of the steps; '
                          "rename this step", "steps", FEATURIZERS_NODE)

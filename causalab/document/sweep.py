@@ -16,9 +16,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from causalab.document.names import sanitised_label, unsafe_segment
+from causalab.document.names import sanitised_label, unreadable_name, unsafe_segment
 from causalab.document.vocab import MAX_POINTS
-from causalab.errors import DocumentError, Path
+from causalab.errors import DocumentError, Path, shorten
 
 WRAPPER_KEYS = frozenset({"sweep", "as"})
 UNSWEEPABLE = ("model", "header")
@@ -100,6 +100,13 @@ def _values(path: Path, wrapper: dict) -> list | range:
     spec = wrapper["sweep"]
     if "as" in wrapper and not (isinstance(wrapper["as"], str) and wrapper["as"]):
         raise DocumentError(path, '"as" names an axis and must be a non-empty string')
+    if "as" in wrapper:
+        name = wrapper["as"]
+        why = unreadable_name(name) or unsafe_segment(name)
+        if why is not None:
+            raise DocumentError(path + ("as",), f"axis name {name!r} {why}: an axis names a "
+                                "point's coordinate, an MLflow param, so it is printable and "
+                                "one safe path segment")
     if isinstance(spec, list):
         values = spec
     elif isinstance(spec, dict) and set(spec) == {"range"}:
@@ -207,9 +214,9 @@ def lower(raw: dict) -> list[Point]:
         label = sanitised_label(",".join(parts))
         why = unsafe_segment(label)
         if why is not None:
-            raise DocumentError(axes[0].wrappers[0][0], f"the point label {label[:60]!r}… {why}: "
-                                f"a label names the point's directory; {_hint(axes)}"
-                                "sweep shorter values")
+            raise DocumentError(axes[0].wrappers[0][0],
+                                f"the point label {shorten(label, 32)!r} {why}: it names the "
+                                f"point's folder; {_hint(axes)}sweep shorter values")
         points.append(Point(label=label, coordinates=coordinates, document=document,
                             origins=tuple(origins)))
     distinct = len({p.label for p in points})

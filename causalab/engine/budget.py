@@ -37,17 +37,24 @@ _LOGIT_BYTES, _LOGIT_GRAD_BYTES = 8, 16
 @dataclass(frozen=True)
 class Budget:
     """The whole process's budget in bytes, what it held before any trace, the bytes of one
-    element in the model's dtype, and the model's facts (None: no trace is sized)."""
+    element in the model's dtype, the model's facts (None: no trace is sized) and the device
+    it is counted on."""
 
     total: int
     held: int
     itemsize: int
     facts: ModelFacts | None = None
+    device: str = "cpu"  # where the budget is counted (``memory.peak_bytes``)
 
     @property
     def room(self) -> int:
         """What traces and kept values may take together."""
         return max(self.total - self.held, 0)
+
+    def over(self, peak: int, slack: float) -> bool:
+        """Whether ``peak`` (what the process held at most) passed the budget by more than
+        ``slack`` of it."""
+        return peak > self.total * (1 + slack)
 
     def share(self, fraction: float) -> int:
         return int(self.room * fraction)

@@ -59,7 +59,7 @@ def run_document(plan: Plan, raw: dict, *, out: str,
         ref = plan.model or points[0].model
         runner, cache = None, None
         if any(verdicts.values()):  # else every point was done before: no model, no torch
-            runner, cache = _loaded(ref, device_map, memory, resume_mib)
+            runner, cache, held = _loaded(ref, device_map, memory, resume_mib, events)
             events.receipt(receipt(runner, points[0], ref.dtype, points=points, cache=cache,
                                    batch_size=batch_size))
         written = [record.write_json(Path(out) / DOCUMENT, raw, root=out)]
@@ -69,25 +69,30 @@ def run_document(plan: Plan, raw: dict, *, out: str,
         # Before the points: each point's run uploads it with its own files.
         written.append(record.write_run_record(out, engine, batch_size, dtype))
         if runner is not None:
+            held.check("the model's load and the fidelity receipt")
             written += walk_points(runner, points, out=out, batch_size=batch_size,
-                                   events=events, cache=cache, verdicts=verdicts)
+                                   events=events, cache=cache, verdicts=verdicts, watch=held)
         events.run_end(written)
         return written
 
 
-def _loaded(ref, device_map: str, memory: str | None,
-            resume_mib: int | None) -> tuple[Runner, DocumentCache]:
-    """The model loaded within the memory budget (refused before any weight when its
-    weights alone exceed it), its runner, and the document cache sized to the budget."""
+def _loaded(ref, device_map: str, memory: str | None, resume_mib: int | None,
+            events: Events) -> tuple[Runner, DocumentCache, BudgetWatch]:
+    """The model loaded within the memory budget (refused before any weight when the
+    process's floor and the weights exceed it), its runner, the document cache sized to the
+    budget, and the watch that says if the measured peak passes it (from before the load)."""
     from causalab.engine.cache import DocumentCache
     from causalab.engine.runner import TraceRunner
     from causalab.engine.weights import budget_of, load_model, measure_budget
 
+    from causalab import memory as machine
+
     measured = measure_budget(ref, memory, device_map)
+    start = machine.peak_bytes(measured.device)
     model = load_model(ref, device_map=device_map)
     budget = budget_of(measured, model)
     cache = DocumentCache(None if resume_mib is None else resume_mib * 2 ** 20, memory=budget)
-    return TraceRunner(model), cache
+    return TraceRunner(model), cache, BudgetWatch(budget, events, start)
 
 
 def _served(runner: Runner) -> str:
@@ -126,9 +131,38 @@ def receipt(runner: Runner, point: Plan, dtype: str, *, points: list[Plan] = (),
     return runner.receipt(found, result, dtype)
 
 
+class BudgetWatch:
+    """Whether the memory budget held, measured (``memory.peak_bytes``), not estimated: the
+    first time the process's peak passes the budget by more than ``memory.PEAK_SLACK`` it
+    says so in one note naming where (docs/format.md §12). A peak reached before this run
+    (an earlier run of the process) is not this run's."""
+
+    def __init__(self, budget, events: Events, start: int | None = None) -> None:
+        from causalab import memory
+
+        self.budget, self.events = budget, events
+        self.start = start if start is not None or budget is None else \
+            memory.peak_bytes(budget.device)
+        self.said = budget is None
+
+    def check(self, where: str) -> None:
+        from causalab import memory
+
+        if self.said:
+            return
+        peak = memory.peak_bytes(self.budget.device)
+        if peak > self.start and self.budget.over(peak, memory.PEAK_SLACK):
+            self.said = True
+            self.events.note(f"memory: the budget of {memory.gib(self.budget.total)} was not "
+                             f"held: the process peaked at {memory.gib(peak)} by the end of "
+                             f"{where}, whose smallest traces need more than the budget leaves "
+                             f"after the weights and the runtime ({memory.gib(self.budget.held)})")
+
+
 def walk_points(runner: Runner, points: list[Plan], *, out: str, batch_size: int | None,
                 events: Events, cache: DocumentCache,
-                verdicts: dict[int, bool] | None = None) -> list[str]:
+                verdicts: dict[int, bool] | None = None,
+                watch: BudgetWatch | None = None) -> list[str]:
     """Every fused group of ``points`` walked through ``runner``: their saves; the first
     error is raised once every point has run.
 
@@ -149,6 +183,9 @@ def walk_points(runner: Runner, points: list[Plan], *, out: str, batch_size: int
                                  verdicts=verdicts or {})
         saves += done
         failed = failed or error
+        if watch is not None:
+            watch.check(f"point {group[0].name or '<root>'}" if len(group) == 1 else
+                        f"points {group[0].name} to {group[-1].name}")
     if failed is not None:
         raise failed
     return saves

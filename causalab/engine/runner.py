@@ -209,7 +209,7 @@ def _tap(places: Places, tap: JobTap, entry: PreparedTap) -> object:
         written = apply_write(activation, op, entry.window, entry.featurizer, entry.operand,
                               original)
         places.put(address, written)
-        return check_write(activation, written, address, entry.window)
+        return check_write(activation, written, address, entry.window, original)
     if tap.kind == "shift":
         leaf = torch.zeros_like(activation).requires_grad_(True)
         places.put(address, activation + leaf)

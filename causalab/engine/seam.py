@@ -21,7 +21,7 @@ own layout with only those groups replaced.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple, Protocol, Sequence
 
 from causalab.compile.plan import Address, WriteOp
@@ -232,36 +232,53 @@ def apply_write(activation: torch.Tensor, write: WriteOp, window: Window,
     return scatter(activation, address, window, x_new.to(activation.dtype))
 
 
+# How many times its norm before this forward's writes a write may leave a position's value:
+# 1/ε of float32 (2**23), the dtype the seam and the norms compute in. Past it, anything the
+# model adds there afterwards (a later block's output, of the size the value had) is below
+# float32's precision relative to the written value and rounds away, and the next norm
+# divides the write's own number out: the scores depend on neither (t = 1e20 and 2e20 score
+# the same), so they are no measurement of the model.
+GROWTH_LIMIT = 2.0 ** 23
+
+
 class Written(NamedTuple):
     """What a write tap gives back beside its tensor: per position of its window whether the
-    write left a NaN or Inf where the value before it held none, and whether it left finite
-    values whose sum of squares overflows (``(total,)`` bool each, still on the device:
-    nothing waits on them until the pass's result is read), the window's per-row widths, and
-    the dtype it wrote in."""
+    write left a NaN or Inf where the value before it held none, whether it left finite
+    values whose sum of squares overflows, and how many times the norm it had before this
+    forward's writes it left the value (``(total,)`` each, still on the device: nothing
+    waits on them until the pass's result is read), the window's per-row widths, and the
+    dtype it wrote in."""
 
     non_finite: torch.Tensor
     counts: tuple[int, ...]
     dtype: torch.dtype
     norm_overflow: torch.Tensor | None = None
+    growth: torch.Tensor | None = None
 
 
 def check_write(before: torch.Tensor, after: torch.Tensor, address: Address,
-                window: Window) -> Written:
+                window: Window, original: torch.Tensor | None = None) -> Written:
     """Which of ``window``'s positions ``after`` (what :func:`apply_write` returned) holds a
     non-finite value at where ``before`` (its input) held only finite ones: the write's own
-    numbers overflowed the dtype there. And which hold finite values whose sum of squares
+    numbers overflowed the dtype there. Which hold finite values whose sum of squares
     overflows the dtype a norm computes it in (float32, or the model's if wider): the next
     RMSNorm or LayerNorm divides by infinity there and every logit downstream comes out a
-    constant. One reduction per written address; device work only, no host sync.
+    constant. And, given ``original`` (the address's tensor before any write of this
+    forward), how many times its norm there the write left the whole site's value (0 where
+    that norm is 0 or not finite, and at a key-axis component, whose masked keys are no
+    vector a norm sees): past :data:`GROWTH_LIMIT` the model no longer registers at the
+    position. One reduction per written address; device work only, no host sync.
 
     >>> import torch
     >>> from causalab.compile.plan import Address
     >>> address = Address("block_output", 0, "layers_output", (0, 60), 1, 4, 4)
     >>> after = torch.ones(2, 3, 4); after[1, 2, 0] = float("inf"); after[0, 2, 1] = 1e30
     >>> window = Window.from_windows([(2,), (2,)])
-    >>> written = check_write(torch.ones(2, 3, 4), after, address, window)
+    >>> written = check_write(torch.ones(2, 3, 4), after, address, window, torch.ones(2, 3, 4))
     >>> written.non_finite.tolist(), written.norm_overflow.tolist()
     ([False, True], [True, False])
+    >>> bool(written.growth[0] > GROWTH_LIMIT), written.growth[1].item()
+    (True, 0.0)
     """
     with torch.no_grad():
         total = window.total
@@ -273,4 +290,33 @@ def check_write(before: torch.Tensor, after: torch.Tensor, address: Address,
         squares = torch.promote_types(after.dtype, torch.float32)
         norm_overflow = (is_finite & torch.isfinite(x.to(squares).square().sum(-1))
                          & ~torch.isfinite(y.to(squares).square().sum(-1)))
-    return Written(flags, window.counts, after.dtype, norm_overflow)
+        growth = None
+        if original is not None and not address.key_axis and after.dim() > 2:
+            growth = _growth(original.detach(), after.detach(), address, window, squares)
+    return Written(flags, window.counts, after.dtype, norm_overflow, growth)
+
+
+def _growth(original: torch.Tensor, after: torch.Tensor, address: Address, window: Window,
+            squares: torch.dtype) -> torch.Tensor:
+    """``‖after‖ / ‖original‖`` per position of ``window`` over the whole site (every head and
+    unit: a slice the model left at zero, a ReLU neuron, still has a scale around it), in
+    ``squares``; 0 where the original's norm is 0 or not finite, or the result not finite
+    (the two checks before this one say that)."""
+    whole = replace(address, heads=None, units=None)
+    total = window.total
+    o = gather(original, whole, window).reshape(total, -1).to(squares)
+    y = gather(after, whole, window).reshape(total, -1).to(squares)
+    # max-scaled norms: a value near float32's largest still has a finite norm to compare.
+    o_norm = _norm(o)
+    y_norm = _norm(y)
+    usable = torch.isfinite(o_norm) & (o_norm > 0) & torch.isfinite(y).all(-1)
+    return torch.where(usable, y_norm / torch.where(usable, o_norm, torch.ones_like(o_norm)),
+                       torch.zeros_like(o_norm))
+
+
+def _norm(x: torch.Tensor) -> torch.Tensor:
+    """The L2 norm of each row, scaled by its largest magnitude first so squares never
+    overflow (a row of 1e30s has norm 2e30, not inf)."""
+    top = x.abs().amax(-1, keepdim=True)
+    safe = torch.where(top > 0, top, torch.ones_like(top))
+    return torch.linalg.vector_norm(x / safe, dim=-1) * top.squeeze(-1)

@@ -54,6 +54,8 @@ def placement(device_map: str) -> str:
 # How many models this process has loaded (not served from ``_load``'s cache): a budget
 # measured before a load that then came from the cache already counts the weights.
 _LOADS = [0]
+# (path, dtype) of every model ``_load`` has loaded: their weights are in what the process holds.
+_LOADED: set[tuple[str, str]] = set()
 
 
 @functools.lru_cache(maxsize=4)
@@ -62,6 +64,7 @@ def _load(path: str, dtype: str, attn_implementation: str | None, device_map: st
     from nnterp import StandardizedTransformer
 
     _LOADS[0] += 1
+    _LOADED.add((path, dtype))
     from causalab.models import bars, load_config, load_tokenizer
 
     tokenizer = load_tokenizer(path)
@@ -149,6 +152,7 @@ class Measured(NamedTuple):
     device: str
     dtype: str
     loads: int = 0  # ``_LOADS`` when measured
+    margin: int = 0  # what the load and its smallest trace add beyond the weights
 
 def device_of(device_map: str) -> str:
     """The device a placement's memory is counted on: the first accelerator, or the CPU."""
@@ -160,24 +164,55 @@ def device_of(device_map: str) -> str:
 
 def measure_budget(ref: ModelRef, text: str | None, device_map: str = "cpu") -> Measured:
     """The budget ``text`` (None: ``memory.DEFAULT``) measured on this machine, refused before
-    loading when the weights alone exceed it (one line naming both sizes)."""
+    loading when it cannot hold the process's floor and the weights together (one line naming
+    the floor, the weights and the budget, and the least budget that holds them)."""
     device = device_of(device_map)
+    memory.import_runtime()  # the load imports it anyway: measured now, it is in the floor
+    before = memory.used_bytes(device)
     total = memory.budget_bytes(text, device)
     weights = memory.weights_bytes(ref.path, ref.dtype)
-    if weights > total:
+    loaded = _is_loaded(ref)
+    # A model an earlier run of this process loaded is in ``before`` already.
+    runtime = max(before - (weights if loaded else 0), 0)
+    floor = memory.floor_bytes(runtime, ref.path, device)
+    # Loading in another dtype than stored maps the stored file beside the converted copy.
+    stored = 0 if loaded or memory.is_accelerator(device) else \
+        memory.converted_bytes(ref.path, ref.dtype)
+    if floor + weights + stored > total:
         spelled = text or f"{memory.DEFAULT} of free memory"
+        shown = f" ({spelled})" if "%" in spelled else ""
+        mapped = f" (+ {memory.gib(stored)} stored, mapped as they convert)" if stored else ""
         raise ModelError(("model", "key"), f"{ref.key}: its weights take {memory.gib(weights)} "
-                                           f"in {ref.dtype}, more than the memory budget of "
-                                           f"{memory.gib(total)} ({spelled}) on {device}")
-    return Measured(total, memory.used_bytes(device), weights, device, ref.dtype, _LOADS[0])
+                                           f"in {ref.dtype}{mapped} and the process's floor "
+                                           f"{memory.gib(floor)} (its runtime "
+                                           f"{memory.gib(runtime)} + the load and smallest trace "
+                                           f"{memory.gib(floor - runtime)}), more than the "
+                                           f"memory budget of {memory.gib(total)}{shown} "
+                                           f"on {device}: give at least "
+                                           f"{_at_least(floor + weights + stored)}")
+    return Measured(total, before, weights, device, ref.dtype, _LOADS[0], floor - runtime)
+
+
+def _is_loaded(ref: ModelRef) -> bool:
+    """Whether this process loaded ``ref``'s weights already (``_load`` keeps them)."""
+    return (ref.path, ref.dtype) in _LOADED
+
+
+def _at_least(count: int) -> str:
+    """A budget a user can type that holds ``count`` bytes, rounded up to 16 MiB (the
+    runtime's resident set differs by a few MiB from one process to the next)."""
+    step = 16 * 2 ** 20
+    return f"{-(-count // step) * 16}MiB"
 
 
 def budget_of(measured: Measured, model) -> Budget:
-    """The budget the planner spends once ``model`` is in: what the process holds now, or,
-    when it was loaded just now, before plus the weights (a mapped file's pages are not all
-    resident yet). A model an earlier run of this process loaded was in ``before`` already."""
-    held = memory.used_bytes(measured.device)
+    """The budget the planner spends once ``model`` is in: what the process holds now, and at
+    least its floor (before, plus what the load and the smallest trace add, plus, when it was
+    loaded just now, the weights: a mapped file's pages are not all resident yet), so at the
+    least budget accepted every trace runs one row. A model an earlier run of this process
+    loaded was in ``before`` already."""
+    held = max(memory.used_bytes(measured.device), measured.before + measured.margin)
     if _LOADS[0] != measured.loads:
-        held = max(held, measured.before + measured.weights)
+        held = max(held, measured.before + measured.margin + measured.weights)
     return Budget(measured.total, held, memory.ITEMSIZE.get(measured.dtype, 4),
-                  ModelFacts.of(model._model.config))
+                  ModelFacts.of(model._model.config), measured.device)

@@ -62,14 +62,23 @@ def resolve(key: str, revision: str | None = None, *, home: str | None = None) -
                                "directory or a hub id")
     if key.startswith(SCHEME):
         return _builtin(key, revision, home)
-    if key.endswith(".gguf") and Path(key).is_file():
+    if key.endswith(".gguf") and _is(Path.is_file, key):
         return _gguf_file(key, revision, home)
-    if Path(key).is_dir():
+    if _is(Path.is_dir, key):
         return _directory(key, revision)
     if _HUB_ID.match(key):
         return _hub(key, revision)
     raise ModelError(_KEY, f"{key!r} is not a directory, a hub id or a built-in "
                            f"({_builtin_names()})")
+
+
+def _is(test, key: str) -> bool:
+    """``test`` (``Path.is_dir``…) of ``key`` as a path; False for a key no file system can
+    name (a sentence past the file-name limit raises ENAMETOOLONG), so it is refused as a key."""
+    try:
+        return test(Path(key))
+    except (OSError, ValueError):
+        return False
 
 
 def _builtin_names() -> str:
@@ -92,7 +101,8 @@ def _builtin(key: str, revision: str | None, home: str | None) -> Resolved:
     else:
         path, actual = _materialise(name, entry, revision, home)
     if revision not in _FLOATING and revision != actual:
-        raise ModelError(_REVISION, f"{key} has revision {actual}, the document pins {revision}")
+        raise ModelError(_REVISION, f"{key} has revision {actual}, "
+                                    f"the document pins {revision!r}")
     return Resolved(key=key, path=str(path), revision=actual, builtin=True)
 
 
@@ -185,11 +195,12 @@ def _directory(path: str, revision: str | None, *, key: str | None = None) -> Re
     if actual is None:
         if has_weights and revision not in _FLOATING and not looks_like_digest(revision):
             raise ModelError(_REVISION, f"{key} holds weights, whose revision is a tensor "
-                                        f"digest; the document pins {revision}, which is not one")
+                                        f"digest; the document pins {revision!r}, "
+                                        "which is not one")
         return Resolved(key=key, path=path, revision=revision or "main", builtin=False)
     if revision not in _FLOATING and revision != actual:
         raise ModelError(_REVISION, f"{key} has tensor digest {actual}, "
-                                    f"the document pins {revision}")
+                                    f"the document pins {revision!r}")
     return Resolved(key=key, path=path, revision=actual, builtin=False)
 
 

@@ -67,8 +67,8 @@ def _set(path: tuple, value):
 
 PATCH = ("interventions", "patch")
 CASES = {
-    "step_escaping_out": ("patching", _step_renamed, ("steps",)),
-    "intervention_with_a_slash": ("patching", _intervention_renamed, ("interventions",)),
+    "step_escaping_out": ("patching", _step_renamed, ("steps", "../../x")),
+    "intervention_with_a_slash": ("patching", _intervention_renamed, ("interventions", "a/b")),
     "save_with_a_nul": ("patching", _set(("steps", "patch", "saves", 0, "file_path"), "a\x00.json"),
                         ("steps", "patch", "saves", 0, "file_path")),
     "save_with_a_too_long_name": ("patching", _set(("steps", "patch", "saves", 0, "file_path"),
@@ -272,7 +272,8 @@ def test_a_refusal_quotes_a_five_thousand_character_name_cut_to_eighty_with_an_e
     doc = _corpus("patching")
     long_name = "r" * 5000
     doc["interventions"]["patch"]["reads"]["v_cf"]["input"] = long_name
-    doc["roles"]["r" * 4000] = doc["roles"]["base"]
+    # The longest role a name may be (255 bytes), so the declared roles the refusal lists are long.
+    doc["roles"]["r" * 255] = doc["roles"]["base"]
     (tmp_path / "doc.json").write_text(json.dumps(doc))
     assert cli.main(["validate", str(tmp_path / "doc.json")]) == 1
     (line,) = capsys.readouterr().err.splitlines()
