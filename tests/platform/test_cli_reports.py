@@ -49,7 +49,8 @@ def test_a_tracking_listener_without_out_refuses_to_start():
 
 def test_quiet_leaves_out_mlflows_notes_on_making_a_new_store(tmp_path):
     """Under CAUSALAB_QUIET=1 a tracked run into a new SQLite store prints none of MLflow's
-    INFO lines on making its tables, and the store is still made; without it MLflow says so."""
+    INFO lines on making its tables, and the store is still made; without it too, since the
+    store is made in one transaction of MLflow's migrations whose notes are not a user's."""
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
@@ -69,4 +70,4 @@ def test_quiet_leaves_out_mlflows_notes_on_making_a_new_store(tmp_path):
                                "runs.client(sys.argv[1])", f"sqlite:///{tmp_path / 'told.db'}"],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert told.returncode == 0, told.stderr
-    assert "Creating initial MLflow database tables" in told.stderr
+    assert "database tables" not in told.stderr and (tmp_path / "told.db").is_file()
