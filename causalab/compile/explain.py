@@ -149,9 +149,9 @@ def _verify_words(node: Attribute) -> str:
     """``verify: N`` as its count; with a bound, when it stops and at most how far it goes."""
     if node.verify_bound is None:
         return f" + verify {node.verify}"
-    units = len(node.units) * len(node.labels)
+    most = min(node.verify_cap, len(node.units) * len(node.labels))
     return (f" + verifies until the bound is below {node.verify_bound:g}, at most "
-            f"{min(node.verify_cap, units)} units ({2 * node.verify} a round)")
+            f"{most} units ({min(2 * node.verify, most)} a round)")
 
 
 def _edge_lines(node: Attribute, pad: str) -> list[str]:

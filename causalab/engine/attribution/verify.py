@@ -141,19 +141,14 @@ def run(node: Attribute, run_passes: Callable[[list[Pass]], list[Any]]) -> dict:
     return {m: _report(means[m], exact[m], picked, loop) for m in tables}
 
 
-# Why the rounds stop, first match wins: (reason, test on (bound, verified, units, cap, tol)).
-STOPS = (("all", lambda bound, done, units, cap, tol: done >= units),
-         ("bound", lambda bound, done, units, cap, tol: bound < tol),
-         ("cap", lambda bound, done, units, cap, tol: done >= cap))
-
-
 def _stop(node: Attribute, bound: dict, done: int, units: int, cap: int) -> str | None:
-    """The reason the rounds end, or None to go on; ``verify: N`` is one round."""
+    """Why the rounds end (the first reason met), or None to go on; ``verify: N`` is one
+    round."""
     if node.verify_bound is None:
         return "count"
-    return next((reason for reason, test in STOPS
-                 if test(bound["largest_exact_bound"], done, units, cap, node.verify_bound)),
-                None)
+    reasons = (("all", done >= units), ("bound", bound["largest_exact_bound"] < node.verify_bound),
+               ("cap", done >= cap))
+    return next((reason for reason, met in reasons if met), None)
 
 
 def _patch(node: Attribute, run_passes: Callable[[list[Pass]], list[Any]], chosen_: list[int],
