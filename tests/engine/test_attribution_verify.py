@@ -190,6 +190,7 @@ def test_with_a_tolerance_the_rounds_go_on_until_the_bound_is_below_it(kit, tiny
     verified = {_key(u): u for u in report["units"]}
     left = set(exact) - set(verified)
     assert bound["stopped"] == "bound" and bound["rounds"] > 1 and left
+    assert bound["judged_by"] == "logit_diff"
     assert bound["largest_exact_bound"] < TOLERANCE == bound["tolerance"]
     assert bound["verified"] == len(verified) == 2 * bound["rounds"]
     # The bound speaks for the unverified heads only as far as the drawn sample does: it

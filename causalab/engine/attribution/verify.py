@@ -137,7 +137,7 @@ def run(node: Attribute, run_passes: Callable[[list[Pass]], list[Any]]) -> dict:
             break
     loop = {} if node.verify_bound is None else {
         "tolerance": node.verify_bound, "max_units": node.verify_cap, "rounds": rounds,
-        "verified": len(picked), "stopped": stop}
+        "verified": len(picked), "stopped": stop, "judged_by": node.metrics[0]}
     return {m: _report(means[m], exact[m], picked, loop) for m in tables}
 
 
