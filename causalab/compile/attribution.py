@@ -13,7 +13,7 @@ from causalab.compile.passes import Context, Entry, build_pass
 from causalab.compile.plan import Address, Attribute, Pass
 from causalab.compile.saves import save_ops
 from causalab.document.attribution import HEADS_THROUGH, QK_PARTNER, interchange
-from causalab.document.schema import Attribute as AttributeStep
+from causalab.document.schema import Attribute as AttributeStep, VerifyBound
 from causalab.document.vocab import ATTRIBUTION_LAYERS_ALL, MAX_ATTRIBUTION_ROWS
 from causalab.errors import CompileError
 
@@ -129,8 +129,13 @@ def _corrections(raw: AttributeStep, component: str, addresses: tuple, ctx: Cont
                  for key, name in (("partners", QK_PARTNER[component]),
                                    ("scores", "attention_scores"),
                                    ("patterns", "attention_probs"))}
+    if isinstance(raw.verify, VerifyBound):
+        found.update(verify=raw.verify.round, verify_bound=float(raw.verify.bound),
+                     verify_cap=raw.verify.max_units)
+    elif raw.verify:
+        found["verify"] = raw.verify
     if raw.verify:
-        found.update(verify=raw.verify, units=_unit_addresses(raw, addresses, ctx, at))
+        found["units"] = _unit_addresses(raw, addresses, ctx, at)
     if raw.graddrop:
         found["gates"] = tuple(resolve_address(name, layer, None, None, ctx.config, attn,
                                                at + ("graddrop",))

@@ -122,7 +122,8 @@ def attribute_lines(node: Attribute, pad: str) -> list[str]:
     estimate = "atp" if node.steps == 1 else f"integrated gradients, {node.steps} steps"
     estimate += "".join(text for on, text in ((node.patterns, " + QK fix"),
                                               (node.gates, " + GradDrop"),
-                                              (node.verify, f" + verify {node.verify}")) if on)
+                                              (node.verify, _verify_words(node)))
+                        if on)
     line = (f"{pad}{node.name}: Attribute  {first.component}{_layer_span(node.layers)} "
             f"unit={node.unit} ({units} units)  metrics={_names(node.metrics)}  "
             f"estimate={estimate}")
@@ -142,6 +143,15 @@ def attribute_lines(node: Attribute, pad: str) -> list[str]:
         lines.append(f"{pad}    {name}(a_cf at pos={spell(read.pos)} - a_base at "
                      f"pos={spell(write.pos)}) . gradient")
     return lines
+
+
+def _verify_words(node: Attribute) -> str:
+    """``verify: N`` as its count; with a bound, when it stops and at most how far it goes."""
+    if node.verify_bound is None:
+        return f" + verify {node.verify}"
+    most = min(node.verify_cap, len(node.units) * len(node.labels))
+    return (f" + verifies until the bound is below {node.verify_bound:g}, at most "
+            f"{most} units ({min(2 * node.verify, most)} a round)")
 
 
 def _edge_lines(node: Attribute, pad: str) -> list[str]:

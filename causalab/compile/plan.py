@@ -283,6 +283,8 @@ class Attribute:
     ``labels[i]`` (``(None,)``: the write's own position); all share the rows and ids.
     ``addresses[j]`` is the site at ``layers[j]`` (a head unit selects every head the site
     has); ``embeddings``: where ``steps > 1`` interpolates; AtP*'s tensors, ``verify``'s units;
+    ``verify``: the units of largest estimate per round (and as many drawn), one round unless
+    ``verify_bound`` is set, then rounds until the bound is below it or ``verify_cap`` units;
     ``circuit_k`` not None: ``edges: true``, every edge scored (EAP-IG), circuits of those sizes;
     ``receivers``: an edge step's attention receivers, ``heads`` (q, k, v per head) or ``blocks``."""
 
@@ -304,6 +306,8 @@ class Attribute:
     patterns: tuple[Address, ...] = ()
     gates: tuple[Address, ...] = ()
     verify: int = 0
+    verify_bound: float | None = None
+    verify_cap: int = 0
     units: tuple[Address, ...] = ()
     circuit_k: tuple[int, ...] | None = None
     receivers: str = "heads"

@@ -19,7 +19,8 @@ from causalab.document.names import is_uri, runs_uri_parts, shell_form
 from causalab.document.nodes import Name, Node, Number, refuse
 from causalab.document.positions import Pos, Position, Scope, as_position
 from causalab.document.steps import (Anneal, Attribute, EarlyStop, Eval, Fit, Observe, Optimizer,
-                                     Output, Save, Step, Weights, step_interventions)
+                                     Output, Save, Step, VerifyBound, Weights,
+                                     step_interventions)
 from causalab.document.vocab import (ATTN_IMPLEMENTATIONS, COMPONENTS, DTYPES,
                                      FEATURIZER_KINDS, FEATURIZERS_NODE, MODEL_CONTROLS,
                                      PARAMETRIZATIONS,
@@ -30,7 +31,7 @@ __all__ = [
     "Anneal", "Attribute", "Document", "EarlyStop", "Eval", "Featurizer", "Fit", "Header", "Intervention",
     "InterventionModel", "METRIC_MODELS", "Metric", "ModelSpec", "Number", "Observe",
     "Operand", "Optimizer", "Output", "Pos", "Position", "Read", "Ref", "Role", "Save",
-    "Scope", "Site", "Step", "Weights", "Write", "as_position", "step_interventions",
+    "Scope", "Site", "Step", "VerifyBound", "Weights", "Write", "as_position", "step_interventions",
 ]
 
 Indices = Annotated[list[StrictInt], Field(strict=True)]

@@ -129,6 +129,16 @@ class Weights(Node):
     saves: list[Save] = []
 
 
+class VerifyBound(Node):
+    """``verify: {bound: b}``: exact patches in rounds until the bound on what the unverified
+    units can still hide is below ``b`` (docs/format.md §9.7); a fixed count stops where the
+    estimate says, a tolerance where the error does."""
+
+    bound: Annotated[Number, Field(gt=0)]
+    round: PositiveInt = 4
+    max_units: PositiveInt = 64
+
+
 class Attribute(Node):
     """Every unit of a site set scored at once by attribution patching (docs/format.md §9.7).
 
@@ -137,7 +147,8 @@ class Attribute(Node):
     with only that unit patched: ``metric(base) + (a_cf − a_base) · ∂metric/∂a``, from one
     forward of each role and one backward per metric (``steps > 1``: gradients averaged along
     the straight path between the two prompts' embeddings, EAP-IG style). ``qk_fix`` and
-    ``graddrop`` are AtP*'s corrections; ``verify: N`` patches 2 N units exactly in the step.
+    ``graddrop`` are AtP*'s corrections; ``verify: N`` patches 2 N units exactly in the step,
+    ``verify: {bound: b}`` rounds of them until the bound on the rest is below ``b``.
     ``edges: true`` scores every edge between components instead (EAP-IG,
     ``causalab.engine.attribution.edges``) and the faithfulness of the top-``circuit_k`` circuits;
     ``receivers``: ``heads`` (default: each head's query, key and value input) or ``blocks``.
@@ -155,7 +166,7 @@ class Attribute(Node):
     steps: PositiveInt = 1
     qk_fix: StrictBool = False
     graddrop: StrictBool = False
-    verify: Annotated[StrictInt, Field(ge=0)] = 0
+    verify: Union[Annotated[StrictInt, Field(ge=0)], VerifyBound] = 0
     edges: StrictBool = False
     circuit_k: Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)] | None = None
     receivers: Literal["heads", "blocks"] | None = None

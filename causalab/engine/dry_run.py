@@ -11,7 +11,9 @@ Where a run decides from numbers it does not have, it decides so:
 * a fit never stops early (``fit.loop`` asked to go on): its updates and evals are listed to
   its last epoch; a run that stops early opens a prefix of them;
 * ``verify`` patches its first ``2 N`` units (a run patches the ``N`` largest estimates and
-  ``N`` drawn): the same count and shapes, the units' addresses chosen at run time;
+  ``N`` drawn): the same count and shapes, the units' addresses chosen at run time; with a
+  ``bound`` that is the first round's, and the rounds after it, which the bound decides, are
+  not listed (the step's label says at most how many units they reach);
 * a model whose KV cache keeps no keys for some layer runs its last-column forwards (a fit's,
   ``verify``'s) whole in a run, as listed here only when the cache keeps keys for every layer.
 """
@@ -140,8 +142,8 @@ class DryRunner:
         return []
 
     def verify(self, node: Attribute, run_fused: FusedRunner, directory: Path) -> list[str]:
-        """``verify``'s fused exact patches on its first ``2 N`` units (module docstring)."""
-        count = min(2 * node.verify, len(node.units) * len(node.labels))
+        """``verify``'s fused exact patches on its first round's units (module docstring)."""
+        count = verify.first_round(node)
         run_fused([verify.unit_pass(node.passes[u // len(node.units)], node.write,
                                     node.operand, node.units[u % len(node.units)])
                    for u in range(count)])

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from causalab.compile.plan import Attribute, Featurizers, Fit, Observe, Pass, Plan, Weights
 from causalab.engine import containment, planner
-from causalab.engine.attribution import patching as attribution
+from causalab.engine.attribution import patching as attribution, verify
 from causalab.engine.cache import DocumentCache
 from causalab.engine.events import Events
 from causalab.engine.assembly import PassResult, open_pass
@@ -111,8 +111,7 @@ def _attribute(node: Attribute, runner: Runner, state: WalkState,
         runner.run(planner.attribute_stages(ctx, node), [ctx])
     written = runner.attributed(ctx, directory)
     if node.verify:
-        count = min(2 * node.verify, len(node.units) * len(node.labels))
-        where = f"{state.where} verify ({count} units chosen at run time)"
+        where = f"{state.where} verify ({verify.planned(node)} chosen at run time)"
         written += runner.verify(
             node, lambda ps: run_fused(runner, ps, state, where, last_column=True), directory)
     return written

@@ -26,6 +26,19 @@ def reports_of(point: Any) -> dict[str, dict]:
     return found
 
 
+# The bound's fields a run logs as metrics: (report key, MLflow name under <step>/<metric>/).
+NUMBERS = (("largest_exact_bound", "verify_bound"), ("tolerance", "verify_tolerance"),
+           ("verified", "verify_units"), ("rounds", "verify_rounds"))
+
+
+def numbers(reports: Mapping[str, Mapping[str, dict]]) -> dict[str, float]:
+    """``<step>/<metric>/verify_bound`` of each verified step, and with a tolerance the
+    tolerance, the units verified and the rounds: what a sweep compares."""
+    return {f"{step}/{metric}/{name}": report["bound"][key]
+            for step, per_metric in reports.items() for metric, report in per_metric.items()
+            for key, name in NUMBERS if report["bound"].get(key) is not None}
+
+
 def figure(reports: Mapping[str, dict], *, title: str = "") -> bytes | None:
     """One scatter per metric of the verified units; None when none has an exact effect."""
     from matplotlib.figure import Figure
@@ -49,8 +62,10 @@ def figure(reports: Mapping[str, dict], *, title: str = "") -> bytes | None:
         axes.set_xlabel(f"exact patching effect: {metric}")
         axes.set_ylabel(f"estimated effect: {metric}")
         bound = report["bound"]
+        stated = (f" (tolerance {bound['tolerance']:.3g}, stopped: {bound['stopped']})"
+                  if "tolerance" in bound else "")
         axes.set_title(f"{bound['unverified']} unverified: |exact| <= "
-                       f"{bound['largest_exact_bound']:.3g}", fontsize="medium")
+                       f"{bound['largest_exact_bound']:.3g}{stated}", fontsize="medium")
         axes.legend(fontsize="small")
         axes.grid(alpha=0.3)
     canvas.suptitle(title or "verified units: attribution against exact patching")

@@ -66,7 +66,7 @@ def send_grids(listener: Any, run: Any, point: Any) -> None:
     grids = attribution_plots.grids_of(point)
     if grids:
         listener.send(run.sending, listener.call, log_grids, run.run_id, grids, title=run.title)
-    for module, name, numbers, labels in ((verify_plots, "verify", None, None),
+    for module, name, numbers, labels in ((verify_plots, "verify", verify_plots.numbers, None),
                                           (edge_plots, "faithfulness", edge_plots.areas,
                                            edge_plots.tags)):
         reports = module.reports_of(point)
@@ -80,9 +80,9 @@ def send_grids(listener: Any, run: Any, point: Any) -> None:
 def log_step_pictures(mlflow, run_id: str, reports: Mapping[str, Any], draw, name: str, *,
                       title: str, metrics: Mapping[str, float],
                       tags: Mapping[str, str] | None = None) -> dict[str, int]:
-    """Each step's report drawn as ``plots/<step>_<name>.png``, with ``metrics`` (an edge step's
-    faithfulness areas and MIB's scores) and ``tags`` (its curves below the floor); returns
-    what was sent."""
+    """Each step's report drawn as ``plots/<step>_<name>.png``, with ``metrics`` (a verified
+    step's bound, an edge step's faithfulness areas and MIB's scores) and ``tags`` (its curves
+    below the floor); returns what was sent."""
     store.log_batch(mlflow, run_id,  # none: log_batch sends nothing
                     metrics=[store.metric(key, value) for key, value in metrics.items()],
                     tags=tags or {})

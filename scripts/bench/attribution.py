@@ -16,7 +16,8 @@ each rendered for ``--model`` (``smollm2``, the default, or ``gemma3``).
 Each attribution document runs as AtP (``atp``, ``steps: 1``), with integrated gradients
 (``ig-<n>``, ``--ig-steps``), and with ``verify: <n>`` (``atp+verify<n>``, ``--verify``: the
 units verified take their exact effect, the rest keep AtP's; ``atp*+verify<n>`` adds GradDrop,
-whose magnitudes choose the units verified, with ``--graddrop``). The QK fix corrects query
+whose magnitudes choose the units verified, with ``--graddrop``; ``atp+bound<b>``, with
+``--verify-bound b``: rounds of ``verify: {bound: b}`` until the bound is below ``b``). The QK fix corrects query
 and key units: ``--sweeps queries`` runs the head sweep and its attribution on each head's END
 query instead of its output (eager attention), with ``atp+qk`` and the QK fix in ``atp*``. In one
 process, after a warm-up run (the model loaded, kernels warm), each document's
@@ -31,9 +32,11 @@ sweep and estimate:
       top1=<yes|no: the exact top unit ranked first> top10_overlap=<k/10>
       top10_max_ratio_err=<largest |estimated effect / exact effect - 1| over the exact top 10>
       time_ratio=<attribution wall / exact wall> sweep=... top3_in_top10=<k/3> ...
+      [bound=<largest_exact_bound> verified=<units> [tolerance=<b> stopped=<why>]]
 
     CAUSALAB_HOME=/work/cache/home .venv/bin/python scripts/bench/attribution.py
     .venv/bin/python scripts/bench/attribution.py --sweeps heads --ig-steps 1 --verify 10
+    .venv/bin/python scripts/bench/attribution.py --sweeps heads --ig-steps 1 --verify-bound 0.05
     .venv/bin/python scripts/bench/attribution.py --every 5 --sweeps heads --ig-steps 8
     .venv/bin/python scripts/bench/attribution.py --model gemma3
 """
@@ -71,7 +74,7 @@ def _end_only(value):
 
 
 def documents(sweep: str, ig_steps: int, model: str = "smollm2", verify: int = 0,
-              graddrop: bool = False) -> dict[str, dict]:
+              graddrop: bool = False, bound: float | None = None) -> dict[str, dict]:
     from causalab.hydra.rendering import render
 
     exact = render([f"experiment={EXACT[sweep]}", f"model={model}"])
@@ -93,6 +96,8 @@ def documents(sweep: str, ig_steps: int, model: str = "smollm2", verify: int = 0
         found[f"ig-{ig_steps}"] = _with(atp, steps=ig_steps)
     if verify:
         found[f"atp+verify{verify}"] = _with(atp, verify=verify)
+    if bound is not None:
+        found[f"atp+bound{bound:g}"] = _with(atp, verify={"bound": bound})
     if verify and graddrop:
         found[f"atp*+verify{verify}"] = _with(atp, verify=verify, graddrop=True,
                                                qk_fix=sweep == "queries")
@@ -120,9 +125,9 @@ def exact_means(document: dict, out: Path) -> dict[tuple, float]:
     return found
 
 
-def attribution_means(out: Path) -> tuple[dict[tuple, float], float]:
+def attribution_means(out: Path) -> tuple[dict[tuple, float], float, str]:
     """Per unit its mean value (a verified unit's moved by its exact minus estimated
-    effect), and the base metric's mean."""
+    effect), the base metric's mean, and the verification's bound in words ("" unverified)."""
     cells: dict[tuple, list] = {}
     bases = []
     for row in json.loads((out / "logit_diff.json").read_text()):
@@ -131,11 +136,21 @@ def attribution_means(out: Path) -> tuple[dict[tuple, float], float]:
             bases.append(row["value"] - row["effect"])
     means = {key: sum(v) / len(v) for key, v in cells.items()}
     report = out / "attribute.verify.json"
+    bound = ""
     if report.is_file():
-        for unit in json.loads(report.read_text())["logit_diff"]["units"]:
+        verified = json.loads(report.read_text())["logit_diff"]
+        for unit in verified["units"]:
             if unit["exact"] is not None:
                 means[_key(unit["coordinates"])] += unit["exact"] - unit["estimate"]
-    return means, sum(bases) / len(bases)
+        bound = _bound_words(verified["bound"], len(verified["units"]))
+    return means, sum(bases) / len(bases), bound
+
+
+def _bound_words(bound: dict, verified: int) -> str:
+    words = f" bound={bound['largest_exact_bound']:.4g} verified={verified}"
+    if "tolerance" in bound:
+        words += f" tolerance={bound['tolerance']:g} stopped={bound['stopped']}"
+    return words
 
 
 def _key(coordinates: dict) -> tuple:
@@ -165,7 +180,7 @@ def _report(model: str, sweep: str, name: str, exact: dict, estimated: tuple, ra
             seconds: tuple):
     from causalab.plots.attribution_maps import spearman
 
-    estimate, base = estimated
+    estimate, base, bound = estimated
     units = sorted(exact)
     rho = spearman([exact[u] for u in units], [estimate[u] for u in units])
     top = sorted(units, key=lambda u: -exact[u])
@@ -178,7 +193,7 @@ def _report(model: str, sweep: str, name: str, exact: dict, estimated: tuple, ra
           f"top1={'yes' if mine[0] == top[0] else 'no'} top10_overlap={overlap}/10 "
           f"top10_max_ratio_err={worst:.3f} time_ratio={ratio:.4f} sweep={sweep} "
           f"top3_in_top10={top3}/3 exact_top3={spelled} exact_s={seconds[0]:.1f} "
-          f"attribution_s={seconds[1]:.1f} units={len(units)}", flush=True)
+          f"attribution_s={seconds[1]:.1f} units={len(units)}{bound}", flush=True)
     where = {u: (top.index(u) + 1, mine.index(u) + 1) for u in set(top[:10]) ^ set(mine[:10])}
     for unit, (exact_rank, my_rank) in sorted(where.items(), key=lambda item: item[1]):
         print(f"  disagree {_spell(unit)}: exact rank {exact_rank} ({exact[unit]:+.3f}), "
@@ -190,7 +205,8 @@ def _spell(unit: tuple) -> str:
 
 
 def bench(sweep: str, args: argparse.Namespace, data_root: str, tmp: Path) -> None:
-    docs = documents(sweep, args.ig_steps, args.model, args.verify, args.graddrop)
+    docs = documents(sweep, args.ig_steps, args.model, args.verify, args.graddrop,
+                     args.verify_bound)
     walls, means = {}, {}
     for name, document in docs.items():
         out = tmp / f"{sweep}-{name}"
@@ -212,6 +228,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2", help="a conf/model name: smollm2, gemma3")
     parser.add_argument("--verify", type=int, default=10,
                         help="units verify patches exactly (0: no atp+verify line)")
+    parser.add_argument("--verify-bound", type=float, default=None,
+                        help="also verify: {bound: B} (an atp+bound<B> line)")
     parser.add_argument("--graddrop", action="store_true",
                         help="also AtP* (GradDrop choosing the units verified)")
     args = parser.parse_args()

@@ -5,6 +5,7 @@ Configs and tokenizers of the built-in tiny Llama only; nothing here loads a wei
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -173,3 +174,55 @@ def test_explain_names_the_corrections_and_verify(compile_doc, patching):
     patching["sites"]["target"]["component"] = "attention_premix"
     text = explain(compile_doc(attribute(patching, unit="head", graddrop=True, verify=3)))
     assert "estimate=atp + GradDrop + verify 3" in text
+
+
+def test_explain_says_when_a_tolerance_stops_verify_and_at_most_how_far(compile_doc, patching):
+    from causalab.compile.explain import explain
+
+    patching["sites"]["target"]["component"] = "attention_premix"
+    plan = compile_doc(attribute(patching, unit="head", layers="all",
+                                 verify={"bound": 0.05, "round": 1, "max_units": 64}))
+    node = plan.children[0]
+    assert (node.verify, node.verify_bound, node.verify_cap, len(node.units)) == (1, 0.05, 64, 8)
+    assert ("estimate=atp + verifies until the bound is below 0.05, at most 8 units "
+            "(2 a round)") in explain(plan)
+
+
+def test_a_plan_with_a_tolerance_round_trips_through_json(compile_doc, patching):
+    from causalab.compile.plan import plan_from_json, plan_to_json
+
+    patching["sites"]["target"]["component"] = "attention_premix"
+    plan = compile_doc(attribute(patching, unit="head", verify={"bound": 1}))
+    again = plan_from_json(json.loads(json.dumps(plan_to_json(plan))))
+    assert again == plan and again.children[0].verify_bound == 1.0
+
+
+# A tolerance is a finite positive number, its round and cap positive integers.
+BAD_VERIFY = [
+    pytest.param({"bound": 0}, ("verify", "bound"), id="zero"),
+    pytest.param({"bound": -0.05}, ("verify", "bound"), id="negative"),
+    pytest.param({"bound": math.nan}, ("verify", "bound"), id="nan"),
+    pytest.param({"bound": math.inf}, ("verify", "bound"), id="infinite"),
+    pytest.param({"bound": "0.05"}, ("verify", "bound"), id="string"),
+    pytest.param({"bound": True}, ("verify", "bound"), id="boolean"),
+    pytest.param({"round": 2}, ("verify", "bound"), id="missing"),
+    pytest.param({"bound": 0.05, "round": 0}, ("verify", "round"), id="empty-round"),
+    pytest.param({"bound": 0.05, "max_units": 0}, ("verify", "max_units"), id="no-cap"),
+    pytest.param({"bound": 0.05, "rounds": 2}, ("verify", "rounds"), id="unknown-key"),
+    pytest.param(-1, ("verify",), id="negative-count"),
+]
+
+
+@pytest.mark.parametrize("verify, at", BAD_VERIFY)
+def test_a_bad_verify_tolerance_is_refused_on_one_line_at_its_path(compile_doc, patching,
+                                                                  verify, at):
+    patching["sites"]["target"]["component"] = "attention_premix"
+    with pytest.raises(CausalabError) as err:
+        compile_doc(attribute(patching, unit="head", verify=verify))
+    assert err.value.path == STEP + at
+    assert "\n" not in str(err.value)
+
+
+def test_a_tolerance_on_an_edge_step_is_refused_at_verify(compile_doc, patching):
+    assert refused(compile_doc, attribute(patching, edges=True,
+                                          verify={"bound": 0.05})) == STEP + ("verify",)

@@ -252,6 +252,27 @@ def test_explain_plans_verifys_fused_exact_patches_on_stand_in_units(tiny, kit, 
         f"<root>/attribute: cost 2 forwards, 1 backwards per metric; verify {checks} traces")
 
 
+def test_explain_plans_a_tolerances_first_round_and_says_when_the_rounds_stop(tiny, kit,
+                                                                             tmp_path):
+    """The rounds after the first depend on exact effects the dry run does not have: it lists
+    the first round's patches and names the tolerance and the cap."""
+    data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(EQUAL_PAIRS))
+    document = kit.patching_document(tiny("tiny-llama"), component="attention_premix")
+    document["steps"] = {"attribute": {
+        "kind": "attribute", "interventions": "patch", "layers": "all", "unit": "head",
+        "rows": {"base": "pairs", "counterfactual": "pairs"}, "metrics": ["logit_diff"],
+        "verify": {"bound": 0.05, "round": 1, "max_units": 6}}}
+    from causalab.models import load_config, load_tokenizer
+
+    plan = compile_only(copy.deepcopy(document), data_root)
+    model = plan.model or plan.children[0].model
+    found = dry_run.schedule(plan, load_config(model.path), load_tokenizer(model.path))
+    assert sum(p.job.copies for p in found if p.job.kind == "forward") == 2
+    assert {p.where for p in found if p.job.kind != "attribute"} == {
+        "<root>/attribute verify (rounds of 2 units until the bound is below 0.05, at most 6 "
+        "units chosen at run time)"}
+
+
 def test_explain_traces_json_gives_every_field_of_every_job(capsys, monkeypatch):
     monkeypatch.chdir(REPO)
     document = REPO / "documents" / "v2" / "das_apply.json"

@@ -71,6 +71,16 @@ def test_an_attribution_run_carries_its_table_its_head_heatmap_and_its_grid(trac
     assert json.loads(runs[0].data.tags[pictures.TAG]) == ["attribute"]
 
 
+def test_a_verified_attribution_run_logs_its_bound_as_a_metric(tracked, tmp_path):
+    mlflow, experiment, parent = tracked
+    run = next(r for r in store.descendants(mlflow, experiment, parent)
+               if pictures.TAG in r.data.tags)
+    local = mlflow.download_artifacts(run.info.run_id, "attribute.verify.json", str(tmp_path))
+    report = json.loads(Path(local).read_text())["logit_diff"]
+    assert run.data.metrics["attribute/logit_diff/verify_bound"] == pytest.approx(
+        report["bound"]["largest_exact_bound"])
+
+
 def test_the_parent_plots_attribution_against_the_exact_sweep_of_the_same_heads(tracked):
     mlflow, experiment, parent = tracked
     assert pictures.COMPARISON in _artifacts(mlflow, parent)
@@ -115,3 +125,17 @@ def test_an_edge_step_run_carries_its_tables_its_faithfulness_plot_and_area(tmp_
     assert run.data.metrics["circuit/logit_diff/cmd"] == pytest.approx(curve["mib"]["cmd"])
     assert curve["floor"]["below"]
     assert json.loads(run.data.tags["causalab.below_floor"]) == ["circuit/logit_diff"]
+
+
+def test_a_tolerances_record_is_logged_under_safe_metric_keys():
+    from causalab.plots import verification
+    from causalab.document.names import mlflow_key
+
+    bound = {"largest_exact_bound": 0.01, "tolerance": 0.05, "verified": 6, "rounds": 3,
+             "stopped": "bound", "unverified": 2}
+    found = verification.numbers({"attribute": {"logit_diff": {"bound": bound}}})
+    assert found == {"attribute/logit_diff/verify_bound": 0.01,
+                     "attribute/logit_diff/verify_tolerance": 0.05,
+                     "attribute/logit_diff/verify_units": 6,
+                     "attribute/logit_diff/verify_rounds": 3}
+    assert all(mlflow_key(key) == key for key in found)

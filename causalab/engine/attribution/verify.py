@@ -1,4 +1,4 @@
-"""``verify: N`` on an attribute step: its estimates checked against exact patching, in the step.
+"""``verify`` on an attribute step: its estimates checked against exact patching, in the step.
 
 The ``N`` units with the largest estimated magnitude, plus ``N`` drawn (seeded, ``SEED``)
 from the rest, are each patched exactly: the step's own interchange pass with its write and
@@ -13,6 +13,11 @@ estimated magnitude left unverified, bounds the largest exact magnitude left unv
 far as the sample speaks for the rest. The magnitude a unit is ranked by is ``|effect|``,
 or with GradDrop ``max(|effect|, Σ_l |ĉ_l| / (L − 1))``, each ``ĉ_l`` the unit's mean over
 rows (AtP*'s use of GradDrop: a unit whose gradients cancel is still found).
+
+``verify: {bound: b}`` repeats the choice in rounds of ``round`` top and ``round`` drawn
+units among those still unverified until the first metric's bound is below ``b``, every
+unit is verified, or ``max_units`` are (the report's ``stopped``: ``bound``, ``all``, ``cap``):
+a fixed count stops where the estimate says, a tolerance where the error does.
 """
 from __future__ import annotations
 
@@ -64,13 +69,36 @@ def _magnitude(unit: dict) -> float:
     return max(estimate, unit["graddrop"] or -math.inf)
 
 
-def chosen(means: list[dict], count: int) -> tuple[list[int], list[int]]:
-    """(the ``count`` units of largest magnitude, ``count`` drawn from the rest)."""
-    order = sorted(range(len(means)), key=lambda u: -_magnitude(means[u]))
-    top, rest = order[:count], sorted(order[count:])
-    drawn = numpy.random.default_rng(SEED).choice(len(rest), min(count, len(rest)),
-                                                  replace=False)
+def chosen(means: list[dict], count: int, verified: frozenset = frozenset(),
+           budget: int | None = None,
+           rng: numpy.random.Generator | None = None) -> tuple[list[int], list[int]]:
+    """(the ``count`` unverified units of largest magnitude, ``count`` drawn from the rest),
+    together at most ``budget``; one generator across rounds keeps the draws seeded."""
+    budget = len(means) if budget is None else budget
+    order = [u for u in sorted(range(len(means)), key=lambda u: -_magnitude(means[u]))
+             if u not in verified]
+    size = min(count, budget)
+    top, rest = order[:size], sorted(order[size:])
+    rng = numpy.random.default_rng(SEED) if rng is None else rng
+    drawn = rng.choice(len(rest), min(count, len(rest), budget - size), replace=False)
     return top, [rest[int(i)] for i in sorted(drawn)]
+
+
+def first_round(node: Attribute) -> int:
+    """How many units the first round patches: ``2 N``, within the units and the cap."""
+    units = len(node.units) * len(node.labels)
+    cap = units if node.verify_bound is None else node.verify_cap
+    return min(2 * node.verify, units, cap)
+
+
+def planned(node: Attribute) -> str:
+    """What the step verifies, in words: ``4 units``, or ``rounds of 8 units until the bound
+    is below 0.05, at most 64 units``."""
+    if node.verify_bound is None:
+        return f"{first_round(node)} units"
+    units = len(node.units) * len(node.labels)
+    return (f"rounds of {first_round(node)} units until the bound is below "
+            f"{node.verify_bound:g}, at most {min(node.verify_cap, units)} units")
 
 
 def unit_pass(pass_: Pass, write: str, operand: str, address: Address) -> Pass:
@@ -85,43 +113,92 @@ def unit_pass(pass_: Pass, write: str, operand: str, address: Address) -> Pass:
 
 
 def run(node: Attribute, run_passes: Callable[[list[Pass]], list[Any]]) -> dict:
-    """``{metric: {"units": [...], "bound": {...}}}`` of the step's verified units, their
-    passes run together by ``run_passes`` (the walk's fused sweep points)."""
+    """``{metric: {"units": [...], "bound": {...}, "ranking": [...]}}`` of the step's verified
+    units, each round's passes run together by ``run_passes`` (the walk's fused sweep points).
+    The first metric ranks the units and its bound stops the rounds."""
     tables = node.results["tables"]
     per_label = len(node.units)
     units = per_label * len(node.labels)
     means = {m: unit_means(t, units) for m, t in tables.items()}
-    top, drawn = chosen(means[node.metrics[0]], node.verify)
-    places = [divmod(u, per_label) for u in top + drawn]
+    cap = units if node.verify_bound is None else min(node.verify_cap, units)
+    rng = numpy.random.default_rng(SEED)
+    exact: dict[str, dict[int, float | None]] = {m: {} for m in tables}
+    picked: dict[int, str] = {}
+    rounds = 0
+    while True:
+        top, drawn = chosen(means[node.metrics[0]], node.verify, frozenset(picked),
+                            cap - len(picked), rng)
+        picked.update({u: "top" for u in top} | {u: "drawn" for u in drawn})
+        _patch(node, run_passes, top + drawn, means, exact)
+        rounds += 1
+        stop = _stop(node, _bound(means[node.metrics[0]], exact[node.metrics[0]], picked),
+                     len(picked), units, cap)
+        if stop is not None:
+            break
+    loop = {} if node.verify_bound is None else {
+        "tolerance": node.verify_bound, "max_units": node.verify_cap, "rounds": rounds,
+        "verified": len(picked), "stopped": stop, "judged_by": node.metrics[0]}
+    return {m: _report(means[m], exact[m], picked, loop) for m in tables}
+
+
+def _stop(node: Attribute, bound: dict, done: int, units: int, cap: int) -> str | None:
+    """Why the rounds end (the first reason met), or None to go on; ``verify: N`` is one
+    round."""
+    if node.verify_bound is None:
+        return "count"
+    reasons = (("all", done >= units), ("bound", bound["largest_exact_bound"] < node.verify_bound),
+               ("cap", done >= cap))
+    return next((reason for reason, met in reasons if met), None)
+
+
+def _patch(node: Attribute, run_passes: Callable[[list[Pass]], list[Any]], chosen_: list[int],
+           means: dict, exact: dict) -> None:
+    """Each of ``chosen_`` patched alone; its mean exact effect per metric into ``exact``."""
+    per_label = len(node.units)
+    places = [divmod(u, per_label) for u in chosen_]
     results = run_passes([unit_pass(node.passes[label], node.write, node.operand,
                                     node.units[k]) for label, k in places])
-    exact: dict[str, dict[int, float | None]] = {m: {} for m in tables}
-    for u, result in zip(top + drawn, results):
-        for metric in tables:
+    for u, result in zip(chosen_, results):
+        for metric in exact:
             values, eligible = result.metrics[metric]
             base = means[metric][u]["base"]
             exact[metric][u] = _mean([float(v) - base[row] for v, row
                                       in zip(values.tolist(), eligible) if row in base])
-    return {m: _report(means[m], exact[m], top, drawn) for m in tables}
 
 
-def _report(means: list[dict], exact: dict, top: list[int], drawn: list[int]) -> dict:
-    rows = []
-    for rank, u in enumerate(top + drawn):
-        estimate, truth = means[u]["estimate"], exact[u]
-        ratio = estimate / truth if estimate is not None and truth else None
-        rows.append({"coordinates": means[u]["coordinates"], "chosen":
-                     "top" if rank < len(top) else "drawn", "estimate": estimate,
-                     "graddrop": means[u]["graddrop"], "exact": truth, "ratio": ratio})
-    verified = set(top + drawn)
-    left = [_magnitude(m) for u, m in enumerate(means) if u not in verified]
-    under = [abs(exact[u]) / abs(means[u]["estimate"]) for u in drawn
-             if exact[u] is not None and means[u]["estimate"]]
+def _bound(means: list[dict], exact: dict, picked: dict[int, str]) -> dict:
+    """AtP*'s diagnostic, simplified: the largest underestimate among the drawn units (every
+    round's: each sampled a population the units left unverified belong to) times the largest
+    magnitude left unverified."""
+    left = [_magnitude(m) for u, m in enumerate(means) if u not in picked]
+    under = [abs(exact[u]) / abs(means[u]["estimate"]) for u, how in picked.items()
+             if how == "drawn" and exact[u] is not None and means[u]["estimate"]]
     factor = max([1.0] + under)
     largest = max(left) if left else 0.0
-    return {"units": rows, "bound": {"unverified": len(left), "largest_estimate": largest,
-                                     "drawn_underestimate": factor,
-                                     "largest_exact_bound": largest * factor}}
+    return {"unverified": len(left), "largest_estimate": largest,
+            "drawn_underestimate": factor, "largest_exact_bound": largest * factor}
+
+
+def _report(means: list[dict], exact: dict, picked: dict[int, str], loop: dict) -> dict:
+    rows = []
+    for u, how in picked.items():
+        estimate, truth = means[u]["estimate"], exact[u]
+        ratio = estimate / truth if estimate is not None and truth else None
+        rows.append({"coordinates": means[u]["coordinates"], "chosen": how,
+                     "estimate": estimate, "graddrop": means[u]["graddrop"], "exact": truth,
+                     "ratio": ratio})
+    return {"units": rows, "bound": _bound(means, exact, picked) | loop,
+            "ranking": _ranking(means, exact)}
+
+
+def _ranking(means: list[dict], exact: dict) -> list[dict]:
+    """Every unit by magnitude, largest first: its exact effect where verified, else its
+    estimate (the ranking a reader of the step should act on)."""
+    found = [{"coordinates": m["coordinates"], "effect": exact[u] if exact.get(u) is not None
+              else m["estimate"], "exact": exact.get(u) is not None}
+             for u, m in enumerate(means)]
+    return sorted(found, key=lambda e: -abs(e["effect"]) if e["effect"] is not None
+                  else math.inf)
 
 
 def publish(node: Attribute, run_passes: Callable[[list[Pass]], list[Any]],
