@@ -48,26 +48,7 @@ def _exact(model, tokenizer, kit, rows) -> dict:
 
 def test_verify_patches_the_top_and_drawn_heads_exactly_as_hooks_do(kit, tiny, oracle,
                                                                     tmp_path):
-    resolved = tiny("tiny-llama")
-    model, tokenizer = oracle(resolved.path)
-    rows = kit.pair_rows(kit.PAIRS)
-    doc = kit.patching_document(resolved, component="attention_premix")
-    doc["steps"] = {"attribute": {"kind": "attribute", "interventions": "patch",
-                                  "rows": {"base": "pairs", "counterfactual": "pairs"},
-                                  "layers": "all", "unit": "head", "verify": 2,
-                                  "metrics": ["logit_diff"],
-                                  "saves": [{"value": "logit_diff",
-                                             "file_path": "logit_diff.json"}]}}
-    data_root = kit.write_table(tmp_path / "data", "pairs", rows)
-    kit.run_compiled(doc, data_root, tmp_path / "out")
-    table = json.loads((tmp_path / "out" / "logit_diff.json").read_text())
-    report = json.loads((tmp_path / "out" / "attribute.verify.json").read_text())["logit_diff"]
-    exact = _exact(model, tokenizer, kit, rows)
-    estimate = {}
-    for entry in table:
-        key = (entry["coordinates"]["layers"], entry["coordinates"]["heads"])
-        estimate.setdefault(key, []).append(entry["effect"])
-    estimate = {key: sum(v) / len(v) for key, v in estimate.items()}
+    report, estimate, exact = _head_step(kit, tiny, oracle, tmp_path, 2)
     top = sorted(estimate, key=lambda k: -abs(estimate[k]))[:2]
     verified = [(u["coordinates"]["layers"], u["coordinates"]["heads"]) for u in report["units"]]
     assert [u["chosen"] for u in report["units"]] == ["top", "top", "drawn", "drawn"]
@@ -149,8 +130,8 @@ def test_verify_runs_every_unit_at_the_last_column_fused_and_matches_hooks(
         assert unit["exact"] == pytest.approx(exact[key], abs=1e-5)
 
 
-def _bounded(kit, tiny, oracle, tmp_path, verify: dict) -> tuple[dict, dict, dict]:
-    """The head step run with ``verify`` (a tolerance): its report, the table's mean estimate
+def _head_step(kit, tiny, oracle, tmp_path, verify: int | dict) -> tuple[dict, dict, dict]:
+    """The head step run with ``verify`` (a count or a tolerance): its report, the table's mean estimate
     per head, and every head's exact effect by the hooks."""
     resolved = tiny("tiny-llama")
     model, tokenizer = oracle(resolved.path)
@@ -184,7 +165,7 @@ TOLERANCE = 0.0021
 
 def test_with_a_tolerance_the_rounds_go_on_until_the_bound_is_below_it(kit, tiny, oracle,
                                                                        tmp_path):
-    report, estimate, exact = _bounded(kit, tiny, oracle, tmp_path,
+    report, estimate, exact = _head_step(kit, tiny, oracle, tmp_path,
                                        {"bound": TOLERANCE, "round": 1})
     bound = report["bound"]
     verified = {_key(u): u for u in report["units"]}
@@ -213,7 +194,7 @@ def test_with_a_tolerance_a_large_negative_head_is_verified_first(kit, tiny, ora
                                                                   tmp_path):
     """Units are ranked by |estimate|: the head whose patch lowers logit_diff most is this
     model's largest effect, and a signed ranking would have put it last."""
-    report, estimate, exact = _bounded(kit, tiny, oracle, tmp_path,
+    report, estimate, exact = _head_step(kit, tiny, oracle, tmp_path,
                                        {"bound": TOLERANCE, "round": 1})
     negative = min(exact, key=exact.get)
     assert exact[negative] < 0 and abs(exact[negative]) == max(abs(v) for v in exact.values())
@@ -230,7 +211,7 @@ def test_with_a_tolerance_a_large_negative_head_is_verified_first(kit, tiny, ora
 
 
 def test_when_the_cap_stops_the_rounds_the_report_says_so(kit, tiny, oracle, tmp_path):
-    report, _, exact = _bounded(kit, tiny, oracle, tmp_path,
+    report, _, exact = _head_step(kit, tiny, oracle, tmp_path,
                                 {"bound": 1e-9, "round": 2, "max_units": 3})
     bound = report["bound"]
     assert (bound["stopped"], bound["verified"], bound["max_units"]) == ("cap", 3, 3)
@@ -240,7 +221,7 @@ def test_when_the_cap_stops_the_rounds_the_report_says_so(kit, tiny, oracle, tmp
 
 
 def test_a_tolerance_below_every_effect_verifies_every_unit(kit, tiny, oracle, tmp_path):
-    report, _, exact = _bounded(kit, tiny, oracle, tmp_path, {"bound": 1e-9, "round": 3})
+    report, _, exact = _head_step(kit, tiny, oracle, tmp_path, {"bound": 1e-9, "round": 3})
     bound = report["bound"]
     assert (bound["stopped"], bound["verified"], bound["unverified"]) == ("all", 8, 0)
     assert bound["largest_exact_bound"] == 0.0
