@@ -46,11 +46,23 @@ def _exact(model, tokenizer, kit, rows) -> dict:
     return found
 
 
+def _head_document(kit, resolved, saved: bool = True, **fields) -> dict:
+    """The tiny model's head attribute step over the pairs, with ``fields`` (its verify)."""
+    doc = kit.patching_document(resolved, component="attention_premix")
+    step = {"kind": "attribute", "interventions": "patch",
+            "rows": {"base": "pairs", "counterfactual": "pairs"},
+            "layers": "all", "unit": "head", "metrics": ["logit_diff"], **fields}
+    if saved:
+        step["saves"] = [{"value": "logit_diff", "file_path": "logit_diff.json"}]
+    doc["steps"] = {"attribute": step}
+    return doc
+
+
 def test_verify_patches_the_top_and_drawn_heads_exactly_as_hooks_do(kit, tiny, oracle,
                                                                     tmp_path):
     report, estimate, exact = _head_step(kit, tiny, oracle, tmp_path, 2)
     top = sorted(estimate, key=lambda k: -abs(estimate[k]))[:2]
-    verified = [(u["coordinates"]["layers"], u["coordinates"]["heads"]) for u in report["units"]]
+    verified = [_key(u) for u in report["units"]]
     assert [u["chosen"] for u in report["units"]] == ["top", "top", "drawn", "drawn"]
     assert verified[:2] == top and not set(verified[2:]) & set(top)
     for unit, key in zip(report["units"], verified):
@@ -66,21 +78,14 @@ def test_verify_patches_the_top_and_drawn_heads_exactly_as_hooks_do(kit, tiny, o
 
 def test_with_graddrop_verify_ranks_units_by_atp_stars_magnitude(kit, tiny, tmp_path):
     resolved = tiny("tiny-llama")
-    doc = kit.patching_document(resolved, component="attention_premix")
-    doc["steps"] = {"attribute": {"kind": "attribute", "interventions": "patch",
-                                  "rows": {"base": "pairs", "counterfactual": "pairs"},
-                                  "layers": "all", "unit": "head", "verify": 3,
-                                  "graddrop": True, "metrics": ["logit_diff"],
-                                  "saves": [{"value": "logit_diff",
-                                             "file_path": "logit_diff.json"}]}}
+    doc = _head_document(kit, resolved, verify=3, graddrop=True)
     data_root = kit.write_table(tmp_path / "data", "pairs", kit.pair_rows(kit.PAIRS))
     kit.run_compiled(doc, data_root, tmp_path / "out")
     table = json.loads((tmp_path / "out" / "logit_diff.json").read_text())
     report = json.loads((tmp_path / "out" / "attribute.verify.json").read_text())["logit_diff"]
     cells = {}
     for entry in table:
-        key = (entry["coordinates"]["layers"], entry["coordinates"]["heads"])
-        cells.setdefault(key, []).append(entry)
+        cells.setdefault(_key(entry), []).append(entry)
     magnitude = {}
     for key, rows in cells.items():
         effect = sum(e["effect"] for e in rows) / len(rows)
@@ -88,12 +93,11 @@ def test_with_graddrop_verify_ranks_units_by_atp_stars_magnitude(kit, tiny, tmp_
         # AtP*: Σ_l |ĉ_l| / (L − 1) over L = 2 layers, against |AtP|.
         magnitude[key] = max(abs(effect), abs(layers[0]) + abs(layers[1]))
     top = sorted(magnitude, key=lambda k: -magnitude[k])[:3]
-    chosen = [(u["coordinates"]["layers"], u["coordinates"]["heads"]) for u in report["units"]
-              if u["chosen"] == "top"]
+    chosen = [_key(u) for u in report["units"] if u["chosen"] == "top"]
     assert chosen == top
+    verified = {_key(u) for u in report["units"]}
     assert report["bound"]["largest_exact_bound"] >= max(
-        v for k, v in magnitude.items() if k not in {
-            (u["coordinates"]["layers"], u["coordinates"]["heads"]) for u in report["units"]})
+        v for k, v in magnitude.items() if k not in verified)
 
 
 def test_verify_runs_every_unit_at_the_last_column_fused_and_matches_hooks(
@@ -106,11 +110,7 @@ def test_verify_runs_every_unit_at_the_last_column_fused_and_matches_hooks(
     resolved = tiny("tiny-llama")
     model, tokenizer = oracle(resolved.path)
     rows = kit.pair_rows(kit.PAIRS)
-    doc = kit.patching_document(resolved, component="attention_premix")
-    doc["steps"] = {"attribute": {"kind": "attribute", "interventions": "patch",
-                                  "rows": {"base": "pairs", "counterfactual": "pairs"},
-                                  "layers": "all", "unit": "head", "verify": 4,
-                                  "metrics": ["logit_diff"]}}
+    doc = _head_document(kit, resolved, saved=False, verify=4)
     data_root = kit.write_table(tmp_path / "data", "pairs", rows)
     seen, original = [], runner.run_trace
 
@@ -125,7 +125,7 @@ def test_verify_runs_every_unit_at_the_last_column_fused_and_matches_hooks(
     exact = _exact(model, tokenizer, kit, rows)
     assert len(report["units"]) == 8
     for unit in report["units"]:
-        key = (unit["coordinates"]["layers"], unit["coordinates"]["heads"])
+        key = _key(unit)
         # One column over kept keys sums in another order than the whole forward: ~1e-7.
         assert unit["exact"] == pytest.approx(exact[key], abs=1e-5)
 
@@ -136,13 +136,7 @@ def _head_step(kit, tiny, oracle, tmp_path, verify: int | dict) -> tuple[dict, d
     resolved = tiny("tiny-llama")
     model, tokenizer = oracle(resolved.path)
     rows = kit.pair_rows(kit.PAIRS)
-    doc = kit.patching_document(resolved, component="attention_premix")
-    doc["steps"] = {"attribute": {"kind": "attribute", "interventions": "patch",
-                                  "rows": {"base": "pairs", "counterfactual": "pairs"},
-                                  "layers": "all", "unit": "head", "verify": verify,
-                                  "metrics": ["logit_diff"],
-                                  "saves": [{"value": "logit_diff",
-                                             "file_path": "logit_diff.json"}]}}
+    doc = _head_document(kit, resolved, verify=verify)
     data_root = kit.write_table(tmp_path / "data", "pairs", rows)
     kit.run_compiled(doc, data_root, tmp_path / "out")
     table = json.loads((tmp_path / "out" / "logit_diff.json").read_text())
