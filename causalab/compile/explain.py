@@ -149,9 +149,8 @@ def _verify_words(node: Attribute) -> str:
     """``verify: N`` as its count; with a bound, when it stops and at most how far it goes."""
     if node.verify_bound is None:
         return f" + verify {node.verify}"
-    most = min(node.verify_cap, len(node.units) * len(node.labels))
     return (f" + verifies until the bound is below {node.verify_bound:g}, at most "
-            f"{most} units ({min(2 * node.verify, most)} a round)")
+            f"{node.verify_most} units ({node.verify_round} a round)")
 
 
 def _edge_lines(node: Attribute, pad: str) -> list[str]:

@@ -314,6 +314,17 @@ class Attribute:
     saves: tuple[SaveOp, ...] = ()
     results: dict = field(default_factory=_results, compare=False)
 
+    @property
+    def verify_most(self) -> int:
+        """How many units verification can reach: every unit, or with a bound its cap."""
+        units = len(self.units) * len(self.labels)
+        return units if self.verify_bound is None else min(self.verify_cap, units)
+
+    @property
+    def verify_round(self) -> int:
+        """How many units a round patches: the ``N`` largest and ``N`` drawn, within reach."""
+        return min(2 * self.verify, self.verify_most)
+
 
 @dataclass(frozen=True)
 class ModelRef:

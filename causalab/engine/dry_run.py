@@ -143,7 +143,7 @@ class DryRunner:
 
     def verify(self, node: Attribute, run_fused: FusedRunner, directory: Path) -> list[str]:
         """``verify``'s fused exact patches on its first round's units (module docstring)."""
-        count = verify.first_round(node)
+        count = node.verify_round
         run_fused([verify.unit_pass(node.passes[u // len(node.units)], node.write,
                                     node.operand, node.units[u % len(node.units)])
                    for u in range(count)])

@@ -84,21 +84,13 @@ def chosen(means: list[dict], count: int, verified: frozenset = frozenset(),
     return top, [rest[int(i)] for i in sorted(drawn)]
 
 
-def first_round(node: Attribute) -> int:
-    """How many units the first round patches: ``2 N``, within the units and the cap."""
-    units = len(node.units) * len(node.labels)
-    cap = units if node.verify_bound is None else node.verify_cap
-    return min(2 * node.verify, units, cap)
-
-
 def planned(node: Attribute) -> str:
     """What the step verifies, in words: ``4 units``, or ``rounds of 8 units until the bound
     is below 0.05, at most 64 units``."""
     if node.verify_bound is None:
-        return f"{first_round(node)} units"
-    units = len(node.units) * len(node.labels)
-    return (f"rounds of {first_round(node)} units until the bound is below "
-            f"{node.verify_bound:g}, at most {min(node.verify_cap, units)} units")
+        return f"{node.verify_round} units"
+    return (f"rounds of {node.verify_round} units until the bound is below "
+            f"{node.verify_bound:g}, at most {node.verify_most} units")
 
 
 def unit_pass(pass_: Pass, write: str, operand: str, address: Address) -> Pass:
@@ -120,7 +112,7 @@ def run(node: Attribute, run_passes: Callable[[list[Pass]], list[Any]]) -> dict:
     per_label = len(node.units)
     units = per_label * len(node.labels)
     means = {m: unit_means(t, units) for m, t in tables.items()}
-    cap = units if node.verify_bound is None else min(node.verify_cap, units)
+    cap = node.verify_most
     rng = numpy.random.default_rng(SEED)
     exact: dict[str, dict[int, float | None]] = {m: {} for m in tables}
     picked: dict[int, str] = {}
