@@ -111,6 +111,10 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(BUILTINS))
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"))
     args = parser.parse_args()
+    unknown = [key for key in args.models.split(",") if key not in BUILTINS]
+    if unknown:
+        parser.error(f"--models: unknown built-in {', '.join(unknown)}; built-ins are "
+                     + ", ".join(BUILTINS))
     rows = []
     for key in args.models.split(","):
         row = measure(key, args.dtype)
